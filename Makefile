@@ -1,0 +1,34 @@
+# Two commands do all the set-up: `make run` and `make test`. Each installs what is missing on first use
+# (Debian packages, the virtual environment, pycaffe built from source and cached, Python dependencies), then
+# serves the app or runs every test. A second run finds everything in place and starts at once.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+HOST   ?= 127.0.0.1
+PORT   ?= 5000
+DATA   ?= var
+# What the installed environment depends on: when one of these changes, `make` installs again.
+INSTALL_INPUTS := setup.py scripts/system-deps.sh scripts/build-pycaffe.sh Makefile
+
+.PHONY: run test install lint clean
+.DEFAULT_GOAL := test
+
+run: install
+	$(VENV)/bin/digits-memplugin serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(INSTALL_INPUTS)
+	scripts/system-deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel "setuptools>=68" "numpy>=1.24,<2" "protobuf>=3.20,<3.21"
+	scripts/build-pycaffe.sh $(PY)
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
