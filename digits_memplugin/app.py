@@ -1,0 +1,43 @@
+"""`create_app`: the standalone app that `make run` and `digits-memplugin serve` serve."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from flask.typing import ResponseReturnValue
+from flask_socketio import SocketIO
+
+from .extension import init_app
+from .settings import Settings
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """A Flask app carrying only the plugin, with its data (SQLite store, job folders) under MEMPLUGIN_DATA_DIR."""
+    app = Flask("digits_memplugin.standalone")
+    app.config.update(config or {})
+    settings = Settings.from_config(app.config)
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = _persistent_secret(settings.data_dir)
+    socketio = SocketIO(app, async_mode=settings.async_mode)
+    init_app(app, socketio=socketio)
+
+    @app.get("/")
+    def index() -> ResponseReturnValue:
+        """The plugin's home page, served at the root too: the standalone app has nothing else to show."""
+        return app.view_functions["memplugin.home"]()
+
+    return app
+
+
+def _persistent_secret(data_dir: Path) -> str:
+    """A secret key kept in the data folder, so sessions and CSRF tokens survive a restart."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "secret_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_hex(32))
+    return path.read_text().strip()

@@ -1,0 +1,32 @@
+"""`digits-memplugin serve`: the standalone app on gevent's WSGI server, websockets included."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the web app", description="Serve the standalone web app (gevent, websockets)."
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=5000, help="port to bind (default: %(default)s; 0 picks one)")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path("var"), help="SQLite store and job folders (default: ./%(default)s)"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gevent import monkey
+
+    monkey.patch_all()
+
+    from ..app import create_app
+    from ..server import serve
+
+    app = create_app({"MEMPLUGIN_DATA_DIR": args.data_dir, "MEMPLUGIN_ASYNC_MODE": "gevent"})
+    serve(app, args.host, args.port)
+    return 0

@@ -1,0 +1,70 @@
+"""The plugin's configuration: `MEMPLUGIN_*` keys of the host app's config, read once into a frozen object.
+
+Reading the keys once (in `init_app`) means a typo'd or ill-typed value fails at start-up with its key named,
+not later inside a request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CONFIG_PREFIX = "MEMPLUGIN_"
+
+
+class ConfigError(ValueError):
+    """A `MEMPLUGIN_*` setting has a value the plugin cannot use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Plugin settings; each field is read from the config key `MEMPLUGIN_<FIELD NAME IN CAPITALS>`."""
+
+    url_prefix: str = "/memplugin"
+    """Where the blueprint is mounted in the host app."""
+    socketio_namespace: str = "/memplugin"
+    """The socketio namespace for live events."""
+    data_dir: Path = Path("var")
+    """SQLite store and job folders. Relative paths are taken from the current directory at start-up."""
+    async_mode: str | None = None
+    """flask-socketio async mode when the plugin creates the SocketIO object (None: let it choose)."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
+        """Build settings from a Flask config, with `overrides` (init_app keyword arguments) taking precedence."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise ConfigError(f"unknown memplugin option(s) {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+        values: dict[str, Any] = {}
+        for name, field in fields.items():
+            key = CONFIG_PREFIX + name.upper()
+            value = overrides.get(name, config.get(key, field.default))
+            values[name] = _coerce(field, value)
+        return cls(**values)
+
+    def config_items(self) -> dict[str, Any]:
+        """The settings as `MEMPLUGIN_*` config keys (what `init_app` writes back into the app config)."""
+        return {CONFIG_PREFIX + f.name.upper(): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
+    key = CONFIG_PREFIX + field.name.upper()
+    if field.name == "data_dir":
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise ConfigError(f"{key} must be a non-empty path, got {value!r}")
+        return Path(value).absolute()
+    if field.name in ("url_prefix", "socketio_namespace"):
+        if not isinstance(value, str) or not value.startswith("/") or value.endswith("/") and value != "/":
+            raise ConfigError(f"{key} must be a path starting with '/' and not ending with '/', got {value!r}")
+        return value
+    if field.name == "async_mode":
+        allowed = (None, "threading", "gevent", "eventlet", "gevent_uwsgi")
+        if value not in allowed:
+            raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
+        return value
+    return value  # pragma: no cover - every field is handled above

@@ -1,0 +1,23 @@
+"""The plugin's blueprint: one per `init_app` call, assembled from the feature modules' routes."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from ..resources import static_dir, templates_dir
+from . import api, pages
+
+BLUEPRINT_NAME = "memplugin"
+
+
+def create_blueprint() -> Blueprint:
+    blueprint = Blueprint(
+        BLUEPRINT_NAME,
+        __name__,
+        template_folder=str(templates_dir()),
+        static_folder=str(static_dir()),
+        static_url_path="/static",
+    )
+    pages.register(blueprint)
+    api.register(blueprint)
+    return blueprint

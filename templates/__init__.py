@@ -1,0 +1,1 @@
+"""Jinja templates of digits-memplugin, shipped inside the package as digits_memplugin.templates."""
