@@ -1,0 +1,111 @@
+"""The `digits-memplugin` console script: help, and `serve` answering on a free port and stopping cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+
+
+def test_help_lists_the_subcommands() -> None:
+    result = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "usage: digits-memplugin" in result.stdout
+    assert "serve" in result.stdout
+
+
+def test_serve_help_documents_its_flags() -> None:
+    result = subprocess.run([SCRIPT, "serve", "--help"], capture_output=True, text=True, timeout=60, check=True)
+    for flag in ("--host", "--port", "--data-dir"):
+        assert flag in result.stdout
+
+
+def test_unknown_subcommand_is_a_usage_error() -> None:
+    result = subprocess.run([SCRIPT, "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "invalid choice: 'frobnicate'" in result.stderr
+
+
+def test_module_entry_point_matches_the_script() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "digits_memplugin", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert result.stdout.startswith("digits-memplugin ")
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[str], base_url: str) -> None:
+        self.process = process
+        self.base_url = base_url
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """`digits-memplugin serve --port 0` in its own process group; the bound address is read from its output."""
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + 60
+    base_url = None
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = re.search(r"serving on (http://127\.0\.0\.1:\d+/)", line)
+        if match:
+            base_url = match.group(1)
+            break
+    if base_url is None:
+        process.kill()
+        pytest.fail("serve did not report its address:\n" + "".join(lines))
+    try:
+        yield Server(process, base_url)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        process.stdout.close()
+
+
+def test_serve_answers_http_and_socketio_then_stops_on_sigterm(server: Server, tmp_path: Path) -> None:
+    page = requests.get(server.base_url, timeout=10)
+    assert page.status_code == 200
+    assert "GPU memory for Caffe training" in page.text
+    health = requests.get(server.base_url + "memplugin/api/health", timeout=10).json()
+    assert health["status"] == "ok"
+    # The engine.io handshake of the socketio server, served by gevent.
+    handshake = requests.get(server.base_url + "socket.io/?EIO=4&transport=polling", timeout=10)
+    assert handshake.status_code == 200
+    assert '"sid"' in handshake.text
+    assert (tmp_path / "data" / "secret_key").exists()
+
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=20) == 0
+    output = server.process.stdout.read() if server.process.stdout else ""
+    assert "Traceback" not in output
+    with pytest.raises(requests.ConnectionError):
+        requests.get(server.base_url, timeout=5)
+
+
+def test_serve_stops_on_ctrl_c(server: Server) -> None:
+    assert requests.get(server.base_url, timeout=10).status_code == 200
+    server.process.send_signal(signal.SIGINT)
+    assert server.process.wait(timeout=20) == 0
