@@ -7,10 +7,13 @@ not later inside a request.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .sizes import parse_gpu_spec
 
 CONFIG_PREFIX = "MEMPLUGIN_"
 
@@ -31,6 +34,11 @@ class Settings:
     """SQLite store and job folders. Relative paths are taken from the current directory at start-up."""
     async_mode: str | None = None
     """flask-socketio async mode when the plugin creates the SocketIO object (None: let it choose)."""
+    devices_poll_seconds: float = 2.0
+    """How often the `devices` event is pushed to the socketio clients that subscribed to it."""
+    simulate_gpus: str | None = None
+    """Demo mode: run against fake GPUs of these sizes ("2x24GiB", "24GiB,16GiB") instead of the driver's.
+    It replaces NVML for the whole process, and every page says the GPUs are simulated. Never on by default."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -67,4 +75,18 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if value not in allowed:
             raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
         return value
+    if field.name == "devices_poll_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{key} must be a number of seconds greater than 0, got {value!r}")
+        return float(value)
+    if field.name == "simulate_gpus":
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a GPU spec such as '2x24GiB' or '24GiB,16GiB', got {value!r}")
+        try:
+            parse_gpu_spec(value)
+        except ValueError as error:
+            raise ConfigError(f"{key}: {error}") from None
+        return value.strip()
     return value  # pragma: no cover - every field is handled above
