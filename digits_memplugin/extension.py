@@ -12,9 +12,10 @@ from typing import Any
 from flask import Flask
 from flask_socketio import SocketIO
 
+from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
 from .settings import Settings
 from .web.blueprint import create_blueprint
-from .web.namespace import MemPluginNamespace
+from .web.namespace import DevicePusher, MemPluginNamespace
 
 EXTENSION_KEY = "memplugin"
 
@@ -25,6 +26,10 @@ class MemPlugin:
 
     settings: Settings
     socketio: SocketIO
+    devices: DeviceReader
+    """Reads the devices; under gevent through its threadpool, so NVML never blocks the hub."""
+    device_pusher: DevicePusher
+    """Pushes the `devices` event to the socketio clients that subscribed, while there are any."""
 
 
 def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> MemPlugin:
@@ -43,8 +48,15 @@ def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> Me
         socketio = SocketIO(app, async_mode=settings.async_mode)
     socketio.on_namespace(MemPluginNamespace(settings.socketio_namespace))
 
+    if settings.simulate_gpus is not None:
+        simulate_gpus(settings.simulate_gpus)
+    reader = DeviceReader(gevent_threadpool_runner() if socketio.async_mode == "gevent" else run_inline)
+    pusher = DevicePusher(
+        socketio, settings.socketio_namespace, settings.devices_poll_seconds, lambda: reader.read().to_json()
+    )
+
     app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
-    plugin = MemPlugin(settings=settings, socketio=socketio)
+    plugin = MemPlugin(settings=settings, socketio=socketio, devices=reader, device_pusher=pusher)
     app.extensions[EXTENSION_KEY] = plugin
     return plugin
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from digits_memplugin import create_app
+from digits_memplugin import create_app, devices
+from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from digits_memplugin.sizes import GIB, MIB
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO.parent / "shared" / "zoo"
@@ -20,6 +22,97 @@ def _scrub_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the developer's environment out of the tests."""
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "FLASK_APP", "FLASK_DEBUG"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _real_nvml_after_each_test() -> Iterator[None]:
+    """The NVML library is process-wide: a test that installed fake GPUs must not hand them to the next test."""
+    yield
+    if devices.is_simulated():
+        devices.install_library(None)
+
+
+@pytest.fixture
+def install_nvml() -> Callable[[FakeNvml], FakeNvml]:
+    """Plug a fake NVML library into the real bindings for this test."""
+
+    def install(library: FakeNvml) -> FakeNvml:
+        devices.install_library(library)
+        return library
+
+    return install
+
+
+def two_gpus() -> list[FakeGpu]:
+    """Two GPUs of different sizes with training processes on them, in PCI bus order."""
+    return [
+        FakeGpu(
+            name="NVIDIA GeForce RTX 3090",
+            uuid="GPU-aaaaaaaa-1111-2222-3333-444444444444",
+            pci_bus_id="00000000:01:00.0",
+            memory_total=24 * GIB,
+            memory_reserved=300 * MIB,
+            memory_used=200 * MIB,
+            utilization_gpu=87,
+            utilization_memory=41,
+            temperature_c=71,
+            processes=[
+                FakeProcess(pid=4242, name="/usr/bin/python3", used_memory=6 * GIB),
+                FakeProcess(pid=4343, name=None, used_memory=2 * GIB),
+            ],
+        ),
+        FakeGpu(
+            name="NVIDIA TITAN X (Pascal)",
+            uuid="GPU-bbbbbbbb-1111-2222-3333-444444444444",
+            pci_bus_id="00000000:02:00.0",
+            memory_total=12 * GIB,
+            memory_reserved=100 * MIB,
+            temperature_c=33,
+        ),
+    ]
+
+
+@pytest.fixture
+def gpus() -> list[FakeGpu]:
+    """Two GPUs with processes (not installed): tests change them before building a library."""
+    return two_gpus()
+
+
+@pytest.fixture
+def fake_gpus(install_nvml: Callable[[FakeNvml], FakeNvml], gpus: list[FakeGpu]) -> FakeNvml:
+    """The two GPUs with processes, installed."""
+    return install_nvml(FakeNvml(gpus))
+
+
+HOST_MEMINFO = "MemTotal:       16384000 kB\nMemFree:         1000000 kB\nMemAvailable:    8192000 kB\n"
+
+
+def make_host(root: Path, meminfo: str = HOST_MEMINFO, cgroup: str = "0::/\n") -> devices.HostPaths:
+    """A /proc and /sys/fs/cgroup of our own (no cgroup limit unless the test adds one): fixed CPU memory."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(meminfo)
+    (root / "proc" / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Test CPU @ 2.00GHz\n")
+    (root / "proc" / "self" / "cgroup").write_text(cgroup)
+    (root / "cgroup").mkdir()
+    return devices.HostPaths(proc=root / "proc", cgroup=root / "cgroup")
+
+
+@pytest.fixture
+def host_tree(tmp_path: Path) -> Callable[..., devices.HostPaths]:
+    """Builds a /proc and cgroup tree under tmp_path: `host_tree(meminfo=..., cgroup=...)`."""
+
+    def build(meminfo: str = HOST_MEMINFO, cgroup: str = "0::/\n") -> devices.HostPaths:
+        return make_host(tmp_path / "host-tree", meminfo, cgroup)
+
+    return build
+
+
+@pytest.fixture
+def fixed_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> devices.HostPaths:
+    """Make every reader that is not given a host read this fixed one, so readings taken apart compare equal."""
+    host = make_host(tmp_path / "host")
+    monkeypatch.setattr(devices, "DEFAULT_HOST", host)
+    return host
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed, NotFound
 
 from .. import __version__
-from ..devices import probe_gpus
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -21,8 +20,14 @@ ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 def health() -> dict[str, Any]:
     """Liveness and what the plugin sees: its version and whether GPUs are visible."""
-    gpus = probe_gpus()
-    return {"status": "ok", "version": __version__, "gpu_count": gpus.count, "gpu_reason": gpus.reason}
+    devices = current_app.extensions["memplugin"].devices.read()
+    return {
+        "status": "ok",
+        "version": __version__,
+        "gpu_count": devices.gpu_count,
+        "gpu_reason": devices.gpu_reason,
+        "simulated": devices.simulated,
+    }
 
 
 def unknown_api_path(rest: str) -> NoReturn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import api, pages
+from . import api, api_devices, pages
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -20,4 +20,5 @@ def create_blueprint() -> Blueprint:
     )
     pages.register(blueprint)
     api.register(blueprint)
+    api_devices.register(blueprint)
     return blueprint

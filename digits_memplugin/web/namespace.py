@@ -1,10 +1,82 @@
-"""The plugin's socketio namespace. Features add their events (devices, jobs) here."""
+"""The plugin's socketio namespace. Features add their events (devices, jobs) here.
+
+Devices: a client emits ``subscribe_devices`` and gets a ``devices`` event at once, then one every
+MEMPLUGIN_DEVICES_POLL_SECONDS while it stays subscribed; ``unsubscribe_devices`` or a disconnect ends that. The
+payload is the document ``GET <prefix>/api/devices`` returns. NVML is read once per tick for all subscribers, and
+not at all while nobody is subscribed.
+"""
 
 from __future__ import annotations
 
-from flask_socketio import Namespace, emit
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from flask import current_app, request
+from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 
 from .. import __version__
+
+DEVICES_EVENT = "devices"
+DEVICES_ROOM = "devices"
+
+
+class DevicePusher:
+    """One background task per app that emits `devices` to the subscribers' room, running only while it has any.
+
+    Subscribers are counted here rather than asked of the socketio server, so that the task's decision to stop and
+    a new subscription cannot cross: both happen under one lock, and a subscription after the stop starts a new task.
+    """
+
+    def __init__(
+        self, socketio: SocketIO, namespace: str, interval: float, read: Callable[[], dict[str, Any]]
+    ) -> None:
+        self._socketio = socketio
+        self._namespace = namespace
+        self._interval = interval
+        self.read = read
+        self._lock = threading.Lock()
+        self._subscribers: set[str] = set()
+        self._task: Any = None
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    @property
+    def subscribers(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._subscribers)
+
+    def add(self, sid: str) -> None:
+        with self._lock:
+            self._subscribers.add(sid)
+            if self._task is None:
+                self._task = self._socketio.start_background_task(self._run)
+
+    def discard(self, sid: str) -> None:
+        with self._lock:
+            self._subscribers.discard(sid)
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait for the task to end (it ends within one interval of the last subscriber leaving); True if it has."""
+        task = self._task
+        if task is not None:
+            task.join(timeout)
+        return self._task is None
+
+    def _run(self) -> None:
+        while True:
+            self._socketio.sleep(self._interval)
+            with self._lock:
+                if not self._subscribers:
+                    self._task = None
+                    return
+            self._socketio.emit(DEVICES_EVENT, self.read(), to=DEVICES_ROOM, namespace=self._namespace)
 
 
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
@@ -12,3 +84,21 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
 
     def on_connect(self) -> None:
         emit("hello", {"version": __version__})
+
+    def on_disconnect(self, reason: Any = None) -> None:
+        _pusher().discard(request.sid)  # type: ignore[attr-defined]
+
+    def on_subscribe_devices(self, data: Any = None) -> None:
+        """Join the `devices` room; the first reading goes to this client at once, not after a poll interval."""
+        pusher = _pusher()
+        join_room(DEVICES_ROOM)
+        pusher.add(request.sid)  # type: ignore[attr-defined]
+        emit(DEVICES_EVENT, pusher.read())
+
+    def on_unsubscribe_devices(self, data: Any = None) -> None:
+        leave_room(DEVICES_ROOM)
+        _pusher().discard(request.sid)  # type: ignore[attr-defined]
+
+
+def _pusher() -> DevicePusher:
+    return current_app.extensions["memplugin"].device_pusher  # type: ignore[no-any-return]

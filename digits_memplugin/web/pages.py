@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, current_app, render_template, url_for
 
 from .. import __version__
-from ..devices import probe_gpus
+from ..devices import DeviceList, is_simulated
+from ..sizes import format_size
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -18,6 +21,10 @@ PAGES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _read_devices() -> DeviceList:
+    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+
+
 def home() -> str:
     """What the plugin is, links to its pages, and a banner when no GPU is detected."""
     available = [
@@ -25,8 +32,24 @@ def home() -> str:
         for endpoint, label, purpose in PAGES
         if endpoint in current_app.view_functions
     ]
-    return render_template("memplugin/home.html", pages=available, gpus=probe_gpus(), version=__version__)
+    return render_template("memplugin/home.html", pages=available, devices=_read_devices(), version=__version__)
+
+
+def devices_page() -> str:
+    """The device table as the server sees it now; the live panel of the model form pushes the same over socketio."""
+    return render_template("memplugin/devices.html", devices=_read_devices(), version=__version__)
+
+
+def _page_context() -> dict[str, Any]:
+    """What every page of the plugin may use: whether the GPUs are simulated (a banner says so), byte formatting.
+
+    App-wide, not blueprint-wide: the standalone app serves the home page at "/", outside the blueprint. The names
+    carry the plugin's prefix so they cannot clash with a host app's own template variables.
+    """
+    return {"memplugin_simulated": is_simulated(), "memplugin_size": format_size}
 
 
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/", "home", home)
+    blueprint.add_url_rule("/devices", "devices_page", devices_page)
+    blueprint.app_context_processor(_page_context)

@@ -1,0 +1,18 @@
+"""`GET <prefix>/api/devices`: every device with its memory, as JSON (the document of `DeviceList.to_json`)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify
+from flask.typing import ResponseReturnValue
+
+from .api import API_PATH
+
+
+def list_devices() -> ResponseReturnValue:
+    """The GPUs NVML reports (an error row for one that cannot be read) and the CPU, which is always listed."""
+    reader = current_app.extensions["memplugin"].devices
+    return jsonify(reader.read().to_json())
+
+
+def register(blueprint: Blueprint) -> None:
+    blueprint.add_url_rule(f"{API_PATH}/devices", "api_devices", list_devices)
