@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -21,11 +22,12 @@ def test_help_lists_the_subcommands() -> None:
     result = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "usage: digits-memplugin" in result.stdout
     assert "serve" in result.stdout
+    assert "devices" in result.stdout
 
 
 def test_serve_help_documents_its_flags() -> None:
     result = subprocess.run([SCRIPT, "serve", "--help"], capture_output=True, text=True, timeout=60, check=True)
-    for flag in ("--host", "--port", "--data-dir"):
+    for flag in ("--host", "--port", "--data-dir", "--simulate-gpus"):
         assert flag in result.stdout
 
 
@@ -51,9 +53,13 @@ class Server:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
+    yield from start_server(tmp_path)
+
+
+def start_server(tmp_path: Path, *flags: str) -> Iterator[Server]:
     """`digits-memplugin serve --port 0` in its own process group; the bound address is read from its output."""
     process = subprocess.Popen(
-        [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "data"), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -109,3 +115,46 @@ def test_serve_stops_on_ctrl_c(server: Server) -> None:
     assert requests.get(server.base_url, timeout=10).status_code == 200
     server.process.send_signal(signal.SIGINT)
     assert server.process.wait(timeout=20) == 0
+
+
+@pytest.fixture
+def simulated_server(tmp_path: Path) -> Iterator[Server]:
+    yield from start_server(tmp_path, "--simulate-gpus", "2x24GiB")
+
+
+def test_serve_simulated_gpus_on_gevent_page_api_and_pushed_event(simulated_server: Server) -> None:
+    """The demo mode end to end on the real gevent server: NVML reads go through gevent's threadpool there."""
+    import socketio
+
+    page = requests.get(simulated_server.base_url + "memplugin/devices", timeout=10)
+    assert page.status_code == 200
+    assert 'id="simulated-gpu-banner"' in page.text
+    from_api = requests.get(simulated_server.base_url + "memplugin/api/devices", timeout=10).json()
+    assert from_api["simulated"] is True
+    assert [row["memory_total"] for row in from_api["devices"]][:2] == [24 * 1024**3] * 2
+
+    received: queue.Queue[dict[str, object]] = queue.Queue()
+    client = socketio.Client()
+    client.on("devices", received.put, namespace="/memplugin")
+    client.connect(simulated_server.base_url, namespaces=["/memplugin"], transports=["polling"], wait_timeout=10)
+    try:
+        client.emit("subscribe_devices", namespace="/memplugin")
+        first = received.get(timeout=10)  # sent at once on subscription
+        pushed = received.get(timeout=10)  # then every 2 seconds (the default interval)
+    finally:
+        client.disconnect()
+    for payload in (first, pushed):
+        assert payload["simulated"] is True
+        assert payload["devices"][:2] == from_api["devices"][:2]  # type: ignore[index]
+
+    simulated_server.process.send_signal(signal.SIGTERM)
+    assert simulated_server.process.wait(timeout=20) == 0
+    output = simulated_server.process.stdout.read() if simulated_server.process.stdout else ""
+    assert "Traceback" not in output
+
+
+def test_serve_refuses_a_bad_gpu_spec(tmp_path: Path) -> None:
+    command = [SCRIPT, "serve", "--simulate-gpus", "24", "--data-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "argument --simulate-gpus" in result.stderr and "not a memory size" in result.stderr

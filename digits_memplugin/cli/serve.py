@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .devices import gpu_spec
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -15,6 +17,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=5000, help="port to bind (default: %(default)s; 0 picks one)")
     parser.add_argument(
         "--data-dir", type=Path, default=Path("var"), help="SQLite store and job folders (default: ./%(default)s)"
+    )
+    parser.add_argument(
+        "--simulate-gpus",
+        metavar="SPEC",
+        type=gpu_spec,
+        help="demo mode: fake GPUs of these sizes instead of the driver's, e.g. '2x24GiB' or '24GiB,16GiB'; "
+        "every page says so",
     )
     parser.set_defaults(run=run)
 
@@ -27,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from ..app import create_app
     from ..server import serve
 
-    app = create_app({"MEMPLUGIN_DATA_DIR": args.data_dir, "MEMPLUGIN_ASYNC_MODE": "gevent"})
+    config: dict[str, Any] = {"MEMPLUGIN_DATA_DIR": args.data_dir, "MEMPLUGIN_ASYNC_MODE": "gevent"}
+    if args.simulate_gpus:
+        config["MEMPLUGIN_SIMULATE_GPUS"] = args.simulate_gpus
+    app = create_app(config)
     serve(app, args.host, args.port)
     return 0
