@@ -1,0 +1,74 @@
+"""Errors about a net or solver definition, carrying where the problem is (file, line, column, layer, field)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import MemPluginError
+
+
+class NetError(MemPluginError, ValueError):
+    """A net or solver definition the estimator cannot use. `str()` reads like a compiler message:
+
+    ``net.prototxt:12:3: layer 'conv1' (Convolution): convolution_param.kernel_size: 7 exceeds the padded input 5``
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        layer: str | None = None,
+        layer_type: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.source = source
+        self.line = line
+        self.column = column
+        self.layer = layer
+        self.layer_type = layer_type
+        self.field = field
+
+    def __str__(self) -> str:
+        where = ""
+        if self.source is not None:
+            where = self.source
+            if self.line is not None:
+                where += f":{self.line}"
+                if self.column is not None:
+                    where += f":{self.column}"
+            where += ": "
+        what = ""
+        if self.layer is not None:
+            what = f"layer {self.layer!r}" + (f" ({self.layer_type})" if self.layer_type else "") + ": "
+        field = f"{self.field}: " if self.field else ""
+        return f"{where}{what}{field}{self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as JSON for the API and the form: every location field, present or null."""
+        return {
+            "message": str(self),
+            "detail": self.message,
+            "source": self.source,
+            "line": self.line,
+            "column": self.column,
+            "layer": self.layer,
+            "layer_type": self.layer_type,
+            "field": self.field,
+        }
+
+
+class PrototxtSyntaxError(NetError):
+    """The text is not valid protobuf text format for the expected message."""
+
+
+class ShapeError(NetError):
+    """Shapes that Caffe would reject (it would abort with a CHECK failure)."""
+
+
+class UnsupportedLayerError(NetError):
+    """A layer type neither the shape rules nor the pycaffe fallback can handle."""

@@ -1,0 +1,195 @@
+"""The estimate the CLI, the REST API and the web form return: one call from prototxt texts to a JSON document.
+
+    {"total_bytes", "batch_size", "engine", "categories", "layers", "max_batch_size", "plan", ...}
+
+`total_bytes` is the footprint of one training job (train net + test nets + solver) at `batch_size`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import NetError
+from .layers.base import ENGINE_CPU, ENGINES
+from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
+from .net import Net, ShapeOracle
+from .planner import BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from .prototxt import DEFAULT_LIMITS, ParseLimits
+from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
+
+DEFAULT_SAFETY_MARGIN = 0.10
+"""Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRequest:
+    net: str | None = None
+    solver: str | None = None
+    net_source: str = "net.prototxt"
+    solver_source: str = "solver.prototxt"
+    batch: int | None = None
+    """Batch size of the TRAIN data layers (None: the net's own)."""
+    test_batch: int | None = None
+    """Batch size of the TEST data layers (None: the net's own)."""
+    engine: str = ENGINE_CPU
+    free_bytes: int | None = None
+    """Free memory of the target device; with it come max_batch_size and a plan."""
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    data_shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    classes: int | None = None
+    """Number of classes for DIGITS standard networks (InnerProduct layers without num_output)."""
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise NetError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}", field="engine")
+        for name in ("batch", "test_batch", "classes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
+        if self.free_bytes is not None and (
+            not isinstance(self.free_bytes, int) or isinstance(self.free_bytes, bool) or self.free_bytes < 0
+        ):
+            raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
+        if not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0:
+            raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
+
+
+class Estimator:
+    """One training definition, estimated at any batch; memoised so a planner's search costs one build per batch."""
+
+    def __init__(
+        self,
+        definition: TrainingDefinition,
+        options: MemoryOptions,
+        data_shapes: Mapping[str, Any],
+        oracle: ShapeOracle | None = None,
+    ) -> None:
+        self.definition = definition
+        self.options = options
+        self.data_shapes = dict(data_shapes)
+        self.oracle = oracle
+        self._reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
+
+    def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
+        key = (batch, test_batch)
+        if key not in self._reports:
+            self._reports[key] = self.definition.memory(self.options, batch, test_batch, self.data_shapes, self.oracle)
+        return self._reports[key]
+
+    def curve(self, test_batch: int | None = None) -> MemoryCurve:
+        return MemoryCurve(lambda batch: self.report(batch, test_batch)[0].total_bytes)
+
+
+def net_batch(net: Net) -> int | None:
+    """The batch of a net: the first dimension of its first data layer's first top."""
+    for layer in net.layers:
+        if layer.rule is not None and layer.rule.is_data and layer.tops:
+            shape = net.blobs[layer.tops[0]].shape
+            if shape:
+                return shape[0]
+    return None
+
+
+def estimate(
+    request: EstimateRequest,
+    *,
+    load: Loader | None = None,
+    oracle: ShapeOracle | None = None,
+    limits: ParseLimits = DEFAULT_LIMITS,
+) -> dict[str, Any]:
+    """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input."""
+    definition = training_definition(
+        request.net, request.solver, net_source=request.net_source, solver_source=request.solver_source,
+        load=load, limits=limits,
+    )
+    if request.classes is not None:
+        fill_num_classes(definition, request.classes)
+    options = MemoryOptions(
+        engine=request.engine,
+        solver_type=_solver_type(definition),
+        l1_regularization=definition.l1_regularization,
+        cuda_context_bytes=request.cuda_context_bytes,
+    )
+    estimator = Estimator(definition, options, request.data_shapes, oracle)
+    report, train, tests = estimator.report(request.batch, request.test_batch)
+    batch = net_batch(train)
+    test_batch = net_batch(tests[0]) if tests else None
+
+    document: dict[str, Any] = {
+        "total_bytes": report.total_bytes,
+        "batch_size": batch,
+        "test_batch_size": test_batch,
+        "engine": request.engine,
+        "solver_type": options.solver_type,
+        "categories": report.categories,
+        "layers": [
+            {
+                "name": layer.name,
+                "type": layer.type,
+                "phase": layer.phase,
+                "net": layer.net_index,
+                "bytes": layer.bytes,
+                "categories": {k: v for k, v in layer.categories.items() if v},
+            }
+            for layer in report.layers
+        ],
+        "memory_required_for_data": report.memory_required_for_data,
+        "assumptions": report.assumptions,
+        "max_batch_size": None,
+        "plan": None,
+        "test_plan": None,
+        "free_bytes": request.free_bytes,
+        "usable_bytes": None,
+        "safety_margin": request.safety_margin,
+    }
+    if request.free_bytes is None or batch is None:
+        return document
+
+    budget = usable_bytes(request.free_bytes, request.safety_margin)
+    document["usable_bytes"] = budget
+    plan, largest, test_plan = plan_job(estimator, batch, test_batch, definition, budget)
+    document["max_batch_size"] = largest
+    document["plan"] = plan.to_dict()
+    document["test_plan"] = test_plan
+    return document
+
+
+def plan_job(
+    estimator: Estimator,
+    wanted: int,
+    test_batch: int | None,
+    definition: TrainingDefinition,
+    budget: int,
+) -> tuple[BatchPlan, int, dict[str, int] | None]:
+    """Plan the train batch with the test nets at their batch; when not even batch 1 fits beside them, shrink the
+    test batch too (raising test_iter so a test pass still covers as many items)."""
+    curve = estimator.curve(None)
+    largest = max_batch(curve, budget)
+    if largest > 0 or test_batch is None:
+        return plan_batch(curve, wanted, budget), largest, None
+    test_curve = MemoryCurve(lambda tb: estimator.report(1, tb)[0].total_bytes)
+    fitting_test = max_batch(test_curve, budget, limit=test_batch)
+    if fitting_test == 0:
+        return plan_batch(curve, wanted, budget), 0, None
+    curve = estimator.curve(fitting_test)
+    test_iter = definition.test_iters[0] if definition.test_iters else 1
+    test_plan = {
+        "batch_size": fitting_test,
+        "test_iter": math.ceil(test_iter * test_batch / fitting_test),
+    }
+    return plan_batch(curve, wanted, budget), max_batch(curve, budget), test_plan
+
+
+def _solver_type(definition: TrainingDefinition) -> str:
+    solver_type = definition.solver_type
+    if solver_type not in SOLVER_STATE_BLOBS:
+        raise NetError(
+            f"unknown solver type {solver_type!r} (known: {', '.join(SOLVER_STATE_BLOBS)})",
+            source=definition.train.source,
+            field="type",
+        )
+    return solver_type

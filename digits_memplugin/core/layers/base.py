@@ -1,0 +1,237 @@
+"""The per-layer-type rules: what a layer's tops and params look like, and what it allocates inside.
+
+One `LayerRule` subclass per layer kind, registered with `@layer_rule("Type", ...)`. A rule mirrors the layer's
+C++ source in BVLC Caffe (src/caffe/layers/*.cpp): `setup` is LayerSetUp + Reshape (top and param shapes, with
+Caffe's CHECKs turned into `ShapeError`s), `buffers` lists the blobs the layer allocates for itself during one
+training iteration and one test pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from ..errors import ShapeError, UnsupportedLayerError
+
+Shape = tuple[int, ...]
+FLOAT_BYTES = 4  # Caffe's Dtype is float for training
+INT_BYTES = 4
+INT_MAX = 2**31 - 1
+
+PHASE_TRAIN = "TRAIN"
+PHASE_TEST = "TEST"
+
+ENGINE_CPU = "cpu"
+ENGINE_GPU = "gpu"
+ENGINE_CUDNN = "gpu-cudnn"
+ENGINES = (ENGINE_CPU, ENGINE_GPU, ENGINE_CUDNN)
+
+# Memory categories of the report, in display order.
+ACTIVATIONS = "activations"
+ACTIVATION_DIFFS = "activation_diffs"
+PARAMS = "params"
+PARAM_DIFFS = "param_diffs"
+SOLVER_HISTORY = "solver_history"
+LAYER_BUFFERS = "layer_buffers"
+DATA_PREFETCH = "data_prefetch"
+WORKSPACE = "workspace"
+CONTEXT = "context"
+CATEGORIES = (
+    ACTIVATIONS, ACTIVATION_DIFFS, PARAMS, PARAM_DIFFS, SOLVER_HISTORY, LAYER_BUFFERS, DATA_PREFETCH, WORKSPACE,
+    CONTEXT,
+)
+
+
+def count_of(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """Memory a layer allocates for itself (not a top blob, not a param)."""
+
+    name: str
+    count: int
+    itemsize: int = FLOAT_BYTES
+    category: str = LAYER_BUFFERS
+    host_only: bool = False
+    """Host memory even when training on a GPU (the data reader's queue, for instance)."""
+
+    @property
+    def bytes(self) -> int:
+        return self.count * self.itemsize
+
+
+@dataclasses.dataclass
+class LayerSetup:
+    """What `setup` computes: top shapes (one per top, automatic tops included) and param blob shapes."""
+
+    tops: list[Shape]
+    params: list[Shape] = dataclasses.field(default_factory=list)
+    data_views: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Top index -> bottom index whose data the top shares (Blob::ShareData), so it allocates none of its own."""
+    diff_views: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Top index -> bottom index whose diff the top shares (Blob::ShareDiff)."""
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Rule-specific facts `buffers` needs (convolution geometry, the data layer's batch...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Count:
+    """Caffe's ExactNum/MinNum/MaxNum Bottom/Top Blobs: None means unconstrained."""
+
+    exact: int | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+
+    def check(self, actual: int, what: str, ctx: LayerContext) -> None:
+        if self.exact is not None and actual != self.exact:
+            raise ctx.error(f"takes exactly {self.exact} {what} blob(s), got {actual}", field=what)
+        if self.minimum is not None and actual < self.minimum:
+            raise ctx.error(f"takes at least {self.minimum} {what} blob(s), got {actual}", field=what)
+        if self.maximum is not None and actual > self.maximum:
+            raise ctx.error(f"takes at most {self.maximum} {what} blob(s), got {actual}", field=what)
+
+
+class LayerContext:
+    """One layer as a rule sees it: its parameters, its bottom shapes, the phase, where it is defined."""
+
+    def __init__(
+        self,
+        param: Any,
+        bottoms: list[Shape],
+        phase: str,
+        source: str | None = None,
+        line: int | None = None,
+        data_shapes: dict[str, Shape] | None = None,
+        batch_override: int | None = None,
+    ) -> None:
+        self.param = param
+        self.name: str = param.name
+        self.type: str = param.type
+        self.bottoms = bottoms
+        self.phase = phase
+        self.source = source
+        self.line = line
+        self.data_shapes = data_shapes or {}
+        self.batch_override = batch_override
+
+    def error(self, message: str, field: str | None = None) -> ShapeError:
+        return ShapeError(
+            message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field
+        )
+
+    def data_shape(self, top: str) -> Shape | None:
+        """A shape given by the caller for this layer's top (by top name, or `layer/top`)."""
+        return self.data_shapes.get(f"{self.name}/{top}") or self.data_shapes.get(top)
+
+    def canonical_axis(self, axis: int, num_axes: int, field: str) -> int:
+        """Blob::CanonicalAxisIndex: negative axes count from the end."""
+        if not -num_axes <= axis < num_axes:
+            raise self.error(f"axis {axis} is out of range for a {num_axes}-axis blob", field=field)
+        return axis + num_axes if axis < 0 else axis
+
+    def positive(self, value: int, field: str) -> int:
+        if value <= 0:
+            raise self.error(f"must be positive, got {value}", field=field)
+        return value
+
+
+class LayerRule:
+    """Base rule: subclasses set the class attributes and override `setup` (and `buffers` when they allocate)."""
+
+    types: ClassVar[tuple[str, ...]] = ()
+    bottoms: ClassVar[Count] = Count()
+    tops: ClassVar[Count] = Count()
+    auto_top_blobs: ClassVar[bool] = False
+    """LossLayer: missing tops are created anonymously up to the required number."""
+    is_loss: ClassVar[bool] = False
+    """LossLayer: top 0 has loss weight 1 unless `loss_weight` says otherwise."""
+    is_data: ClassVar[bool] = False
+    """Produces data without bottoms; its tops never need backward."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return True
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        """True when Backward fetches every bottom's diff whatever propagate_down says (ConvolutionLayer's
+        Backward_cpu takes `bottom[i]->mutable_cpu_diff()` before testing propagate_down[i])."""
+        return False
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:  # pragma: no cover - every rule overrides it
+        raise NotImplementedError
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        """Internal allocations of one training iteration (TRAIN) or one test pass (TEST) on `engine`."""
+        return []
+
+    def needed_tops(self) -> int:
+        return max(self.tops.minimum or 0, self.tops.exact or 0)
+
+
+_REGISTRY: dict[str, LayerRule] = {}
+R = TypeVar("R", bound=type[LayerRule])
+
+
+def layer_rule(*types: str) -> Callable[[R], R]:
+    """Register a rule class for the given layer types; a type registered twice is a programming error."""
+
+    def register(cls: R) -> R:
+        instance = cls()
+        cls.types = types
+        for layer_type in types:
+            if layer_type in _REGISTRY:
+                raise RuntimeError(f"layer type {layer_type!r} has two rules")
+            _REGISTRY[layer_type] = instance
+        return cls
+
+    return register
+
+
+def rule_for(layer_type: str) -> LayerRule | None:
+    return _REGISTRY.get(layer_type)
+
+
+def known_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+class DeferToPycaffe(Exception):
+    """Raised by a rule for a configuration it does not model; the net builder then asks pycaffe for the shapes."""
+
+
+def unsupported(ctx: LayerContext, why: str) -> UnsupportedLayerError:
+    return UnsupportedLayerError(why, source=ctx.source, line=ctx.line, layer=ctx.name, layer_type=ctx.type)
+
+
+def spatial_param(
+    ctx: LayerContext,
+    values: Sequence[int],
+    h: int | None,
+    w: int | None,
+    num_spatial: int,
+    default: int,
+    field: str,
+) -> list[int]:
+    """Caffe's reading of kernel/stride/pad/dilation: `x_h`/`x_w` (2-D only), else one value or one per axis."""
+    if h is not None or w is not None:
+        if num_spatial != 2:
+            raise ctx.error(f"{field}_h and {field}_w only apply to 2-D spatial blobs", field=field)
+        if h is None or w is None:
+            raise ctx.error(f"{field}_h and {field}_w must be given together", field=field)
+        return [h, w]
+    if len(values) == 0:
+        return [default] * num_spatial
+    if len(values) == 1:
+        return [values[0]] * num_spatial
+    if len(values) != num_spatial:
+        raise ctx.error(
+            f"must be given once or once per spatial axis ({num_spatial}), got {len(values)} values", field=field
+        )
+    return list(values)
+
+
+def optional(message: Any, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None

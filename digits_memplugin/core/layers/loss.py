@@ -1,0 +1,170 @@
+"""Loss layers (a scalar top with loss weight 1, created when not named) and Accuracy."""
+
+from __future__ import annotations
+
+from .base import ENGINE_CPU, ENGINE_CUDNN, Buffer, Count, LayerContext, LayerRule, LayerSetup, count_of, layer_rule
+from .common import softmax_buffers
+
+
+class LossRule(LayerRule):
+    """LossLayer: two bottoms with the same first dimension, one scalar top, no backward into the label."""
+
+    bottoms = Count(exact=2)
+    tops = Count(exact=1)
+    auto_top_blobs = True
+    is_loss = True
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return bottom_index != 1
+
+    def check_same_num(self, ctx: LayerContext) -> None:
+        a, b = ctx.bottoms[0], ctx.bottoms[1]
+        if not a or not b or a[0] != b[0]:
+            raise ctx.error(
+                f"the data and label should have the same first dimension ({list(a)} vs {list(b)})", field="bottom"
+            )
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        return LayerSetup(tops=[()])
+
+
+def _outer_inner(ctx: LayerContext, axis_value: int, field: str) -> tuple[int, int, int]:
+    scores, labels = ctx.bottoms[0], ctx.bottoms[1]
+    axis = ctx.canonical_axis(axis_value, len(scores), field)
+    outer, inner = count_of(scores[:axis]), count_of(scores[axis + 1 :])
+    if outer * inner != count_of(labels):
+        raise ctx.error(
+            f"number of labels ({count_of(labels)}, {list(labels)}) must match the number of predictions "
+            f"({outer * inner}: {list(scores)} with the class axis {axis})",
+            field="bottom",
+        )
+    return axis, outer, inner
+
+
+@layer_rule("SoftmaxWithLoss")
+class SoftmaxWithLossRule(LossRule):
+    """SoftmaxWithLossLayer: an inner Softmax into prob_ (the input's size); optional second top is prob."""
+
+    bottoms = Count(exact=2)
+    tops = Count(minimum=1, maximum=2)
+
+    def needed_tops(self) -> int:
+        return 1
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        axis, _, _ = _outer_inner(ctx, ctx.param.softmax_param.axis, "softmax_param.axis")
+        tops = [()] + ([ctx.bottoms[0]] if len(ctx.param.top) > 1 else [])
+        return LayerSetup(tops=tops, details={"axis": axis})
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        scores = ctx.bottoms[0]
+        buffers = [Buffer("prob", count_of(scores))]
+        p = ctx.param.softmax_param
+        if not (engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN)):
+            buffers += [Buffer(f"softmax.{b.name}", b.count) for b in softmax_buffers(scores, setup.details["axis"])]
+        return buffers
+
+
+@layer_rule("EuclideanLoss")
+class EuclideanLossRule(LossRule):
+    """EuclideanLossLayer: keeps the difference of its inputs."""
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return True
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        if count_of(ctx.bottoms[0][1:]) != count_of(ctx.bottoms[1][1:]):
+            raise ctx.error(
+                f"inputs must have the same dimension ({list(ctx.bottoms[0])} vs {list(ctx.bottoms[1])})", field="bottom"
+            )
+        return LayerSetup(tops=[()])
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        return [Buffer("diff", count_of(ctx.bottoms[0]))]
+
+
+@layer_rule("SigmoidCrossEntropyLoss")
+class SigmoidCrossEntropyLossRule(LossRule):
+    """SigmoidCrossEntropyLossLayer: an inner Sigmoid into sigmoid_output_ (the input's size)."""
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        if count_of(ctx.bottoms[0]) != count_of(ctx.bottoms[1]):
+            raise ctx.error("inputs must have the same count", field="bottom")
+        return LayerSetup(tops=[()])
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        return [Buffer("sigmoid_output", count_of(ctx.bottoms[0]))]
+
+
+@layer_rule("ContrastiveLoss")
+class ContrastiveLossRule(LossRule):
+    """ContrastiveLossLayer: two feature blobs and a similarity label; keeps a_i - b_i and distances."""
+
+    bottoms = Count(exact=3)
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return bottom_index != 2
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        a, b, sim = ctx.bottoms
+        if len(a) < 2 or a != b or any(d != 1 for d in a[2:]) or sim[0] != a[0] or any(d != 1 for d in sim[1:]):
+            raise ctx.error(
+                f"expects two (N, C, 1, 1) features and an (N, 1, 1, 1) label, got {list(a)}, {list(b)}, {list(sim)}",
+                field="bottom",
+            )
+        return LayerSetup(tops=[()])
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        n, c = ctx.bottoms[0][:2]
+        buffers = [Buffer("diff", n * c), Buffer("dist_sq", n), Buffer("summer_vec", c)]
+        if engine != ENGINE_CPU:
+            buffers.append(Buffer("diff_sq", n * c))
+        return buffers
+
+
+@layer_rule("HingeLoss", "MultinomialLogisticLoss")
+class PlainLossRule(LossRule):
+    """Losses that keep nothing of their own."""
+
+
+@layer_rule("InfogainLoss")
+class InfogainLossRule(LossRule):
+    """InfogainLossLayer: the infogain matrix as a third bottom or loaded from a file (a K x K blob)."""
+
+    bottoms = Count(minimum=2, maximum=3)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        classes = count_of(ctx.bottoms[0][1:])
+        return LayerSetup(tops=[()], details={"classes": classes})
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        if len(ctx.bottoms) == 3:
+            return []
+        k = setup.details["classes"]
+        return [Buffer("infogain", k * k)]
+
+
+@layer_rule("Accuracy")
+class AccuracyRule(LayerRule):
+    """AccuracyLayer: a scalar (and per-class accuracies); never part of backward."""
+
+    bottoms = Count(exact=2)
+    tops = Count(minimum=1, maximum=2)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.accuracy_param
+        scores = ctx.bottoms[0]
+        if p.top_k > count_of(scores) // max(count_of(ctx.bottoms[1]), 1):
+            raise ctx.error("top_k must be less than or equal to the number of classes", field="accuracy_param.top_k")
+        axis, _, _ = _outer_inner(ctx, p.axis, "accuracy_param.axis")
+        tops = [()] + ([(scores[axis],)] if len(ctx.param.top) > 1 else [])
+        return LayerSetup(tops=tops, details={"classes": scores[axis]})
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        if len(ctx.param.top) > 1:
+            return [Buffer("nums_buffer", setup.details["classes"])]
+        return []

@@ -1,0 +1,334 @@
+"""Sliding-window layers: Convolution, Deconvolution, Pooling, LRN, Im2col, Crop."""
+
+from __future__ import annotations
+
+from .base import (
+    ENGINE_CPU,
+    ENGINE_CUDNN,
+    ENGINE_GPU,
+    INT_BYTES,
+    WORKSPACE,
+    Buffer,
+    Count,
+    LayerContext,
+    LayerRule,
+    LayerSetup,
+    Shape,
+    count_of,
+    layer_rule,
+    optional,
+    spatial_param,
+)
+
+CUDNN_STREAMS_PER_GROUP = 3
+"""BVLC's cudnn_conv_layer.cpp: one stream (and handle) each for forward, backward-data, backward-filter."""
+CUDNN_WORKSPACE_LIMIT = 8 * 1024 * 1024
+"""BVLC picks cuDNN algorithms under this workspace limit (bytes), per group and direction."""
+
+
+def conv_output_dim(ctx: LayerContext, size: int, kernel: int, stride: int, pad: int, dilation: int, axis: int) -> int:
+    extent = dilation * (kernel - 1) + 1
+    out = (size + 2 * pad - extent) // stride + 1
+    if size + 2 * pad < extent:
+        raise ctx.error(
+            f"kernel extent {extent} exceeds the padded input {size + 2 * pad} on spatial axis {axis}",
+            field="convolution_param.kernel_size",
+        )
+    return out
+
+
+@layer_rule("Convolution", "Deconvolution")
+class ConvolutionRule(LayerRule):
+    """BaseConvolutionLayer: weights [out, in/group, k...], optional bias, a per-image im2col buffer."""
+
+    bottoms = Count(minimum=1)
+    tops = Count(minimum=1)
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        # Caffe's own engine fetches the bottom diff up front; CuDNNConvolutionLayer only under propagate_down.
+        p = ctx.param.convolution_param
+        uses_dilation = any(d > 1 for d in p.dilation)
+        return not (engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN) and not uses_dilation)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.convolution_param
+        reverse = ctx.type == "Deconvolution"
+        if len(ctx.param.top) != len(ctx.bottoms):
+            raise ctx.error(
+                f"needs one top per bottom ({len(ctx.bottoms)} bottoms, {len(ctx.param.top)} tops)", field="top"
+            )
+        bottom = ctx.bottoms[0]
+        for index, other in enumerate(ctx.bottoms[1:], start=1):
+            if other != bottom:
+                raise ctx.error(f"all bottoms must have the same shape; bottom {index} is {list(other)}", field="bottom")
+        channel_axis = ctx.canonical_axis(p.axis, len(bottom), "convolution_param.axis")
+        first_spatial = channel_axis + 1
+        num_spatial = len(bottom) - first_spatial
+        if num_spatial < 0:
+            raise ctx.error("the input has no spatial axes", field="convolution_param.axis")
+        kernel = spatial_param(
+            ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
+            "convolution_param.kernel_size",
+        )
+        if num_spatial and (not kernel or any(k <= 0 for k in kernel)):
+            raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
+        stride = spatial_param(
+            ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
+            "convolution_param.stride",
+        )
+        if any(s <= 0 for s in stride):
+            raise ctx.error("stride dimensions must be positive", field="convolution_param.stride")
+        pad = spatial_param(
+            ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
+        )
+        dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+        is_1x1 = all(k == 1 and s == 1 and q == 0 for k, s, q in zip(kernel, stride, pad))
+        channels = bottom[channel_axis]
+        num_output = ctx.positive(p.num_output, "convolution_param.num_output")
+        group = ctx.positive(p.group, "convolution_param.group")
+        if channels % group:
+            raise ctx.error(f"input channels {channels} are not a multiple of group {group}", field="convolution_param.group")
+        if num_output % group:
+            raise ctx.error(
+                f"num_output {num_output} is not a multiple of group {group}", field="convolution_param.num_output"
+            )
+        conv_out_channels, conv_in_channels = (channels, num_output) if reverse else (num_output, channels)
+        weight: Shape = (conv_out_channels, conv_in_channels // group, *kernel)
+        params = [weight] + ([(num_output,)] if p.bias_term else [])
+
+        spatial_in = bottom[first_spatial:]
+        spatial_out: list[int] = []
+        for axis, size in enumerate(spatial_in):
+            k, s, q, d = kernel[axis], stride[axis], pad[axis], dilation[axis]
+            if reverse:
+                out = s * (size - 1) + d * (k - 1) + 1 - 2 * q
+                if out <= 0:
+                    raise ctx.error(f"output size {out} on spatial axis {axis} is not positive", field="convolution_param")
+            else:
+                out = conv_output_dim(ctx, size, k, s, q, d, axis)
+            spatial_out.append(out)
+        top: Shape = (*bottom[:channel_axis], num_output, *spatial_out)
+        kernel_dim = conv_in_channels // group * count_of(kernel)
+        conv_out_spatial = count_of(spatial_in if reverse else spatial_out)
+        uses_dilation = any(d > 1 for d in dilation)
+        return LayerSetup(
+            tops=[top] * len(ctx.bottoms),
+            params=params,
+            details={
+                "is_1x1": is_1x1,
+                "col_buffer": kernel_dim * group * conv_out_spatial,
+                "bias_multiplier": count_of(spatial_out) if p.bias_term else 0,
+                "group": group,
+                "cudnn": p.engine in (p.DEFAULT, p.CUDNN) and not uses_dilation,
+                "num_bottoms": len(ctx.bottoms),
+            },
+        )
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        d = setup.details
+        buffers = []
+        if engine == ENGINE_CUDNN and d["cudnn"]:
+            # CuDNNConvolutionLayer never touches col_buffer_; bias_multiplier_ is set on the host only. Its
+            # workspace holds the largest of the three chosen algorithms' needs, per group and stream, each under
+            # BVLC's 8 MiB limit; the algorithm's need is taken as one group's im2col matrix, which is what the
+            # GEMM-based algorithms cuDNN prefers under a limit use.
+            per_group = min(CUDNN_WORKSPACE_LIMIT, d["col_buffer"] // d["group"] * 4)
+            buffers.append(
+                Buffer("cudnn_workspace", per_group * d["group"] * CUDNN_STREAMS_PER_GROUP, 1, category=WORKSPACE)
+            )
+            return buffers
+        if not d["is_1x1"]:
+            buffers.append(Buffer("col_buffer", d["col_buffer"]))
+        if d["bias_multiplier"] and engine in (ENGINE_CPU, ENGINE_GPU):
+            buffers.append(Buffer("bias_multiplier", d["bias_multiplier"]))
+        return buffers
+
+
+@layer_rule("Pooling")
+class PoolingRule(LayerRule):
+    """PoolingLayer (this tree's, with `ceil_mode`): MAX keeps an int index per output unless a mask top exists."""
+
+    bottoms = Count(exact=1)
+    tops = Count(minimum=1, maximum=2)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.pooling_param
+        bottom = ctx.bottoms[0]
+        if len(bottom) != 4:
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+        if p.global_pooling:
+            if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
+                raise ctx.error("with global_pooling the filter size cannot be given", field="pooling_param")
+            kernel_h, kernel_w = bottom[2], bottom[3]
+        else:
+            if p.HasField("kernel_size") == (p.HasField("kernel_h") and p.HasField("kernel_w")):
+                raise ctx.error("give kernel_size or kernel_h and kernel_w", field="pooling_param.kernel_size")
+            kernel_h, kernel_w = (p.kernel_size, p.kernel_size) if p.HasField("kernel_size") else (p.kernel_h, p.kernel_w)
+        if kernel_h <= 0 or kernel_w <= 0:
+            raise ctx.error("filter dimensions cannot be zero", field="pooling_param.kernel_size")
+        pad_h, pad_w = (p.pad_h, p.pad_w) if p.HasField("pad_h") else (p.pad, p.pad)
+        stride_h, stride_w = (p.stride_h, p.stride_w) if p.HasField("stride_h") else (p.stride, p.stride)
+        if stride_h <= 0 or stride_w <= 0:
+            raise ctx.error("stride must be positive", field="pooling_param.stride")
+        if p.global_pooling and (pad_h or pad_w or stride_h != 1 or stride_w != 1):
+            raise ctx.error("with global_pooling only pad = 0 and stride = 1 are allowed", field="pooling_param")
+        if pad_h or pad_w:
+            if p.pool not in (p.AVE, p.MAX):
+                raise ctx.error("padding is implemented only for average and max pooling", field="pooling_param.pad")
+            if pad_h >= kernel_h or pad_w >= kernel_w:
+                raise ctx.error("pad must be smaller than the kernel", field="pooling_param.pad")
+        pooled = []
+        for size, kernel, pad, stride, name in (
+            (bottom[2], kernel_h, pad_h, stride_h, "height"),
+            (bottom[3], kernel_w, pad_w, stride_w, "width"),
+        ):
+            span = size + 2 * pad - kernel
+            out = (-(-span // stride) if p.ceil_mode else span // stride) + 1
+            if pad and (out - 1) * stride >= size + pad:
+                out -= 1
+            if out <= 0:
+                raise ctx.error(
+                    f"kernel {kernel} exceeds the padded input {name} {size + 2 * pad}", field="pooling_param.kernel_size"
+                )
+            pooled.append(out)
+        top: Shape = (bottom[0], bottom[1], *pooled)
+        return LayerSetup(
+            tops=[top] * len(ctx.param.top),
+            details={"method": p.pool, "mask_top": len(ctx.param.top) > 1, "cudnn": p.engine in (p.DEFAULT, p.CUDNN)},
+        )
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        d = setup.details
+        p = ctx.param.pooling_param
+        if engine == ENGINE_CUDNN and d["cudnn"] and not d["mask_top"]:
+            return []  # CuDNNPoolingLayer keeps no index
+        count = count_of(setup.tops[0])
+        if d["method"] == p.MAX and not d["mask_top"]:
+            return [Buffer("max_idx", count, INT_BYTES)]
+        if d["method"] == p.STOCHASTIC and engine != ENGINE_CPU:
+            return [Buffer("rand_idx", count)]
+        return []
+
+
+@layer_rule("LRN")
+class LRNRule(LayerRule):
+    """LRNLayer: ACROSS_CHANNELS keeps a scale_ blob; WITHIN_CHANNEL chains split, power, pool, power, product."""
+
+    bottoms = Count(exact=1)
+    tops = Count(exact=1)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.lrn_param
+        if p.local_size % 2 != 1:
+            raise ctx.error("LRN only supports odd values for local_size", field="lrn_param.local_size")
+        bottom = ctx.bottoms[0]
+        if len(bottom) != 4:
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+        details: dict[str, int] = {}
+        if p.norm_region == p.WITHIN_CHANNEL:
+            pad = (p.local_size - 1) // 2
+            pooled = []
+            for size in bottom[2:]:
+                out = -(-(size + 2 * pad - p.local_size) // 1) + 1
+                if pad and (out - 1) >= size + pad:
+                    out -= 1
+                pooled.append(out)
+            details["pool_output"] = bottom[0] * bottom[1] * pooled[0] * pooled[1]
+        return LayerSetup(tops=[bottom], details=details)
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        p = ctx.param.lrn_param
+        count = count_of(ctx.bottoms[0])
+        cudnn = engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN)
+        if p.norm_region == p.ACROSS_CHANNELS:
+            return [] if cudnn else [Buffer("scale", count)]
+        if cudnn:
+            return [Buffer("lcn_temp", 2 * count)]  # CuDNNLCNLayer's two temporaries of the input's size
+        pool = setup.details["pool_output"]
+        train = ctx.phase == "TRAIN"
+        buffers = [Buffer("square_output", count), Buffer("pool_output", pool), Buffer("power_output", pool)]
+        if train:
+            buffers += [
+                Buffer("product_input.diff", count),
+                Buffer("square_input.diff", count),
+                Buffer("square_output.diff", count),
+                Buffer("pool_output.diff", pool),
+                Buffer("power_output.diff", pool),
+            ]
+        return buffers
+
+
+@layer_rule("Im2col")
+class Im2colRule(LayerRule):
+    """Im2colLayer: the column matrix of every image as its top."""
+
+    bottoms = Count(exact=1)
+    tops = Count(exact=1)
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        return True
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.convolution_param
+        bottom = ctx.bottoms[0]
+        channel_axis = ctx.canonical_axis(p.axis, len(bottom), "convolution_param.axis")
+        num_spatial = len(bottom) - channel_axis - 1
+        kernel = spatial_param(
+            ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
+            "convolution_param.kernel_size",
+        )
+        if any(k <= 0 for k in kernel):
+            raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
+        stride = spatial_param(
+            ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
+            "convolution_param.stride",
+        )
+        pad = spatial_param(
+            ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
+        )
+        dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+        channels = bottom[channel_axis]
+        spatial = [
+            conv_output_dim(ctx, size, kernel[i], stride[i], pad[i], dilation[i], i)
+            for i, size in enumerate(bottom[channel_axis + 1 :])
+        ]
+        return LayerSetup(tops=[(*bottom[:channel_axis], channels * count_of(kernel), *spatial)])
+
+
+@layer_rule("Crop")
+class CropRule(LayerRule):
+    """CropLayer: bottom 0 cropped to bottom 1's shape from `axis` on, at the given offsets."""
+
+    bottoms = Count(exact=2)
+    tops = Count(exact=1)
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        return True  # bottom 0's diff, fetched before propagate_down[0] is tested (bottom 1 is never written)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.crop_param
+        bottom, reference = ctx.bottoms
+        if len(bottom) != len(reference):
+            raise ctx.error(
+                f"bottoms must have the same number of axes ({list(bottom)} vs {list(reference)})", field="bottom"
+            )
+        axis = ctx.canonical_axis(p.axis, len(bottom), "crop_param.axis")
+        cropped = len(bottom) - axis
+        if len(p.offset) > 1 and len(p.offset) != cropped:
+            raise ctx.error(
+                f"give one offset or one per cropped axis ({cropped}), got {len(p.offset)}", field="crop_param.offset"
+            )
+        shape = list(bottom)
+        for i in range(axis, len(bottom)):
+            offset = 0
+            if len(p.offset) == 1:
+                offset = p.offset[0]
+            elif len(p.offset) > 1:
+                offset = p.offset[i - axis]
+            shape[i] = reference[i]
+            if bottom[i] - offset < reference[i]:
+                raise ctx.error(
+                    f"crop of size {reference[i]} at offset {offset} does not fit axis {i} of size {bottom[i]}",
+                    field="crop_param.offset",
+                )
+        return LayerSetup(tops=[tuple(shape)])

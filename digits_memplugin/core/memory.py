@@ -1,0 +1,284 @@
+"""The memory model: what Caffe allocates to train a net, buffer by buffer (docs/memory-model.md explains it).
+
+It follows SyncedMemory's lazy allocation: a blob's data or diff costs memory only once something touches it, and
+nothing is freed during training, so the state after construction + one training iteration + one test pass is
+the peak. For each net of a training job it counts activations (top data), activation diffs (where backward or
+a loss weight touches them), params and their diffs, the solver's history, every layer-internal buffer, the data
+layers' prefetch, and on GPU engines the cuDNN workspace and the CUDA context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from .errors import ShapeError
+from .layers.base import (
+    ACTIVATION_DIFFS,
+    ACTIVATIONS,
+    CATEGORIES,
+    CONTEXT,
+    ENGINE_CPU,
+    ENGINE_CUDNN,
+    ENGINE_GPU,
+    ENGINES,
+    FLOAT_BYTES,
+    PARAM_DIFFS,
+    PARAMS,
+    PHASE_TRAIN,
+    SOLVER_HISTORY,
+    Buffer,
+)
+from .net import Net
+
+MiB = 1024 * 1024
+
+# Per learnable param, how many param-sized blobs of solver state each solver touches (solvers/*.cpp). The CPU
+# paths go through update_ (and temp_) step by step; the GPU paths run one fused kernel on the history only.
+SOLVER_STATE_BLOBS: dict[str, dict[str, int]] = {
+    "SGD": {ENGINE_CPU: 1, ENGINE_GPU: 1},
+    "Nesterov": {ENGINE_CPU: 2, ENGINE_GPU: 1},
+    "AdaGrad": {ENGINE_CPU: 2, ENGINE_GPU: 1},
+    "RMSProp": {ENGINE_CPU: 2, ENGINE_GPU: 1},
+    "AdaDelta": {ENGINE_CPU: 4, ENGINE_GPU: 2},
+    "Adam": {ENGINE_CPU: 3, ENGINE_GPU: 2},
+}
+# Solvers whose CPU path already touches temp_, which L1 regularization needs too.
+CPU_SOLVERS_USING_TEMP = {"AdaDelta", "Adam"}
+
+DEFAULT_CUDA_CONTEXT_BYTES = 300 * MiB
+"""CUDA context, cuBLAS and cuRAND handles of one Caffe process: a per-machine constant, best calibrated once."""
+DEFAULT_CUDNN_HANDLE_BYTES = 0
+"""Device memory per cuDNN handle. BVLC creates group x 3 handles per cuDNN convolution layer."""
+CPU_ALLOCATION_OVERHEAD = 16
+"""glibc's chunk header and alignment per malloc'd buffer (CPU engine only)."""
+CPU_RUNTIME_BYTES = 300 * 1024
+"""A CPU training process's own bookkeeping, once: protobuf's descriptor tables for caffe.proto, built at the first
+parse, plus registries (measured with valgrind's massif on LeNet)."""
+CPU_THREAD_BYTES = 30 * 1024
+"""Per prefetch or reader thread: its thread-local storage blocks and its own Caffe RNG (massif)."""
+CPU_LAYER_BYTES = 8 * 1024
+"""Per layer: the layer object, its LayerParameter copy, its blobs' bookkeeping (fitted on the zoo's small nets)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions:
+    """How to count: the engine, the solver, and the GPU constants."""
+
+    engine: str = ENGINE_CPU
+    solver_type: str = "SGD"
+    l1_regularization: bool = False
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+    cudnn_handle_bytes: int = DEFAULT_CUDNN_HANDLE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.solver_type not in SOLVER_STATE_BLOBS:
+            raise ValueError(f"unknown solver type {self.solver_type!r} (known: {', '.join(SOLVER_STATE_BLOBS)})")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.engine != ENGINE_CPU
+
+
+@dataclasses.dataclass
+class LayerMemory:
+    """Bytes one layer of one net accounts for, by category."""
+
+    name: str
+    type: str
+    phase: str
+    net_index: int
+    categories: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    buffers: list[Buffer] = dataclasses.field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.categories.values())
+
+
+@dataclasses.dataclass
+class MemoryReport:
+    """The footprint of one training job (train net, test nets, solver) on one engine."""
+
+    engine: str
+    layers: list[LayerMemory]
+    context_bytes: int
+    assumptions: list[str]
+    memory_required_for_data: list[int]
+    """Caffe's "Memory required for data" line of each net, train first."""
+
+    @property
+    def categories(self) -> dict[str, int]:
+        totals = {category: 0 for category in CATEGORIES}
+        for layer in self.layers:
+            for category, value in layer.categories.items():
+                totals[category] += value
+        totals[CONTEXT] += self.context_bytes
+        return totals
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.categories.values())
+
+
+def _allocation(nbytes: int, options: MemoryOptions) -> int:
+    if nbytes <= 0:
+        return 0
+    if options.engine == ENGINE_CPU:
+        return nbytes + CPU_ALLOCATION_OVERHEAD
+    return nbytes
+
+
+def net_memory(
+    net: Net,
+    options: MemoryOptions,
+    net_index: int = 0,
+    shared_param_layers: Iterable[str] = (),
+) -> list[LayerMemory]:
+    """Per-layer memory of one net. `shared_param_layers` names the layers whose params are the train net's
+    (Net::ShareTrainedLayersWith for test nets), so their data is not counted again."""
+    training = net.phase == PHASE_TRAIN
+    shared = set(shared_param_layers)
+    result = [LayerMemory(layer.name, layer.type, net.phase, net_index) for layer in net.layers]
+
+    # Which blob buffers are touched, and which layer they are charged to (their producer).
+    data_owner: dict[int, int] = {}
+    diff_touched: set[int] = set()
+    external: set[int] = set()
+    for layer in net.layers:
+        if layer.setup.details.get("external_tops"):
+            external.update(layer.tops)
+    for blob in net.blobs:
+        if blob.data_of is None and blob.id not in external:
+            data_owner[blob.id] = blob.producer
+
+    def touch_diff(blob_id: int) -> None:
+        blob = net.blobs[blob_id]
+        root = blob.diff_of if blob.diff_of is not None else blob_id
+        if root not in external:
+            diff_touched.add(root)
+
+    for blob in net.blobs:
+        if blob.loss_weight:
+            touch_diff(blob.id)  # Layer::SetLossWeights writes the weight into the diff at set-up
+    if training:
+        for layer in net.layers:
+            if not layer.need_backward:
+                continue
+            for blob_id in layer.tops:
+                touch_diff(blob_id)
+            always = layer.rule is not None and layer.rule.writes_bottom_diffs_always(layer.ctx, options.engine)
+            for index, (blob_id, needed) in enumerate(zip(layer.bottoms, layer.bottom_need_backward)):
+                if needed or (always and not (layer.type == "Crop" and index == 1)):
+                    touch_diff(blob_id)
+
+    for blob_id, producer in data_owner.items():
+        result[producer].categories[ACTIVATIONS] += _allocation(net.blobs[blob_id].count * FLOAT_BYTES, options)
+    for blob_id in diff_touched:
+        producer = net.blobs[blob_id].producer
+        result[producer].categories[ACTIVATION_DIFFS] += _allocation(net.blobs[blob_id].count * FLOAT_BYTES, options)
+
+    state_blobs = SOLVER_STATE_BLOBS[options.solver_type][ENGINE_GPU if options.on_gpu else ENGINE_CPU]
+    if options.l1_regularization and (options.on_gpu or options.solver_type not in CPU_SOLVERS_USING_TEMP):
+        state_blobs += 1
+    for param in net.params:
+        if param.owner is not None:
+            continue
+        layer = net.layers[param.layer]
+        nbytes = _allocation(param.count * FLOAT_BYTES, options)
+        if layer.name not in shared:
+            result[param.layer].categories[PARAMS] += nbytes
+        if training:
+            result[param.layer].categories[PARAM_DIFFS] += nbytes
+            result[param.layer].categories[SOLVER_HISTORY] += state_blobs * nbytes
+
+    for layer, memory in zip(net.layers, result):
+        if layer.rule is None:
+            continue
+        for buffer in layer.rule.buffers(layer.ctx, layer.setup, options.engine):
+            if options.on_gpu and buffer.host_only:
+                continue
+            nbytes = _allocation(buffer.bytes, options)
+            if nbytes:
+                memory.categories[buffer.category] += nbytes
+                memory.buffers.append(buffer)
+    return result
+
+
+def share_trained_layers(train: Net, test: Net) -> list[str]:
+    """Net::ShareTrainedLayersWith: test layers named like a train layer use its params (same shapes required)."""
+    train_layers = {layer.name: layer for layer in train.layers}
+    shared = []
+    for layer in test.layers:
+        source = train_layers.get(layer.name)
+        if source is None or not source.params:
+            continue
+        source_shapes = [train.params[i].shape for i in source.params]
+        target_shapes = [test.params[i].shape for i in layer.params]
+        if len(source_shapes) != len(target_shapes):
+            raise ShapeError(
+                f"has {len(target_shapes)} param blobs in the TEST net but {len(source_shapes)} in the TRAIN net",
+                source=layer.ctx.source, line=layer.line, layer=layer.name, layer_type=layer.type, field="param",
+            )
+        for index, (a, b) in enumerate(zip(source_shapes, target_shapes)):
+            if a != b:
+                raise ShapeError(
+                    f"param {index} has shape {list(b)} in the TEST net but {list(a)} in the TRAIN net; the test net "
+                    "shares the train net's weights, so they must match",
+                    source=layer.ctx.source, line=layer.line, layer=layer.name, layer_type=layer.type, field="param",
+                )
+        shared.append(layer.name)
+    return shared
+
+
+def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> MemoryReport:
+    """The footprint of a training job: the train net, each test net (sharing the train net's params), solver."""
+    layers = net_memory(train, options, 0)
+    for index, test in enumerate(tests, start=1):
+        layers += net_memory(test, options, index, share_trained_layers(train, test))
+    assumptions = []
+    context = 0
+    if options.engine == ENGINE_CPU:
+        nets = (train, *tests)
+        threads = sum(
+            2 if layer.type == "Data" else 1
+            for net in nets
+            for layer in net.layers
+            if layer.type in ("Data", "ImageData", "WindowData")
+        )
+        layer_count = sum(len(net.layers) for net in nets)
+        context = CPU_RUNTIME_BYTES + threads * CPU_THREAD_BYTES + layer_count * CPU_LAYER_BYTES
+        assumptions.append(
+            f"Caffe's own bookkeeping in the training process: {context / MiB:.1f} MiB "
+            f"(protobuf descriptors, {threads} data threads, {layer_count} layers)"
+        )
+    if options.on_gpu:
+        context = options.cuda_context_bytes
+        assumptions.append(
+            f"CUDA context and library handles: {options.cuda_context_bytes / MiB:.0f} MiB (a per-machine constant)"
+        )
+    if options.engine == ENGINE_CUDNN:
+        handles = sum(
+            layer.setup.details.get("group", 1) * 3
+            for net in (train, *tests)
+            for layer in net.layers
+            if layer.type in ("Convolution", "Deconvolution") and layer.setup.details.get("cudnn")
+        )
+        context += handles * options.cudnn_handle_bytes
+        assumptions.append(
+            "cuDNN workspace: per convolution, one group's im2col matrix capped at BVLC's 8 MiB limit, "
+            "x group x 3 streams (the algorithm cuDNN picks is only known on the GPU)"
+        )
+    if any(layer.from_oracle for net in (train, *tests) for layer in net.layers):
+        names = sorted({layer.name for net in (train, *tests) for layer in net.layers if layer.from_oracle})
+        assumptions.append(f"shapes of {', '.join(names)} came from pycaffe; their internal buffers are not counted")
+    return MemoryReport(
+        engine=options.engine,
+        layers=layers,
+        context_bytes=context,
+        assumptions=assumptions,
+        memory_required_for_data=[net.memory_required_for_data for net in (train, *tests)],
+    )

@@ -1,0 +1,497 @@
+"""A net as Caffe builds it for one phase: filtered layers, split layers, blobs, shapes, params, backward flags.
+
+This is Net::Init (src/caffe/net.cpp) in Python: FilterNet's NetStateRule semantics, InsertSplits, in-place
+tops, automatic loss tops, shared params, and the need-backward analysis, with shapes from the layer rules
+instead of real blobs. Blob and layer names match pycaffe's, split blobs included, so results compare one to one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import NetError, ShapeError, UnsupportedLayerError
+from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
+from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN
+from .proto import caffe_pb2
+
+PHASES = {PHASE_TRAIN: caffe_pb2.TRAIN, PHASE_TEST: caffe_pb2.TEST}
+
+ShapeOracle = Callable[[Any, str], Mapping[str, tuple[list[Shape], list[Shape]]]]
+"""Asks real Caffe for shapes: (NetParameter with data layers as Input, phase) -> layer name -> (tops, params)."""
+
+
+@dataclasses.dataclass
+class Blob:
+    id: int
+    name: str
+    shape: Shape
+    producer: int
+    loss_weight: float = 0.0
+    data_of: int | None = None
+    """Id of the blob whose data this one shares (Flatten, Reshape, Split tops); None when it owns its data."""
+    diff_of: int | None = None
+    """Id of the blob whose diff this one shares (Flatten, Reshape tops); None when it owns its diff."""
+    need_backward: bool = False
+
+    @property
+    def count(self) -> int:
+        return count_of(self.shape)
+
+
+@dataclasses.dataclass
+class Param:
+    id: int
+    layer: int
+    index: int
+    shape: Shape
+    name: str
+    lr_mult: float
+    owner: int | None = None
+    """Id of the param this one shares storage with (same ParamSpec name earlier in the net), None when owned."""
+
+    @property
+    def count(self) -> int:
+        return count_of(self.shape)
+
+
+@dataclasses.dataclass
+class Layer:
+    index: int
+    name: str
+    type: str
+    param: Any
+    rule: LayerRule | None
+    ctx: LayerContext
+    setup: LayerSetup
+    bottoms: list[int]
+    tops: list[int]
+    params: list[int] = dataclasses.field(default_factory=list)
+    need_backward: bool = False
+    bottom_need_backward: list[bool] = dataclasses.field(default_factory=list)
+    param_need_backward: list[bool] = dataclasses.field(default_factory=list)
+    source_index: int | None = None
+    line: int | None = None
+    from_oracle: bool = False
+
+
+@dataclasses.dataclass
+class Net:
+    name: str
+    phase: str
+    layers: list[Layer]
+    blobs: list[Blob]
+    params: list[Param]
+    force_backward: bool
+
+    @property
+    def memory_required_for_data(self) -> int:
+        """Caffe's "Memory required for data" log line: every top's count, in-place tops counted again."""
+        return sum(self.blobs[top].count for layer in self.layers for top in layer.tops) * FLOAT_BYTES
+
+    def blob(self, name: str) -> Blob:
+        for blob in reversed(self.blobs):
+            if blob.name == name:
+                return blob
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------- filtering
+
+
+def net_state(net_param: Any, phase: str, extra_state: Any | None = None) -> Any:
+    """The NetState Caffe uses: the phase, merged with the net's own state and the solver's train/test state."""
+    state = caffe_pb2.NetState()
+    state.phase = PHASES[phase]
+    state.MergeFrom(net_param.state)
+    if extra_state is not None:
+        state.MergeFrom(extra_state)
+    return state
+
+
+def state_meets_rule(state: Any, rule: Any) -> bool:
+    """Net::StateMeetsRule."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(stage not in stages for stage in rule.stage):
+        return False
+    return not any(stage in stages for stage in rule.not_stage)
+
+
+def filter_layers(net_param: Any, state: Any, source: str, lines: Sequence[int | None]) -> list[tuple[int, Any]]:
+    """Net::FilterNet: the (index, layer) pairs the state includes, in order."""
+    kept = []
+    for index, layer in enumerate(net_param.layer):
+        if len(layer.include) and len(layer.exclude):
+            raise NetError(
+                "specify either include rules or exclude rules, not both",
+                source=source,
+                line=_line(lines, index),
+                layer=layer.name,
+                layer_type=layer.type,
+                field="include",
+            )
+        included = len(layer.include) == 0
+        if any(state_meets_rule(state, rule) for rule in layer.exclude):
+            included = False
+        if any(state_meets_rule(state, rule) for rule in layer.include):
+            included = True
+        if included:
+            kept.append((index, layer))
+    return kept
+
+
+def _line(lines: Sequence[int | None], index: int | None) -> int | None:
+    if index is None or index >= len(lines):
+        return None
+    return lines[index]
+
+
+# ---------------------------------------------------------------------------------------------- splits
+
+
+def insert_splits(
+    layers: list[tuple[int | None, Any]], source: str, lines: Sequence[int | None]
+) -> list[tuple[int | None, Any]]:
+    """InsertSplits (src/caffe/util/insert_splits.cpp): a Split layer wherever a top feeds several consumers."""
+    last_top: dict[str, tuple[int, int]] = {}
+    bottom_source: dict[tuple[int, int], tuple[int, int]] = {}
+    consumers: dict[tuple[int, int], int] = {}
+    loss_weights: dict[tuple[int, int], float] = {}
+    names = [layer.name for _, layer in layers]
+    for i, (orig, layer) in enumerate(layers):
+        for j, blob in enumerate(layer.bottom):
+            if blob not in last_top:
+                raise NetError(
+                    f"unknown bottom blob {blob!r} (bottom index {j}): no earlier layer in this phase produces it",
+                    source=source,
+                    line=_line(lines, orig),
+                    layer=layer.name,
+                    layer_type=layer.type,
+                    field="bottom",
+                )
+            top_idx = last_top[blob]
+            bottom_source[(i, j)] = top_idx
+            consumers[top_idx] = consumers.get(top_idx, 0) + 1
+        for j, blob in enumerate(layer.top):
+            last_top[blob] = (i, j)
+        for j in range(min(len(layer.loss_weight), len(layer.top))):
+            top_idx = last_top[layer.top[j]]
+            loss_weights[top_idx] = layer.loss_weight[j]
+            if layer.loss_weight[j]:
+                consumers[top_idx] = consumers.get(top_idx, 0) + 1
+
+    split_index: dict[tuple[int, int], int] = {}
+    result: list[tuple[int | None, Any]] = []
+    for i, (orig, original) in enumerate(layers):
+        layer = type(original)()
+        layer.CopyFrom(original)
+        result.append((orig, layer))
+        for j in range(len(layer.bottom)):
+            top_idx = bottom_source[(i, j)]
+            if consumers.get(top_idx, 0) > 1:
+                k = split_index.get(top_idx, 0)
+                split_index[top_idx] = k + 1
+                layer.bottom[j] = _split_blob_name(names[top_idx[0]], layer.bottom[j], top_idx[1], k)
+        for j in range(len(layer.top)):
+            top_idx = (i, j)
+            count = consumers.get(top_idx, 0)
+            if count > 1:
+                loss_weight = loss_weights.get(top_idx, 0.0)
+                split = caffe_pb2.LayerParameter()
+                split.bottom.append(layer.top[j])
+                split.name = f"{layer.top[j]}_{names[i]}_{j}_split"
+                split.type = "Split"
+                for k in range(count):
+                    split.top.append(_split_blob_name(names[i], layer.top[j], j, k))
+                    if loss_weight:
+                        split.loss_weight.append(loss_weight if k == 0 else 0.0)
+                if loss_weight:
+                    layer.ClearField("loss_weight")
+                    split_index[top_idx] = split_index.get(top_idx, 0) + 1
+                result.append((None, split))
+    return result
+
+
+def _split_blob_name(layer_name: str, blob_name: str, blob_idx: int, split_idx: int) -> str:
+    return f"{blob_name}_{layer_name}_{blob_idx}_split_{split_idx}"
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+
+def build_net(
+    net_param: Any,
+    phase: str,
+    *,
+    source: str = "net.prototxt",
+    lines: Sequence[int | None] = (),
+    state: Any | None = None,
+    data_shapes: Mapping[str, Shape] | None = None,
+    batch_override: int | None = None,
+    oracle: ShapeOracle | None = None,
+) -> Net:
+    """Build the net Caffe would build for `phase`, with every blob's shape.
+
+    `state` is the solver's train_state/test_state for this net; `data_shapes` gives the per-item shape of data
+    tops whose shape Caffe reads from the dataset (by top name or ``layer/top``); `batch_override` replaces the
+    batch size of every data layer.
+    """
+    state = net_state(net_param, phase, state)
+    filtered = filter_layers(net_param, state, source, lines)
+    layers_in = insert_splits([(index, layer) for index, layer in filtered], source, lines)
+    shapes = dict(data_shapes or {})
+
+    blobs: list[Blob] = []
+    params: list[Param] = []
+    layers: list[Layer] = []
+    blob_by_name: dict[str, int] = {}
+    available: set[str] = set()
+    param_owner_by_name: dict[str, int] = {}
+    oracle_shapes: Mapping[str, tuple[list[Shape], list[Shape]]] | None = None
+
+    for layer_index, (orig, param) in enumerate(layers_in):
+        line = _line(lines, orig)
+        if len(param.propagate_down) and len(param.propagate_down) != len(param.bottom):
+            raise ShapeError(
+                f"propagate_down must be given 0 or {len(param.bottom)} times (once per bottom), "
+                f"got {len(param.propagate_down)}",
+                source=source, line=line, layer=param.name, layer_type=param.type, field="propagate_down",
+            )
+        bottom_ids = []
+        for bottom_index, name in enumerate(param.bottom):
+            if name not in available:
+                raise NetError(
+                    f"unknown bottom blob {name!r} (bottom index {bottom_index})",
+                    source=source, line=line, layer=param.name, layer_type=param.type, field="bottom",
+                )
+            bottom_ids.append(blob_by_name[name])
+            available.discard(name)
+
+        rule = rule_for(param.type)
+        ctx = LayerContext(
+            param,
+            [blobs[i].shape for i in bottom_ids],
+            phase,
+            source=source,
+            line=line,
+            data_shapes=shapes,
+            batch_override=batch_override,
+        )
+        from_oracle = False
+        setup = None
+        if rule is not None:
+            rule.bottoms.check(len(bottom_ids), "bottom", ctx)
+            num_tops = len(param.top)
+            if rule.auto_top_blobs:
+                num_tops = max(num_tops, rule.needed_tops())
+            rule.tops.check(num_tops, "top", ctx)
+            try:
+                setup = rule.setup(ctx)
+            except DeferToPycaffe:
+                rule = None
+        if setup is None:
+            if oracle is None:
+                raise UnsupportedLayerError(
+                    "layer type is not known to the estimator (and no pycaffe fallback was given)",
+                    source=source, line=line, layer=param.name, layer_type=param.type, field="type",
+                )
+            if oracle_shapes is None:
+                oracle_shapes = oracle(_oracle_net(net_param, filtered, layers, blobs), phase)
+            if param.name not in oracle_shapes:
+                raise UnsupportedLayerError(
+                    "layer type is not known to the estimator, and pycaffe did not report its shapes",
+                    source=source, line=line, layer=param.name, layer_type=param.type, field="type",
+                )
+            top_shapes, param_shapes = oracle_shapes[param.name]
+            setup = LayerSetup(tops=list(top_shapes), params=list(param_shapes))
+            from_oracle = True
+        if len(setup.tops) < len(param.top):
+            raise ctx.error(f"produces {len(setup.tops)} top(s) but {len(param.top)} are named", field="top")
+        for shape in setup.tops:
+            _check_blob_size(shape, ctx)
+
+        # Tops: in place when a top repeats the bottom at the same index, else a new blob.
+        top_ids = []
+        for top_index, shape in enumerate(setup.tops):
+            name = param.top[top_index] if top_index < len(param.top) else "(automatic)"
+            in_place = (
+                top_index < len(param.top)
+                and top_index < len(param.bottom)
+                and name == param.bottom[top_index]
+                and name in blob_by_name
+            )
+            if in_place:
+                blob_id = blob_by_name[name]
+                if blobs[blob_id].shape != shape:
+                    raise ctx.error(
+                        f"in-place top {name!r} would change shape from {list(blobs[blob_id].shape)} to {list(shape)}",
+                        field="top",
+                    )
+            else:
+                if top_index < len(param.top) and name in blob_by_name:
+                    raise ctx.error(f"top blob {name!r} is produced by more than one layer", field="top")
+                blob_id = len(blobs)
+                blobs.append(Blob(id=blob_id, name=name, shape=shape, producer=layer_index))
+                if top_index < len(param.top):
+                    blob_by_name[name] = blob_id
+            if top_index < len(param.top):
+                available.add(name)
+            if not in_place:
+                if top_index in setup.data_views:
+                    source_blob = blobs[bottom_ids[setup.data_views[top_index]]]
+                    blobs[blob_id].data_of = source_blob.data_of if source_blob.data_of is not None else source_blob.id
+                if top_index in setup.diff_views:
+                    source_blob = blobs[bottom_ids[setup.diff_views[top_index]]]
+                    blobs[blob_id].diff_of = source_blob.diff_of if source_blob.diff_of is not None else source_blob.id
+            top_ids.append(blob_id)
+
+        # Loss weights (Layer::SetLossWeights): explicit, else 1 on a loss layer's first top.
+        if len(param.loss_weight) and len(param.loss_weight) != len(top_ids):
+            raise ctx.error(
+                f"loss_weight must be given once per top ({len(top_ids)}), got {len(param.loss_weight)}",
+                field="loss_weight",
+            )
+        for top_index, blob_id in enumerate(top_ids):
+            weight = 0.0
+            if len(param.loss_weight):
+                weight = param.loss_weight[top_index]
+            elif rule is not None and rule.is_loss and top_index == 0:
+                weight = 1.0
+            blobs[blob_id].loss_weight = weight
+
+        layer = Layer(
+            index=layer_index, name=param.name, type=param.type, param=param, rule=rule, ctx=ctx, setup=setup,
+            bottoms=bottom_ids, tops=top_ids, source_index=orig, line=line, from_oracle=from_oracle,
+        )
+        need_backward = any(blobs[i].need_backward for i in bottom_ids)
+        # Net::AppendBottom: propagate_down, when given, replaces the blob's own need for backward.
+        if len(param.propagate_down):
+            layer.bottom_need_backward = [bool(flag) for flag in param.propagate_down]
+        else:
+            layer.bottom_need_backward = [blobs[i].need_backward for i in bottom_ids]
+
+        # Params (Net::AppendParam): a named param shared with an earlier one keeps one storage.
+        if len(param.param) > len(setup.params):
+            raise ctx.error(
+                f"has {len(param.param)} param specs but the layer has {len(setup.params)} param blob(s)",
+                field="param",
+            )
+        for param_index, shape in enumerate(setup.params):
+            _check_blob_size(shape, ctx)
+            spec = param.param[param_index] if param_index < len(param.param) else caffe_pb2.ParamSpec()
+            lr_mult = spec.lr_mult
+            need_backward = need_backward or lr_mult != 0
+            layer.param_need_backward.append(lr_mult != 0)
+            owner = None
+            if spec.name:
+                if spec.name in param_owner_by_name:
+                    owner = param_owner_by_name[spec.name]
+                    owner_shape = params[owner].shape
+                    strict = spec.share_mode != caffe_pb2.ParamSpec.PERMISSIVE
+                    if (strict and owner_shape != shape) or count_of(owner_shape) != count_of(shape):
+                        raise ctx.error(
+                            f"shared param {spec.name!r} has shape {list(shape)} here but {list(owner_shape)} "
+                            "where it is first defined",
+                            field="param",
+                        )
+                else:
+                    param_owner_by_name[spec.name] = len(params)
+            params.append(
+                Param(id=len(params), layer=layer_index, index=param_index, shape=shape, name=spec.name,
+                      lr_mult=lr_mult, owner=owner)
+            )
+            layer.params.append(len(params) - 1)
+        layer.need_backward = need_backward
+        if need_backward:
+            for blob_id in top_ids:
+                blobs[blob_id].need_backward = True
+        layers.append(layer)
+
+    _prune_backward(layers, blobs)
+    net = Net(
+        name=net_param.name, phase=phase, layers=layers, blobs=blobs, params=params,
+        force_backward=net_param.force_backward,
+    )
+    if net_param.force_backward:
+        _force_backward(net)
+    return net
+
+
+def _check_blob_size(shape: Shape, ctx: LayerContext) -> None:
+    if any(dim < 0 for dim in shape):
+        raise ctx.error(f"would create a blob with a negative dimension {list(shape)}")
+    if count_of(shape) > INT_MAX:
+        raise ctx.error(
+            f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)"
+        )
+
+
+def _prune_backward(layers: list[Layer], blobs: list[Blob]) -> None:
+    """The second half of Net::Init: skip backward for layers that do not contribute to any loss."""
+    under_loss: set[str] = set()
+    skip_backprop: set[str] = set()
+    for layer in reversed(layers):
+        contributes = False
+        skip_propagate_down = True
+        for blob_id in layer.tops:
+            name = blobs[blob_id].name
+            if blobs[blob_id].loss_weight or name in under_loss:
+                contributes = True
+            if name not in skip_backprop:
+                skip_propagate_down = False
+            if contributes and not skip_propagate_down:
+                break
+        if layer.need_backward and skip_propagate_down:
+            layer.need_backward = False
+            layer.bottom_need_backward = [False] * len(layer.bottoms)
+        if not contributes:
+            layer.need_backward = False
+        for bottom_index, blob_id in enumerate(layer.bottoms):
+            name = blobs[blob_id].name
+            if contributes:
+                under_loss.add(name)
+            else:
+                layer.bottom_need_backward[bottom_index] = False
+            if not layer.bottom_need_backward[bottom_index]:
+                skip_backprop.add(name)
+
+
+def _force_backward(net: Net) -> None:
+    for layer in net.layers:
+        layer.need_backward = True
+        for bottom_index, blob_id in enumerate(layer.bottoms):
+            allowed = layer.rule.allow_force_backward(bottom_index) if layer.rule else True
+            layer.bottom_need_backward[bottom_index] = layer.bottom_need_backward[bottom_index] or allowed
+            net.blobs[blob_id].need_backward = net.blobs[blob_id].need_backward or layer.bottom_need_backward[
+                bottom_index
+            ]
+        layer.param_need_backward = [True] * len(layer.params)
+
+
+def _oracle_net(net_param: Any, filtered: list[tuple[int, Any]], built: list[Layer], blobs: list[Blob]) -> Any:
+    """The filtered net (before splits: Caffe inserts them again) with its data layers, as far as they are built,
+    replaced by Input layers of the shapes computed so far."""
+    oracle_param = caffe_pb2.NetParameter()
+    oracle_param.name = net_param.name
+    for orig, layer in filtered:
+        built_layer = next((b for b in built if b.source_index == orig), None)
+        if built_layer is not None and built_layer.rule is not None and built_layer.rule.is_data:
+            replacement = oracle_param.layer.add()
+            replacement.name = layer.name
+            replacement.type = "Input"
+            replacement.top.extend(layer.top)
+            for blob_id in built_layer.tops[: len(layer.top)]:
+                replacement.input_param.shape.add().dim.extend(blobs[blob_id].shape)
+            continue
+        copy = oracle_param.layer.add()
+        copy.CopyFrom(layer)
+        copy.ClearField("include")
+        copy.ClearField("exclude")
+    return oracle_param

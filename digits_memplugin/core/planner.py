@@ -1,0 +1,120 @@
+"""The batch planner: the largest batch that fits, and a (batch_size, iter_size) plan that keeps the effective batch.
+
+A pure search over a memory function `bytes_at(batch) -> int` (Lightning keeps its search apart from the trainer
+the same way). Memory in Caffe is affine in the batch size for almost every net, so the planner solves the
+affine model from two evaluations and then checks the answer with exact evaluations on both sides; when the
+check fails (a net that is not affine) it falls back to a bisection on exact evaluations. No guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from .errors import ShapeError
+
+MAX_BATCH = 1 << 20
+"""No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How to train: batch_size items per forward/backward, iter_size passes per update."""
+
+    batch_size: int
+    iter_size: int
+    fits: bool
+    bytes: int | None
+    """Estimated footprint at batch_size (None when even batch 1 cannot be built)."""
+    effective_batch: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch_size,
+            "iter_size": self.iter_size,
+            "fits": self.fits,
+            "bytes": self.bytes,
+            "effective_batch": self.effective_batch,
+        }
+
+
+class MemoryCurve:
+    """Memory as a function of the batch, memoised; a batch Caffe cannot build (INT_MAX blobs) costs infinity."""
+
+    def __init__(self, bytes_at: Callable[[int], int]) -> None:
+        self._bytes_at = bytes_at
+        self._cache: dict[int, float] = {}
+        self.evaluations = 0
+
+    def __call__(self, batch: int) -> float:
+        if batch not in self._cache:
+            self.evaluations += 1
+            try:
+                self._cache[batch] = float(self._bytes_at(batch))
+            except ShapeError as error:
+                if "INT_MAX" not in str(error):
+                    raise
+                self._cache[batch] = math.inf
+        return self._cache[batch]
+
+
+def usable_bytes(free_bytes: int, safety_margin: float) -> int:
+    """Free memory minus the safety margin (a fraction of it), kept for fragmentation and what the model omits."""
+    if not 0.0 <= safety_margin < 1.0:
+        raise ValueError(f"safety margin must be in [0, 1), got {safety_margin}")
+    return int(free_bytes * (1.0 - safety_margin))
+
+
+def max_batch(curve: MemoryCurve, budget: int, limit: int = MAX_BATCH) -> int:
+    """The largest batch b <= limit with curve(b) <= budget; 0 when batch 1 does not fit."""
+    if curve(1) > budget:
+        return 0
+    m1, m2 = curve(1), curve(2) if limit >= 2 else math.inf
+    if limit < 2 or m2 > budget:
+        return 1
+    slope = m2 - m1
+    if slope > 0 and math.isfinite(slope):
+        guess = int((budget - m1) // slope) + 1
+        guess = max(1, min(guess, limit))
+        if curve(guess) <= budget and (guess == limit or curve(guess + 1) > budget):
+            return guess
+    return _bisect(curve, budget, limit)
+
+
+def _bisect(curve: MemoryCurve, budget: int, limit: int) -> int:
+    """Exponential then binary search on exact evaluations: curve(lo) fits, curve(hi) does not."""
+    lo, hi = 1, 2
+    while hi <= limit and curve(hi) <= budget:
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if curve(limit) <= budget:
+            return limit
+        hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if curve(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def plan_batch(curve: MemoryCurve, wanted: int, budget: int) -> BatchPlan:
+    """The plan for `wanted` items per update within `budget` bytes.
+
+    When `wanted` fits it is used as is. Otherwise iter_size grows to the fewest passes whose batch fits, and the
+    batch is the smallest that still covers `wanted` (batch_size * iter_size >= wanted); Caffe divides the
+    accumulated gradient by iter_size, so the learning rate and schedule stay valid unchanged.
+    """
+    if wanted <= 0:
+        raise ValueError(f"the wanted batch must be positive, got {wanted}")
+    if curve(wanted) <= budget:
+        return BatchPlan(wanted, 1, True, int(curve(wanted)), wanted)
+    largest = max_batch(curve, budget, limit=wanted)
+    if largest == 0:
+        cost = curve(1)
+        return BatchPlan(1, wanted, False, int(cost) if math.isfinite(cost) else None, wanted)
+    iter_size = math.ceil(wanted / largest)
+    batch = math.ceil(wanted / iter_size)
+    return BatchPlan(batch, iter_size, True, int(curve(batch)), batch * iter_size)

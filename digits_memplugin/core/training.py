@@ -1,0 +1,228 @@
+"""A training job's nets as Caffe's Solver sets them up: the train net and each test net, with their states.
+
+Solver::InitTrainNet and Solver::InitTestNets in Python. The caller hands over texts; where the solver names
+other files (`test_net: "..."`), a `load` callback reads them, so that the caller decides what may be read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import NetError
+from .layers.base import PHASE_TEST, PHASE_TRAIN
+from .memory import MemoryOptions, MemoryReport, job_memory
+from .net import Net, ShapeOracle, build_net
+from .proto import caffe_pb2
+from .prototxt import DEFAULT_LIMITS, ParseLimits, parse_net, parse_solver
+from .sourcemap import layer_lines
+
+DIGITS_STAGES = {"train", "val", "deploy"}
+
+Loader = Callable[[str], tuple[str, str]]
+"""Reads a file a solver names: path -> (text, source name for messages). Raises NetError when not allowed."""
+
+
+@dataclasses.dataclass
+class NetDefinition:
+    param: Any  # caffe_pb2.NetParameter
+    source: str
+    lines: list[int | None]
+    state: Any | None = None  # the solver's train_state / test_state for this net
+
+
+@dataclasses.dataclass
+class TrainingDefinition:
+    """What a solver trains: one train net, its test nets (run at start unless test_initialization is off)."""
+
+    train: NetDefinition
+    tests: list[NetDefinition]
+    solver_type: str = "SGD"
+    l1_regularization: bool = False
+    test_iters: list[int] = dataclasses.field(default_factory=list)
+    assumptions: list[str] = dataclasses.field(default_factory=list)
+    solver: Any | None = None
+
+    def build(
+        self,
+        batch: int | None = None,
+        test_batch: int | None = None,
+        data_shapes: Mapping[str, Any] | None = None,
+        oracle: ShapeOracle | None = None,
+    ) -> tuple[Net, list[Net]]:
+        """Build the nets; `batch` replaces the TRAIN data layers' batch size, `test_batch` the TEST ones'."""
+        train = build_net(
+            self.train.param, PHASE_TRAIN, source=self.train.source, lines=self.train.lines, state=self.train.state,
+            data_shapes=data_shapes, batch_override=batch, oracle=oracle,
+        )
+        tests = [
+            build_net(
+                test.param, PHASE_TEST, source=test.source, lines=test.lines, state=test.state,
+                data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
+            )
+            for test in self.tests
+        ]
+        return train, tests
+
+    def memory(
+        self,
+        options: MemoryOptions,
+        batch: int | None = None,
+        test_batch: int | None = None,
+        data_shapes: Mapping[str, Any] | None = None,
+        oracle: ShapeOracle | None = None,
+    ) -> tuple[MemoryReport, Net, list[Net]]:
+        train, tests = self.build(batch, test_batch, data_shapes, oracle)
+        report = job_memory(train, tests, options)
+        report.assumptions[:0] = self.assumptions
+        return report, train, tests
+
+
+def _net_definition(text: str, source: str, limits: ParseLimits, state: Any | None = None) -> NetDefinition:
+    return NetDefinition(parse_net(text, source, limits), source, layer_lines(text), state)
+
+
+def fill_num_classes(definition: TrainingDefinition, classes: int) -> None:
+    """What DIGITS does before training a standard network: InnerProduct layers that leave num_output unset
+    (the classifier) get the dataset's number of classes."""
+    if classes <= 0:
+        raise NetError(f"the number of classes must be positive, got {classes}")
+    filled = False
+    for net in (definition.train, *definition.tests):
+        for layer in net.param.layer:
+            if layer.type == "InnerProduct" and not layer.inner_product_param.HasField("num_output"):
+                layer.inner_product_param.num_output = classes
+                filled = True
+    if filled:
+        definition.assumptions.append(f"InnerProduct layers without num_output get the {classes} classes (as DIGITS does)")
+
+
+def _inline(param: Any, source: str, field: str, state: Any | None = None) -> NetDefinition:
+    return NetDefinition(param, f"{source} ({field})", [], state)
+
+
+def training_definition(
+    net_text: str | None = None,
+    solver_text: str | None = None,
+    *,
+    net_source: str = "net.prototxt",
+    solver_source: str = "solver.prototxt",
+    load: Loader | None = None,
+    limits: ParseLimits = DEFAULT_LIMITS,
+) -> TrainingDefinition:
+    """Work out the nets of a training job from a net text, a solver text, or both.
+
+    With both, the given net is the solver's train net (and the generic test net), whatever the solver's `net`
+    field says: the caller has already picked the file. With a net alone, Caffe's default solver is assumed (SGD)
+    with one test net when the net has TEST-phase layers, as DIGITS sets up with a validation set.
+    """
+    if net_text is None and solver_text is None:
+        raise NetError("give a net definition, a solver, or both")
+    solver = parse_solver(solver_text, solver_source, limits) if solver_text is not None else None
+
+    if solver is None and net_text is not None:
+        train = _net_definition(net_text, net_source, limits)
+        rules = [rule for layer in train.param.layer for rule in (*layer.include, *layer.exclude)]
+        stages = {stage for rule in rules for stage in (*rule.stage, *rule.not_stage)}
+        assumptions = ["no solver given: SGD"]
+        test_state = None
+        if DIGITS_STAGES & stages:
+            # A DIGITS standard network: DIGITS' solver trains with stage "train" and validates with stage "val".
+            train.state = caffe_pb2.NetState(stage=["train"])
+            test_state = caffe_pb2.NetState(stage=["val"])
+            assumptions.append('DIGITS stages: the train net has stage "train", the test net stage "val"')
+        has_test = test_state is not None or any(
+            rule.HasField("phase") and rule.phase == caffe_pb2.TEST for rule in rules
+        )
+        tests = [_net_definition(net_text, net_source, limits, test_state)] if has_test else []
+        if tests:
+            assumptions.append("one test pass at the start of training (Caffe's test_initialization)")
+        return TrainingDefinition(train, tests, test_iters=[1] * len(tests), assumptions=assumptions)
+    assert solver is not None  # one of the two texts is given (checked above)
+
+    def load_file(path: str, field: str) -> NetDefinition:
+        if load is None:
+            raise NetError(
+                f"the solver names the file {path!r}; give its text instead (net_param / test_net_param)",
+                source=solver_source,
+                field=field,
+            )
+        text, source = load(path)
+        return _net_definition(text, source, limits)
+
+    # Solver::InitTrainNet: exactly one of net, net_param, train_net, train_net_param (the given net wins).
+    fields = [f for f in ("net", "net_param", "train_net", "train_net_param") if solver.HasField(f)]
+    generic: NetDefinition | None = None
+    if net_text is not None:
+        train = _net_definition(net_text, net_source, limits)
+        separate_train_net = solver.HasField("train_net") or solver.HasField("train_net_param")
+        generic = None if separate_train_net else _net_definition(net_text, net_source, limits)
+    else:
+        if len(fields) != 1:
+            raise NetError(
+                "a solver must name its train net with exactly one of net, net_param, train_net, train_net_param"
+                + (f" (it sets {', '.join(fields)})" if fields else ""),
+                source=solver_source,
+            )
+        field = fields[0]
+        if field == "net":
+            train = load_file(solver.net, "net")
+            generic = load_file(solver.net, "net")
+        elif field == "net_param":
+            train = _inline(solver.net_param, solver_source, "net_param")
+            generic = _inline(solver.net_param, solver_source, "net_param")
+        elif field == "train_net":
+            train = load_file(solver.train_net, "train_net")
+        else:
+            train = _inline(solver.train_net_param, solver_source, "train_net_param")
+    train.state = solver.train_state
+
+    # Solver::InitTestNets: explicit test nets first, then as many generic instances as test_iter has left.
+    explicit = [_inline(param, solver_source, f"test_net_param #{i}") for i, param in enumerate(solver.test_net_param)]
+    explicit += [load_file(path, "test_net") for path in solver.test_net]
+    if generic is not None:
+        if len(solver.test_iter) < len(explicit):
+            raise NetError("test_iter must be given for each test net", source=solver_source, field="test_iter")
+        instances = len(solver.test_iter) - len(explicit)
+        tests = explicit + [
+            dataclasses.replace(generic, param=_copy(generic.param)) for _ in range(instances)
+        ]
+    else:
+        if len(solver.test_iter) != len(explicit):
+            raise NetError(
+                f"test_iter must be given once per test net ({len(explicit)}), got {len(solver.test_iter)}",
+                source=solver_source,
+                field="test_iter",
+            )
+        tests = explicit
+    if len(solver.test_state) and len(solver.test_state) != len(tests):
+        raise NetError(
+            f"test_state must be unspecified or given once per test net ({len(tests)})",
+            source=solver_source,
+            field="test_state",
+        )
+    for index, test in enumerate(tests):
+        test.state = solver.test_state[index] if len(solver.test_state) else None
+    if tests and solver.test_interval <= 0:
+        raise NetError("test_interval must be positive when there are test nets", source=solver_source, field="test_interval")
+
+    assumptions = []
+    if tests and not solver.test_initialization:
+        assumptions.append("test_initialization is off: the first test pass comes after test_interval iterations")
+    solver_type = solver.type or "SGD"
+    return TrainingDefinition(
+        train,
+        tests,
+        solver_type=solver_type,
+        l1_regularization=solver.regularization_type == "L1",
+        test_iters=list(solver.test_iter),
+        assumptions=assumptions,
+        solver=solver,
+    )
+
+
+def _copy(param: Any) -> Any:
+    copy = type(param)()
+    copy.CopyFrom(param)
+    return copy
