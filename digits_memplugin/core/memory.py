@@ -198,6 +198,8 @@ def net_memory(
     for layer, memory in zip(net.layers, result):
         if layer.rule is None:
             continue
+        layer.ctx.need_backward = training and layer.need_backward
+        layer.ctx.bottom_need_backward = list(layer.bottom_need_backward) if training else []
         for buffer in layer.rule.buffers(layer.ctx, layer.setup, options.engine):
             if options.on_gpu and buffer.host_only:
                 continue

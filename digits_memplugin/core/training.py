@@ -207,10 +207,16 @@ def training_definition(
     if tests and solver.test_interval <= 0:
         raise NetError("test_interval must be positive when there are test nets", source=solver_source, field="test_interval")
 
+    solver_type = solver.type or "SGD"
+    if solver_type in ("AdaGrad", "RMSProp") and solver.momentum != 0:
+        raise NetError(
+            f"momentum cannot be used with {solver_type} (Caffe aborts on it); remove it or set it to 0",
+            source=solver_source,
+            field="momentum",
+        )
     assumptions = []
     if tests and not solver.test_initialization:
         assumptions.append("test_initialization is off: the first test pass comes after test_interval iterations")
-    solver_type = solver.type or "SGD"
     return TrainingDefinition(
         train,
         tests,

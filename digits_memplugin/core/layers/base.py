@@ -117,6 +117,10 @@ class LayerContext:
         self.line = line
         self.data_shapes = data_shapes or {}
         self.batch_override = batch_override
+        # Set once the whole net is known (Net::Init's backward analysis), for `buffers`: some buffers exist only
+        # when backward runs, or only when a bottom's gradient is computed.
+        self.need_backward = False
+        self.bottom_need_backward: list[bool] = []
 
     def error(self, message: str, field: str | None = None) -> ShapeError:
         return ShapeError(

@@ -25,7 +25,7 @@ class NeuronRule(LayerRule):
 
 @layer_rule("Dropout")
 class DropoutRule(LayerRule):
-    """DropoutLayer: an unsigned-int mask of the input's size, drawn in TRAIN only."""
+    """DropoutLayer: an unsigned-int mask of the input's size."""
 
     bottoms = Count(exact=1)
     tops = Count(exact=1)
@@ -37,7 +37,9 @@ class DropoutRule(LayerRule):
         return LayerSetup(tops=[ctx.bottoms[0]])
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        if ctx.phase != "TRAIN":
+        # Forward_cpu takes rand_vec_.mutable_cpu_data() before it tests the phase, so the CPU allocates the mask
+        # in TEST too; Forward_gpu only draws it in TRAIN.
+        if ctx.phase != "TRAIN" and engine != ENGINE_CPU:
             return []
         return [Buffer("rand_vec", count_of(ctx.bottoms[0]))]
 

@@ -137,7 +137,11 @@ class ConvolutionRule(LayerRule):
                 Buffer("cudnn_workspace", per_group * d["group"] * CUDNN_STREAMS_PER_GROUP, 1, category=WORKSPACE)
             )
             return buffers
-        if not d["is_1x1"]:
+        # im2col needs the buffer unless the kernel is 1x1 (stride 1, no pad); backward_cpu_gemm (the gradient for
+        # the bottom, and Deconvolution's forward) takes col_buffer_.mutable_cpu_data() before it tests is_1x1_.
+        reverse = ctx.type == "Deconvolution"
+        bottom_gradient = ctx.phase == "TRAIN" and ctx.need_backward and any(ctx.bottom_need_backward)
+        if not d["is_1x1"] or reverse or bottom_gradient:
             buffers.append(Buffer("col_buffer", d["col_buffer"]))
         if d["bias_multiplier"] and engine in (ENGINE_CPU, ENGINE_GPU):
             buffers.append(Buffer("bias_multiplier", d["bias_multiplier"]))
