@@ -39,6 +39,10 @@ class Settings:
     simulate_gpus: str | None = None
     """Demo mode: run against fake GPUs of these sizes ("2x24GiB", "24GiB,16GiB") instead of the driver's.
     It replaces NVML for the whole process, and every page says the GPUs are simulated. Never on by default."""
+    max_request_bytes: int = 4 * 1024 * 1024
+    """Largest request body the JSON API reads (prototxt texts included); bigger ones get 413."""
+    pycaffe_fallback: bool = True
+    """Ask pycaffe (in a child process) for the shapes of layer types the estimator has no rule for."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -89,4 +93,12 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         except ValueError as error:
             raise ConfigError(f"{key}: {error}") from None
         return value.strip()
+    if field.name == "max_request_bytes":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+            raise ConfigError(f"{key} must be a number of bytes of at least 1024, got {value!r}")
+        return value
+    if field.name == "pycaffe_fallback":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be True or False, got {value!r}")
+        return value
     return value  # pragma: no cover - every field is handled above

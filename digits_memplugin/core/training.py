@@ -135,7 +135,8 @@ def training_definition(
         has_test = test_state is not None or any(
             rule.HasField("phase") and rule.phase == caffe_pb2.TEST for rule in rules
         )
-        tests = [_net_definition(net_text, net_source, limits, test_state)] if has_test else []
+        # The test net is the same definition under another state: parsed once, shared (build_net never mutates it).
+        tests = [dataclasses.replace(train, state=test_state)] if has_test else []
         if tests:
             assumptions.append("one test pass at the start of training (Caffe's test_initialization)")
         return TrainingDefinition(train, tests, test_iters=[1] * len(tests), assumptions=assumptions)
@@ -157,7 +158,7 @@ def training_definition(
     if net_text is not None:
         train = _net_definition(net_text, net_source, limits)
         separate_train_net = solver.HasField("train_net") or solver.HasField("train_net_param")
-        generic = None if separate_train_net else _net_definition(net_text, net_source, limits)
+        generic = None if separate_train_net else dataclasses.replace(train)
     else:
         if len(fields) != 1:
             raise NetError(
@@ -168,10 +169,10 @@ def training_definition(
         field = fields[0]
         if field == "net":
             train = load_file(solver.net, "net")
-            generic = load_file(solver.net, "net")
+            generic = dataclasses.replace(train)
         elif field == "net_param":
             train = _inline(solver.net_param, solver_source, "net_param")
-            generic = _inline(solver.net_param, solver_source, "net_param")
+            generic = dataclasses.replace(train)
         elif field == "train_net":
             train = load_file(solver.train_net, "train_net")
         else:
@@ -185,9 +186,7 @@ def training_definition(
         if len(solver.test_iter) < len(explicit):
             raise NetError("test_iter must be given for each test net", source=solver_source, field="test_iter")
         instances = len(solver.test_iter) - len(explicit)
-        tests = explicit + [
-            dataclasses.replace(generic, param=_copy(generic.param)) for _ in range(instances)
-        ]
+        tests = explicit + [dataclasses.replace(generic) for _ in range(instances)]
     else:
         if len(solver.test_iter) != len(explicit):
             raise NetError(
@@ -226,9 +225,3 @@ def training_definition(
         assumptions=assumptions,
         solver=solver,
     )
-
-
-def _copy(param: Any) -> Any:
-    copy = type(param)()
-    copy.CopyFrom(param)
-    return copy

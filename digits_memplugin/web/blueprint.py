@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import api, api_devices, pages
+from . import api, api_devices, api_estimate, pages
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -21,4 +21,5 @@ def create_blueprint() -> Blueprint:
     pages.register(blueprint)
     api.register(blueprint)
     api_devices.register(blueprint)
+    api_estimate.register(blueprint)
     return blueprint

@@ -1,0 +1,111 @@
+"""How long the full estimate plus the max-batch search takes, beside pycaffe instantiating the same net.
+
+For ResNet-50 (the zoo's) and ResNet-152 (generated in the same style), as training nets (Data + SoftmaxWithLoss),
+in one run on one machine: our median over repeated calls, and pycaffe's median time to build the same train net
+in CPU mode (caffe.Net with its Data layer swapped for an Input layer, since the dataset is not here).
+Writes the table into docs/benchmarks.md between the `latency` markers.
+
+    .venv/bin/python bench/latency.py [--repeat 21] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from report import replace_section
+from resnet import resnet_deploy
+from zoo_cases import ZOO, as_training_net
+
+from digits_memplugin.core.estimate import EstimateRequest, estimate
+
+GiB = 1024**3
+
+
+def pycaffe_build_seconds(train_text: str, item: tuple[int, ...], batch: int, repeat: int) -> list[float]:
+    """pycaffe building the train net in CPU mode (Data swapped for Input of the same shape), timed per build."""
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    import caffe
+    from caffe.proto import caffe_pb2
+    from google.protobuf import text_format
+
+    caffe.set_mode_cpu()
+    net = caffe_pb2.NetParameter()
+    text_format.Parse(train_text, net)
+    data = net.layer[0]
+    data.type = "Input"
+    data.ClearField("data_param")
+    data.input_param.shape.add().dim.extend([batch, *item])
+    data.input_param.shape.add().dim.extend([batch])
+    with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as file:
+        file.write(text_format.MessageToString(net))
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        built = caffe.Net(file.name, caffe.TRAIN)
+        times.append(time.perf_counter() - started)
+        del built
+    os.unlink(file.name)
+    return times
+
+
+def estimate_seconds(train_text: str, item: tuple[int, ...], repeat: int) -> tuple[list[float], dict]:
+    request = EstimateRequest(
+        net=train_text, data_shapes={"data": item}, engine="gpu-cudnn", free_bytes=16 * GiB, batch=256
+    )
+    times, document = [], {}
+    for _ in range(repeat):
+        started = time.perf_counter()
+        document = estimate(request)
+        times.append(time.perf_counter() - started)
+    return times, document
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=21)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    item = (3, 224, 224)
+    nets = {
+        "ResNet-50 (zoo)": as_training_net((ZOO / "resnet50_kaiminghe" / "ResNet-50-deploy.prototxt").read_text()),
+        "ResNet-152 (generated)": as_training_net(resnet_deploy(152)),
+    }
+    rows = []
+    for name, text in nets.items():
+        ours, document = estimate_seconds(text, item, args.repeat)
+        theirs = pycaffe_build_seconds(text, item, batch=8, repeat=max(3, args.repeat // 4))
+        ours_ms, theirs_ms = statistics.median(ours) * 1000, statistics.median(theirs) * 1000
+        layers = len({(layer["name"], layer["phase"]) for layer in document["layers"]})
+        row = (
+            f"| {name} | {layers} | {ours_ms:.1f} | {min(ours) * 1000:.1f} | {theirs_ms:.0f} | "
+            f"{theirs_ms / ours_ms:.0f}x | {document['max_batch_size']} |"
+        )
+        rows.append(row)
+        print(row, flush=True)
+    header = [
+        f"Command: `.venv/bin/python bench/latency.py --repeat {args.repeat}` (one run, this machine, medians).",
+        "",
+        "\"estimate\" is one call of `core.estimate.estimate` for the training net (gpu-cudnn engine, 16 GiB free,",
+        "wanted batch 256): parsing, shapes, memory model, max-batch search and plan. \"pycaffe build\" is",
+        "`caffe.Net(train net, TRAIN)` in CPU mode at batch 8, which allocates and fills the weights.",
+        "",
+        "| net | layers | estimate median ms | estimate min ms | pycaffe build median ms | ratio | max batch |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    if not args.no_write:
+        replace_section(REPO / "docs" / "benchmarks.md", "latency", "\n".join(header + rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

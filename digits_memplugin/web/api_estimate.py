@@ -1,0 +1,123 @@
+"""`POST <prefix>/api/estimate`: the estimate document for prototxt texts sent as JSON.
+
+    {"net": "...", "solver": "...", "batch": 64, "engine": "gpu-cudnn", "free_bytes": 8589934592,
+     "device": "GPU-...", "data_shapes": {"data": [3, 256, 256]}, "classes": 10, "safety_margin": 0.1}
+
+Only `net` (or a solver with an inline net) is required. `device` takes the free memory from that device.
+Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, request
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
+
+from ..core.errors import NetError
+from ..core.estimate import EstimateRequest, estimate
+from ..core.layers.data import DataSpec
+from .api import API_PATH
+
+FIELDS = {
+    "net": str,
+    "solver": str,
+    "batch": int,
+    "test_batch": int,
+    "engine": str,
+    "free_bytes": int,
+    "device": str,
+    "safety_margin": (int, float),
+    "data_shapes": dict,
+    "classes": int,
+}
+MAX_DIMS = 8
+
+
+def _validation_error(errors: dict[str, Any]) -> ResponseReturnValue:
+    return jsonify(errors=errors), 400
+
+
+def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The request's fields, type-checked; unknown fields are errors so that typos do not pass silently."""
+    if not isinstance(body, dict):
+        return {}, {"body": "expected a JSON object"}
+    errors: dict[str, str] = {}
+    for key in body:
+        if key not in FIELDS:
+            errors[key] = f"unknown field (known: {', '.join(sorted(FIELDS))})"
+    values: dict[str, Any] = {}
+    for key, kind in FIELDS.items():
+        if key not in body or body[key] is None:
+            continue
+        value = body[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            errors[key] = f"must be {names}, got {type(value).__name__}"
+            continue
+        values[key] = value
+    if "net" not in values and "solver" not in values and "net" not in errors:
+        errors["net"] = "give the net prototxt text (or a solver with net_param)"
+    shapes: dict[str, DataSpec] = {}
+    for top, shape in values.get("data_shapes", {}).items():
+        if (
+            not isinstance(shape, list)
+            or not 0 < len(shape) <= MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers"
+        else:
+            shapes[str(top)] = DataSpec(tuple(shape))
+    values["data_shapes"] = shapes
+    return values, errors
+
+
+def post_estimate() -> ResponseReturnValue:
+    plugin = current_app.extensions["memplugin"]
+    limit = plugin.settings.max_request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
+    raw = request.get_data(cache=True)
+    if len(raw) > limit:
+        raise RequestEntityTooLarge(f"the request is over {limit} bytes")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise BadRequest("the body must be JSON (Content-Type: application/json)")
+    values, errors = parse_request(body)
+    if errors:
+        return _validation_error(errors)
+
+    device_key = values.pop("device", None)
+    if device_key is not None:
+        if "free_bytes" in values:
+            return _validation_error({"device": "give either device or free_bytes, not both"})
+        device = plugin.devices.read().get(device_key)
+        if device is None:
+            return _validation_error({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
+        if device.error or device.memory_free is None:
+            return _validation_error({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
+        values["free_bytes"] = device.memory_free
+    try:
+        estimate_request = EstimateRequest(**values)
+        document = estimate(estimate_request, oracle=_oracle() if plugin.settings.pycaffe_fallback else None)
+    except NetError as error:
+        key = error.field if error.source is None and error.layer is None and error.field in FIELDS else "net"
+        if error.source is not None and "solver" in str(error.source):
+            key = "solver"
+        return _validation_error({key: error.to_dict()})
+    if device_key is not None:
+        document["device"] = device_key
+    return jsonify(document)
+
+
+def _oracle() -> Any:
+    try:
+        from ..pycaffe_shapes import pycaffe_oracle
+    except ImportError:  # pragma: no cover - the fallback module is optional
+        return None
+    return pycaffe_oracle
+
+
+def register(blueprint: Blueprint) -> None:
+    blueprint.add_url_rule(f"{API_PATH}/estimate", "api_estimate", post_estimate, methods=["POST"])

@@ -1,0 +1,120 @@
+"""The memory model's rules, each checked on a small net: solver state per solver type (measured on pycaffe),
+in-place and shared blobs, shared params, test nets sharing the train net's weights, engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from zoo_cases import CASES_BY_NAME
+
+from digits_memplugin.core.layers.base import FLOAT_BYTES
+from digits_memplugin.core.memory import SOLVER_STATE_BLOBS, MemoryOptions, job_memory, net_memory
+from digits_memplugin.core.net import build_net
+from digits_memplugin.core.prototxt import parse_net
+from digits_memplugin.core.training import training_definition
+from digits_memplugin.measure.runner import measure
+
+MiB = 1024 * 1024
+
+SMALL_NET = """
+name: "small"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 5 kernel_size: 3 } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip_a" type: "InnerProduct" bottom: "conv" top: "a" param { name: "shared_w" } param { name: "shared_b" }
+        inner_product_param { num_output: 6 } }
+layer { name: "ip_b" type: "InnerProduct" bottom: "conv" top: "b" param { name: "shared_w" } param { name: "shared_b" }
+        inner_product_param { num_output: 6 } }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "sum" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "sum" bottom: "label" top: "loss" }
+"""
+
+
+def small_net(phase: str = "TRAIN"):  # type: ignore[no-untyped-def]
+    return build_net(parse_net(SMALL_NET), phase)
+
+
+def test_in_place_tops_share_the_blob_and_splits_get_their_own_diffs() -> None:
+    net = small_net()
+    names = [blob.name for blob in net.blobs]
+    assert names.count("conv") == 1  # ReLU in place
+    split = [layer for layer in net.layers if layer.type == "Split"]
+    assert [layer.name for layer in split] == ["conv_relu_0_split"]
+    memory = {m.name: m.categories for m in net_memory(net, MemoryOptions())}
+    conv_bytes = 4 * 5 * 6 * 6 * FLOAT_BYTES + 16  # one allocation (CPU chunk overhead 16)
+    assert memory["conv"]["activations"] == conv_bytes
+    assert memory["relu"].get("activations", 0) == 0
+    # the split's two tops share conv's data but each has a diff
+    assert memory["conv_relu_0_split"]["activation_diffs"] == 2 * conv_bytes
+    assert memory["conv_relu_0_split"].get("activations", 0) == 0
+
+
+def test_params_shared_by_name_are_counted_once() -> None:
+    memory = {m.name: m.categories for m in net_memory(small_net(), MemoryOptions())}
+    weight = 6 * 5 * 6 * 6 * FLOAT_BYTES + 16
+    bias = 6 * FLOAT_BYTES + 16
+    assert memory["ip_a"]["params"] == weight + bias
+    assert memory["ip_b"].get("params", 0) == 0
+    assert memory["ip_b"].get("param_diffs", 0) == 0
+
+
+@pytest.mark.parametrize("solver_type", sorted(SOLVER_STATE_BLOBS))
+def test_solver_history_per_solver_and_engine(solver_type: str) -> None:
+    net = small_net()
+    param_bytes = sum(m.categories.get("params", 0) for m in net_memory(net, MemoryOptions()))
+    for engine, key in (("cpu", "cpu"), ("gpu", "gpu"), ("gpu-cudnn", "gpu")):
+        options = MemoryOptions(engine=engine, solver_type=solver_type)
+        history = sum(m.categories.get("solver_history", 0) for m in net_memory(net, options))
+        per_param = param_bytes if engine == "cpu" else param_bytes - 16 * 4  # no malloc overhead on the GPU
+        assert history == SOLVER_STATE_BLOBS[solver_type][key] * per_param
+
+
+def test_test_nets_share_the_train_nets_params() -> None:
+    case = CASES_BY_NAME["caffe_lenet"]
+    definition = training_definition(*case.texts())
+    train, tests = definition.build(batch=8, data_shapes=case.data_shapes)
+    report = job_memory(train, tests, MemoryOptions())
+    test_params = sum(m.categories.get("params", 0) for m in report.layers if m.phase == "TEST")
+    train_params = sum(m.categories.get("params", 0) for m in report.layers if m.phase == "TRAIN")
+    assert test_params == 0
+    assert train_params == sum(p.count * FLOAT_BYTES + 16 for p in train.params)
+    # The test net has no diffs but its loss top, whose diff holds the loss weight (Layer::SetLossWeights).
+    test_diffs = sum(m.categories.get("activation_diffs", 0) for m in report.layers if m.phase == "TEST")
+    assert test_diffs == FLOAT_BYTES + 16
+
+
+def test_gpu_engines_leave_out_host_memory_and_add_the_context() -> None:
+    case = CASES_BY_NAME["caffe_lenet"]
+    definition = training_definition(*case.texts())
+    train, tests = definition.build(batch=8, data_shapes=case.data_shapes)
+    cpu = job_memory(train, tests, MemoryOptions(engine="cpu"))
+    gpu = job_memory(train, tests, MemoryOptions(engine="gpu", cuda_context_bytes=123 * MiB))
+    cudnn = job_memory(train, tests, MemoryOptions(engine="gpu-cudnn", cuda_context_bytes=123 * MiB))
+    assert gpu.categories["context"] == 123 * MiB
+    # the data reader's queue of raw Datums is host memory: on a GPU only the prefetch batches count
+    assert gpu.categories["data_prefetch"] < cpu.categories["data_prefetch"]
+    # cuDNN convolutions keep no im2col buffer, but a workspace; cuDNN pooling no max index
+    assert cudnn.categories["workspace"] > 0 and gpu.categories["workspace"] == 0
+    assert cudnn.categories["layer_buffers"] < gpu.categories["layer_buffers"]
+    assert any("CUDA context" in line for line in gpu.assumptions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver_type", ["Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+def test_solver_state_matches_pycaffe(solver_type: str, tmp_path: Path) -> None:
+    """Each solver's CPU path touches a different number of param-sized blobs: measured, not assumed."""
+    case = CASES_BY_NAME["caffe_lenet"]
+    net, solver = case.texts()
+    if solver_type in ("AdaGrad", "RMSProp"):
+        solver = solver.replace("momentum: 0.9", "")  # Caffe refuses momentum with these two
+    solver += f'\ntype: "{solver_type}"\n' + ('delta: 1e-6\n' if solver_type in ("AdaDelta", "AdaGrad") else "")
+    if solver_type in ("AdaDelta",):
+        solver = solver.replace("base_lr: 0.01", "base_lr: 1.0")
+    definition = training_definition(net, solver)
+    report, _, _ = definition.memory(MemoryOptions(solver_type=solver_type), batch=8, data_shapes=case.data_shapes)
+    measured = measure(definition, tmp_path, case.data_shapes, batch=8).allocated
+    error = report.total_bytes - measured
+    assert abs(error) <= max(0.01 * measured, MiB), (solver_type, report.total_bytes, measured)

@@ -1,0 +1,140 @@
+"""The batch planner: exact largest batch on affine and non-affine curves, iter_size plans, and the estimate's plan."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import ZOO
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from digits_memplugin.core.errors import ShapeError
+from digits_memplugin.core.estimate import EstimateRequest, estimate
+from digits_memplugin.core.planner import MAX_BATCH, MemoryCurve, max_batch, plan_batch, usable_bytes
+
+
+def brute_force_max(f, budget: int, limit: int) -> int:  # type: ignore[no-untyped-def]
+    best = 0
+    for b in range(1, limit + 1):
+        if f(b) <= budget:
+            best = b
+    return best
+
+
+@given(
+    base=st.integers(0, 10**9),
+    slope=st.integers(1, 10**7),
+    budget=st.integers(0, 2 * 10**9),
+)
+@settings(max_examples=300, deadline=None)
+def test_affine_curve_gives_the_exact_largest_batch(base: int, slope: int, budget: int) -> None:
+    curve = MemoryCurve(lambda b: base + slope * b)
+    expected = 0 if base + slope > budget else min(MAX_BATCH, (budget - base) // slope)
+    assert max_batch(curve, budget) == expected
+    assert curve.evaluations <= 4  # two to fit the line, two to check it
+
+
+@given(
+    base=st.integers(0, 10**6),
+    slope=st.integers(1, 10**4),
+    step_at=st.integers(1, 300),
+    step=st.integers(0, 10**6),
+    budget=st.integers(0, 5 * 10**6),
+)
+@settings(max_examples=200, deadline=None)
+def test_non_affine_curve_falls_back_to_an_exact_search(
+    base: int, slope: int, step_at: int, step: int, budget: int
+) -> None:
+    # A monotone curve with a jump the affine model cannot see (a buffer that appears past some batch).
+    def f(b: int) -> int:
+        return base + slope * b + (step if b >= step_at else 0)
+
+    curve = MemoryCurve(f)
+    assert max_batch(curve, budget, limit=400) == brute_force_max(f, budget, 400)
+
+
+def test_batches_caffe_cannot_build_count_as_not_fitting() -> None:
+    def f(b: int) -> int:
+        if b > 1000:
+            raise ShapeError("would create a blob of 3000000000 elements; Caffe's limit is 2147483647 (INT_MAX)")
+        return 100 * b
+
+    assert max_batch(MemoryCurve(f), budget=10**12) == 1000
+
+
+def test_other_shape_errors_are_not_swallowed() -> None:
+    def f(b: int) -> int:
+        raise ShapeError("kernel extent 7 exceeds the padded input 5")
+
+    with pytest.raises(ShapeError, match="kernel extent"):
+        max_batch(MemoryCurve(f), budget=10)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "largest", "expected"),
+    [
+        (256, 256, (256, 1)),  # fits as is
+        (256, 100, (86, 3)),  # three passes of 86 cover 256 (258)
+        (256, 128, (128, 2)),
+        (100, 33, (25, 4)),
+        (7, 1, (1, 7)),
+    ],
+)
+def test_plan_keeps_the_effective_batch_with_the_fewest_passes(
+    wanted: int, largest: int, expected: tuple[int, int]
+) -> None:
+    curve = MemoryCurve(lambda b: 1000 + 10 * b)
+    budget = 1000 + 10 * largest
+    plan = plan_batch(curve, wanted, budget)
+    assert (plan.batch_size, plan.iter_size) == expected
+    assert plan.fits
+    assert plan.batch_size <= largest
+    assert plan.batch_size * plan.iter_size >= wanted
+    # no fewer passes would do, and no smaller batch with these passes covers `wanted`
+    assert math.ceil(wanted / largest) == plan.iter_size
+    assert (plan.batch_size - 1) * plan.iter_size < wanted
+
+
+def test_plan_when_nothing_fits_says_so() -> None:
+    plan = plan_batch(MemoryCurve(lambda b: 1000 + b), wanted=64, budget=500)
+    assert not plan.fits
+    assert (plan.batch_size, plan.iter_size) == (1, 64)
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0, 2.0])
+def test_safety_margin_out_of_range(margin: float) -> None:
+    with pytest.raises(ValueError, match="safety margin"):
+        usable_bytes(10**9, margin)
+
+
+def test_estimate_plan_fits_and_the_next_batch_does_not() -> None:
+    net = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()
+    solver = (ZOO / "caffe_lenet" / "lenet_solver.prototxt").read_text()
+    request = {"net": net, "solver": solver, "data_shapes": {"data": (1, 28, 28)}, "safety_margin": 0.0}
+    free = 40 * 1024 * 1024
+    document = estimate(EstimateRequest(**request, batch=512, free_bytes=free))
+    largest = document["max_batch_size"]
+    assert largest > 0
+    at_largest = estimate(EstimateRequest(**request, batch=largest))["total_bytes"]
+    above = estimate(EstimateRequest(**request, batch=largest + 1))["total_bytes"]
+    assert at_largest <= free < above
+    plan = document["plan"]
+    assert plan["fits"] and plan["batch_size"] <= largest
+    assert plan["batch_size"] * plan["iter_size"] >= 512
+    assert estimate(EstimateRequest(**request, batch=plan["batch_size"]))["total_bytes"] <= free
+
+
+def test_estimate_shrinks_the_test_batch_when_even_batch_1_does_not_fit_beside_it() -> None:
+    net = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()
+    solver = (ZOO / "caffe_lenet" / "lenet_solver.prototxt").read_text()
+    base = {"net": net, "solver": solver, "data_shapes": {"data": (1, 28, 28)}, "safety_margin": 0.0}
+    # LeNet's test net runs 100 images at a time; give room for training at batch 1 with a 10-image test batch only.
+    budget = estimate(EstimateRequest(**base, batch=1, test_batch=10))["total_bytes"]
+    document = estimate(EstimateRequest(**base, batch=64, free_bytes=budget))
+    assert document["test_plan"] is not None
+    assert 10 <= document["test_plan"]["batch_size"] < 100
+    assert document["test_plan"]["test_iter"] * document["test_plan"]["batch_size"] >= 100 * 100  # test_iter 100
+    assert document["plan"]["fits"]
+
+

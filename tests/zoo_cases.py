@@ -1,0 +1,117 @@
+"""The zoo nets the estimator is held to, with the dataset shapes they were written for.
+
+Shared by the tests and the benchmarks (bench/ puts tests/ on sys.path). Deploy-only nets (ResNet-50, MobileNet)
+are turned into training nets the way one would train them: a Data layer with labels instead of the Input, and
+SoftmaxWithLoss instead of the final Softmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from digits_memplugin.core.proto import caffe_pb2
+
+ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+
+MNIST = (1, 28, 28)
+CIFAR = (3, 32, 32)
+IMAGENET = (3, 256, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooCase:
+    name: str
+    net: str
+    solver: str | None
+    data_shapes: dict[str, Any]
+    classes: int | None = None
+    batches: tuple[int, ...] = (1, 8, 32)
+    deploy: bool = False
+    """A deploy-only net, trained through `as_training_net`."""
+
+    def texts(self) -> tuple[str, str | None]:
+        net = (ZOO / self.net).read_text()
+        if self.deploy:
+            net = as_training_net(net)
+        solver = (ZOO / self.solver).read_text() if self.solver else None
+        return net, solver
+
+
+CASES = [
+    ZooCase("caffe_lenet", "caffe_lenet/lenet_train_test.prototxt", "caffe_lenet/lenet_solver.prototxt",
+            {"data": MNIST}, batches=(1, 8, 64)),
+    ZooCase("caffe_cifar10_quick", "caffe_cifar10_quick/cifar10_quick_train_test.prototxt",
+            "caffe_cifar10_quick/cifar10_quick_solver.prototxt", {"data": CIFAR}),
+    ZooCase("caffe_cifar10_full", "caffe_cifar10_full/cifar10_full_train_test.prototxt",
+            "caffe_cifar10_full/cifar10_full_solver.prototxt", {"data": CIFAR}),
+    ZooCase("caffe_cifar10_full_sigmoid_bn",
+            "caffe_cifar10_full_sigmoid_bn/cifar10_full_sigmoid_train_test_bn.prototxt",
+            "caffe_cifar10_full_sigmoid_bn/cifar10_full_sigmoid_solver_bn.prototxt", {"data": CIFAR}),
+    ZooCase("caffe_hdf5_classification", "caffe_hdf5_classification/train_val.prototxt", None,
+            {"data": (4,), "label": ()}, batches=(1, 10, 64)),
+    ZooCase("caffe_hdf5_nonlinear", "caffe_hdf5_classification/nonlinear_train_val.prototxt", None,
+            {"data": (4,), "label": ()}, batches=(1, 10, 64)),
+    ZooCase("caffe_mnist_autoencoder", "caffe_mnist_autoencoder/mnist_autoencoder.prototxt",
+            "caffe_mnist_autoencoder/mnist_autoencoder_solver.prototxt", {"data": MNIST}, batches=(1, 8, 100)),
+    ZooCase("caffe_mnist_siamese", "caffe_mnist_siamese/mnist_siamese_train_test.prototxt",
+            "caffe_mnist_siamese/mnist_siamese_solver.prototxt", {"pair_data": (2, 28, 28)}),
+    ZooCase("digits_lenet", "digits_lenet/lenet.prototxt", None, {"data": MNIST}, classes=10, batches=(1, 8, 64)),
+    ZooCase("caffe_alexnet", "caffe_alexnet/train_val.prototxt", "caffe_alexnet/solver.prototxt",
+            {"data": IMAGENET}, batches=(1, 8)),
+    ZooCase("caffe_caffenet", "caffe_caffenet/train_val.prototxt", "caffe_caffenet/solver.prototxt",
+            {"data": IMAGENET}, batches=(1, 8)),
+    ZooCase("caffenet_v1_legacy_format", "caffenet_v1_legacy_format/train_val.prototxt", None,
+            {"data": IMAGENET}, batches=(1, 8)),
+    ZooCase("digits_alexnet", "digits_alexnet/alexnet.prototxt", None, {"data": IMAGENET}, classes=1000,
+            batches=(1, 8)),
+    ZooCase("caffe_googlenet", "caffe_googlenet/train_val.prototxt", "caffe_googlenet/solver.prototxt",
+            {"data": IMAGENET}, batches=(1, 8)),
+    ZooCase("digits_googlenet", "digits_googlenet/googlenet.prototxt", None, {"data": IMAGENET}, classes=1000,
+            batches=(1, 8)),
+    ZooCase("squeezenet_v1.1", "squeezenet_v1.1/train_val.prototxt", "squeezenet_v1.1/solver.prototxt",
+            {"data": IMAGENET}, batches=(1, 8)),
+    ZooCase("mobilenet_v1_shicai", "mobilenet_v1_shicai/mobilenet_deploy.prototxt", None, {"data": (3, 224, 224)},
+            batches=(1, 8), deploy=True),
+    ZooCase("resnet50_kaiminghe", "resnet50_kaiminghe/ResNet-50-deploy.prototxt", None, {"data": (3, 224, 224)},
+            batches=(1, 4), deploy=True),
+]
+CASES_BY_NAME = {case.name: case for case in CASES}
+SMALL = ["caffe_lenet", "caffe_cifar10_quick", "caffe_hdf5_classification", "caffe_mnist_siamese", "digits_lenet"]
+"""Cheap enough to measure in `make test` (seconds each)."""
+
+
+def as_training_net(deploy_text: str, batch: int = 8) -> str:
+    """A deploy net as one would train it: the Input becomes a Data layer with labels (read from an LMDB), the
+    last Softmax becomes SoftmaxWithLoss against those labels."""
+    net = caffe_pb2.NetParameter()
+    text_format.Parse(deploy_text, net)
+    input_name = None
+    if len(net.input):
+        input_name = net.input[0]
+        net.ClearField("input")
+        net.ClearField("input_shape")
+        net.ClearField("input_dim")
+    layers = list(net.layer)
+    net.ClearField("layer")
+    data = net.layer.add()
+    data.name, data.type = "data", "Data"
+    data.top.extend([input_name or "data", "label"])
+    data.data_param.source = "train_lmdb"
+    data.data_param.backend = caffe_pb2.DataParameter.LMDB
+    data.data_param.batch_size = batch
+    for layer in layers:
+        if layer.type == "Input":
+            continue
+        copy = net.layer.add()
+        copy.CopyFrom(layer)
+    last = net.layer[len(net.layer) - 1]
+    if last.type != "Softmax":
+        raise ValueError(f"expected the deploy net to end with Softmax, it ends with {last.type}")
+    last.type = "SoftmaxWithLoss"
+    last.bottom.append("label")
+    last.top[0] = "loss"
+    return text_format.MessageToString(net)
