@@ -57,7 +57,7 @@ def main() -> int:
             )
             with tempfile.TemporaryDirectory() as folder:
                 measured = measure(definition, Path(folder), case.data_shapes, batch=batch)
-            estimated = report.total_bytes
+            estimated = report.steady_bytes
             ok = within_bounds(estimated, measured.allocated)
             failures += not ok
             caffe_line = measured.memory_required_for_data

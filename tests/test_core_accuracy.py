@@ -34,9 +34,9 @@ def test_cpu_estimate_matches_pycaffe_allocations(name: str, batch: int, tmp_pat
     )
     measured = measure(definition, tmp_path, case.data_shapes, batch=batch)
 
-    error = report.total_bytes - measured.allocated
-    assert abs(error) <= max(0.01 * measured.allocated, MiB), (report.total_bytes, measured.allocated)
-    assert error >= -max(0.005 * measured.allocated, MiB), (report.total_bytes, measured.allocated)
+    error = report.steady_bytes - measured.allocated
+    assert abs(error) <= max(0.01 * measured.allocated, MiB), (report.steady_bytes, measured.allocated)
+    assert error >= -max(0.005 * measured.allocated, MiB), (report.steady_bytes, measured.allocated)
     # Shape inference agrees with Caffe's own "Memory required for data" line, net by net.
     assert measured.memory_required_for_data == report.memory_required_for_data
 

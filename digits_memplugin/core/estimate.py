@@ -121,6 +121,8 @@ def estimate(
 
     document: dict[str, Any] = {
         "total_bytes": report.total_bytes,
+        "steady_bytes": report.steady_bytes,
+        "construction_bytes": report.construction_bytes,
         "batch_size": batch,
         "test_batch_size": test_batch,
         "engine": request.engine,

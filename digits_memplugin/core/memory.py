@@ -19,6 +19,7 @@ from .layers.base import (
     ACTIVATIONS,
     CATEGORIES,
     CONTEXT,
+    DATA_PREFETCH,
     ENGINE_CPU,
     ENGINE_CUDNN,
     ENGINE_GPU,
@@ -109,6 +110,9 @@ class MemoryReport:
     assumptions: list[str]
     memory_required_for_data: list[int]
     """Caffe's "Memory required for data" line of each net, train first."""
+    construction_bytes: int = 0
+    """Host memory right after the solver is built, before the first test pass (CPU engine only): each test net
+    still holds its own filled copy of the weights until Solver::Test shares the train net's."""
 
     @property
     def categories(self) -> dict[str, int]:
@@ -120,8 +124,14 @@ class MemoryReport:
         return totals
 
     @property
-    def total_bytes(self) -> int:
+    def steady_bytes(self) -> int:
+        """After one training iteration and one test pass: what the job then holds until it ends."""
         return sum(self.categories.values())
+
+    @property
+    def total_bytes(self) -> int:
+        """The peak: the steady state, or the state after construction when that is larger."""
+        return max(self.steady_bytes, self.construction_bytes)
 
 
 def _allocation(nbytes: int, options: MemoryOptions) -> int:
@@ -277,7 +287,19 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
     if any(layer.from_oracle for net in (train, *tests) for layer in net.layers):
         names = sorted({layer.name for net in (train, *tests) for layer in net.layers if layer.from_oracle})
         assumptions.append(f"shapes of {', '.join(names)} came from pycaffe; their internal buffers are not counted")
+    construction = 0
+    if options.engine == ENGINE_CPU:
+        # Before the first test pass every test net holds its own filled weights; the data layers' prefetch
+        # batches and reader queues already exist. Activations, gradients and solver state come later.
+        construction = context + sum(
+            layer.categories.get(DATA_PREFETCH, 0) + (layer.categories.get(PARAMS, 0) if layer.phase == PHASE_TRAIN else 0)
+            for layer in layers
+        )
+        construction += sum(
+            _allocation(param.count * FLOAT_BYTES, options) for test in tests for param in test.params if param.owner is None
+        )
     return MemoryReport(
+        construction_bytes=construction,
         engine=options.engine,
         layers=layers,
         context_bytes=context,
