@@ -84,6 +84,8 @@ class Net:
     blobs: list[Blob]
     params: list[Param]
     force_backward: bool
+    param: Any = None
+    """The NetParameter the net was built from (before filtering), for `input_net`."""
 
     @property
     def memory_required_for_data(self) -> int:
@@ -303,7 +305,7 @@ def build_net(
                     source=source, line=line, layer=param.name, layer_type=param.type, field="type",
                 )
             if oracle_shapes is None:
-                oracle_shapes = oracle(_oracle_net(net_param, filtered, layers, blobs), phase)
+                oracle_shapes = _ask_oracle(oracle, net_param, filtered, layers, blobs, phase, source, lines)
             if param.name not in oracle_shapes:
                 raise UnsupportedLayerError(
                     "layer type is not known to the estimator, and pycaffe did not report its shapes",
@@ -352,7 +354,14 @@ def build_net(
                     blobs[blob_id].diff_of = source_blob.diff_of if source_blob.diff_of is not None else source_blob.id
             top_ids.append(blob_id)
 
-        # Loss weights (Layer::SetLossWeights): explicit, else 1 on a loss layer's first top.
+        # Loss weights (Layer::SetLossWeights): explicit, else 1 on a loss layer's first top. LossLayer::LayerSetUp
+        # adds that 1 as the layer's only loss_weight, so a loss layer with more tops must give one per top.
+        if not len(param.loss_weight) and rule is not None and rule.is_loss and len(top_ids) != 1:
+            raise ctx.error(
+                f"a loss layer with {len(top_ids)} tops must give loss_weight once per top (Caffe adds a single "
+                "default weight of 1 and then finds it does not match the tops)",
+                field="loss_weight",
+            )
         if len(param.loss_weight) and len(param.loss_weight) != len(top_ids):
             raise ctx.error(
                 f"loss_weight must be given once per top ({len(top_ids)}), got {len(param.loss_weight)}",
@@ -417,7 +426,7 @@ def build_net(
     _prune_backward(layers, blobs)
     net = Net(
         name=net_param.name, phase=phase, layers=layers, blobs=blobs, params=params,
-        force_backward=net_param.force_backward,
+        force_backward=net_param.force_backward, param=net_param,
     )
     if net_param.force_backward:
         _force_backward(net)
@@ -475,13 +484,49 @@ def _force_backward(net: Net) -> None:
         layer.param_need_backward = [True] * len(layer.params)
 
 
-def _oracle_net(net_param: Any, filtered: list[tuple[int, Any]], built: list[Layer], blobs: list[Blob]) -> Any:
+def _ask_oracle(
+    oracle: ShapeOracle,
+    net_param: Any,
+    filtered: list[tuple[int, Any]],
+    built: list[Layer],
+    blobs: list[Blob],
+    phase: str,
+    source: str,
+    lines: Sequence[int | None],
+) -> Mapping[str, tuple[list[Shape], list[Shape]]]:
+    """The oracle's shapes for the filtered net; its errors name a layer but not where it is written, so that is
+    added."""
+    try:
+        return oracle(_input_net(net_param, filtered, built, blobs), phase)
+    except NetError as error:
+        if error.source is None:
+            error.source = source
+            orig = next((index for index, layer in filtered if layer.name == error.layer), None)
+            error.line = _line(lines, orig)
+        raise
+
+
+def input_net(net: Net) -> Any:
+    """The net Caffe would build for `net`'s phase, as a NetParameter pycaffe can build without any dataset: the
+    layers the phase keeps (no include/exclude rules left, splits left for Caffe to insert again), each data
+    layer replaced by an Input layer of the shapes computed for its tops."""
+    if net.param is None:
+        raise ValueError("the net does not know the NetParameter it was built from")
+    filtered = [(layer.source_index, net.param.layer[layer.source_index]) for layer in net.layers
+                if layer.source_index is not None]
+    return _input_net(net.param, filtered, net.layers, net.blobs)
+
+
+def _input_net(net_param: Any, filtered: list[tuple[int, Any]], built: list[Layer], blobs: list[Blob]) -> Any:
     """The filtered net (before splits: Caffe inserts them again) with its data layers, as far as they are built,
     replaced by Input layers of the shapes computed so far."""
     oracle_param = caffe_pb2.NetParameter()
     oracle_param.name = net_param.name
+    if net_param.force_backward:
+        oracle_param.force_backward = True
+    by_source = {layer.source_index: layer for layer in built if layer.source_index is not None}
     for orig, layer in filtered:
-        built_layer = next((b for b in built if b.source_index == orig), None)
+        built_layer = by_source.get(orig)
         if built_layer is not None and built_layer.rule is not None and built_layer.rule.is_data:
             replacement = oracle_param.layer.add()
             replacement.name = layer.name
