@@ -101,11 +101,23 @@ def upgrade_net(net: Any, source: str) -> None:
 
 
 def _upgrade_data_transformation(net: Any) -> None:
+    """UpgradeNetDataTransformation, run only when NetNeedsDataUpgrade: like the C++ macro, it touches the
+    transform_param and the data layer's own parameter of every V1 data layer (an empty message becomes present)."""
+    needs_upgrade = any(
+        getattr(v1_layer, owner).HasField(field)
+        for v1_layer in net.layers
+        if (owner := V1_TRANSFORM_OWNERS.get(v1_layer.type)) is not None
+        for field in TRANSFORM_FIELDS
+    )
+    if not needs_upgrade:
+        return
     for v1_layer in net.layers:
         owner = V1_TRANSFORM_OWNERS.get(v1_layer.type)
         if owner is None:
             continue
         params = getattr(v1_layer, owner)
+        params.SetInParent()
+        v1_layer.transform_param.SetInParent()
         for field in TRANSFORM_FIELDS:
             if params.HasField(field):
                 setattr(v1_layer.transform_param, field, getattr(params, field))
@@ -191,6 +203,28 @@ def _upgrade_input(net: Any, source: str) -> None:
     net.ClearField("input")
     net.ClearField("input_shape")
     net.ClearField("input_dim")
+
+
+def check_inline_net(net: Any, source: str, field: str, index: int | None = None) -> None:
+    """Refuse a net given inside a solver in a legacy form. Caffe's Solver copies net_param, train_net_param and
+    test_net_param as they are, without UpgradeNetAsNeeded: V1 `layers` would leave it a net with no layers at all
+    and net-level `input` fields are ignored (its first layer then fails on an unknown bottom). Either way the net
+    Caffe trains is not the one written, so the estimate says so instead of upgrading it."""
+    which = "" if index is None else f"test net #{index} "
+    if len(net.layers):
+        raise NetError(
+            which + "uses the V1 'layers' format inside the solver; Caffe upgrades only net files, so it would build this "
+            "net with no layers at all; convert it to 'layer' blocks or move it to a file named by `net`",
+            source=source,
+            field=field,
+        )
+    if len(net.input) or len(net.input_shape) or len(net.input_dim):
+        raise NetError(
+            which + "uses net-level input fields inside the solver; Caffe reads them only from net files and ignores them "
+            "here; declare the inputs with an Input layer instead",
+            source=source,
+            field=field,
+        )
 
 
 def upgrade_solver(solver: Any, source: str) -> None:
