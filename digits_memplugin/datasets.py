@@ -7,6 +7,7 @@ allows (`allowed` roots): the web server must not read arbitrary paths a user ty
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -112,29 +113,33 @@ def shapes_from_sources(
     allowed = list(allowed) if allowed is not None else None
     for net in nets:
         for layer in net.layer:
+            found: dict[str, DataSpec] = {}
             if layer.type == "Data" and layer.data_param.source and layer.top:
                 if layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
                     continue
                 path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source")
                 if path.is_dir():
-                    shapes[f"{layer.name}/{layer.top[0]}"] = lmdb_item(path, layer.name)
+                    found[layer.top[0]] = lmdb_item(path, layer.name)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
                 listing = _confined(
                     base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source"
                 )
                 if listing.is_file():
-                    for top, spec in hdf5_items(listing, list(layer.top), layer.name, allowed).items():
-                        shapes[f"{layer.name}/{top}"] = spec
+                    found = hdf5_items(listing, list(layer.top), layer.name, allowed)
+            # TRAIN and TEST data layers often share a name: key them by phase when their rules name one.
+            phases = [caffe_pb2.Phase.Name(rule.phase) for rule in layer.include if rule.HasField("phase")]
+            for top, spec in found.items():
+                for prefix in [f"{phase}:" for phase in phases] or [""]:
+                    shapes[f"{prefix}{layer.name}/{top}"] = spec
     return shapes
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """"3,256,256" (or "3x256x256") as a shape of positive dimensions."""
-    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a shape: write dimensions like 3,256,256") from None
-    if not shape or any(d <= 0 for d in shape):
+    parts = re.split(r"[,x]", text.strip())
+    if not all(part.strip().isdigit() for part in parts):
+        raise ValueError(f"{text!r} is not a shape: write positive dimensions like 3,256,256")
+    shape = tuple(int(part) for part in parts)
+    if any(d <= 0 for d in shape):
         raise ValueError(f"{text!r} is not a shape: dimensions must be positive integers")
     return shape

@@ -1,0 +1,167 @@
+"""`digits-memplugin estimate`: a net's training memory, per category and layer, and the batch that fits."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("cpu", "gpu", "gpu-cudnn")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "estimate",
+        help="predict a net's training memory and the batch size that fits",
+        description=(
+            "Predict the memory one Caffe training job takes (train net, test nets, solver state) from its "
+            "prototxt, per category and per layer. With --free-bytes, also the largest batch that fits and a "
+            "plan (batch_size x iter_size) that keeps the wanted effective batch."
+        ),
+    )
+    parser.add_argument("net", type=Path, metavar="NET", help="net prototxt (train_val)")
+    parser.add_argument("--solver", type=Path, help="solver prototxt (its net/train_net fields are replaced by NET)")
+    parser.add_argument("--batch", type=positive_int, help="batch size of the TRAIN data layers (default: the net's)")
+    parser.add_argument("--test-batch", type=positive_int, help="batch size of the TEST data layers")
+    parser.add_argument("--engine", choices=ENGINES, default="cpu", help="what trains the net (default: %(default)s)")
+    parser.add_argument(
+        "--free-bytes", type=size, metavar="B", help="free memory of the device, e.g. 8GiB or 8589934592"
+    )
+    parser.add_argument(
+        "--safety-margin", type=float, default=0.10, help="fraction of free memory kept back (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--data-shape",
+        action="append",
+        default=[],
+        metavar="TOP=C,H,W",
+        help="item shape of a data top whose dataset is not readable here (repeatable; TOP or LAYER/TOP)",
+    )
+    parser.add_argument("--classes", type=positive_int, help="classes, for DIGITS networks that leave num_output unset")
+    parser.add_argument(
+        "--no-pycaffe", action="store_true", help="do not ask pycaffe for the shapes of layer types the estimator lacks"
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON document the REST API returns")
+    parser.set_defaults(run=run)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def size(text: str) -> int:
+    """Bytes: a plain integer, or a number with a unit (8GiB)."""
+    from ..sizes import parse_size
+
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from ..core.errors import NetError
+    from ..core.estimate import EstimateRequest, estimate
+    from ..core.prototxt import parse_net
+    from ..datasets import parse_shape, shapes_from_sources
+    from ..files import confined_loader
+    from . import CommandError
+
+    net_text = _read(args.net)
+    solver_text = _read(args.solver) if args.solver else None
+    given: dict[str, Any] = {}
+    for item in args.data_shape:
+        key, _, value = item.partition("=")
+        try:
+            given[key.strip()] = parse_shape(value)
+        except ValueError as error:
+            raise CommandError(f"--data-shape {item}: {error}") from None
+        if not key.strip():
+            raise CommandError(f"--data-shape {item}: name the top, as TOP=C,H,W")
+    try:
+        found = shapes_from_sources([parse_net(net_text, str(args.net))], Path.cwd())
+        request = EstimateRequest(
+            net=net_text,
+            solver=solver_text,
+            net_source=str(args.net),
+            solver_source=str(args.solver) if args.solver else "solver.prototxt",
+            batch=args.batch,
+            test_batch=args.test_batch,
+            engine=args.engine,
+            free_bytes=args.free_bytes,
+            safety_margin=args.safety_margin,
+            data_shapes={**found, **given},
+            classes=args.classes,
+        )
+        load = confined_loader(args.solver.resolve().parent) if args.solver else None
+        document = estimate(request, load=load, oracle=None if args.no_pycaffe else _oracle())
+    except NetError as error:
+        raise CommandError(str(error)) from None
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(render(document))
+    return 0
+
+
+def _read(path: Path) -> str:
+    from . import CommandError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandError(f"cannot read {path}: {error}") from None
+
+
+def _oracle() -> Any:
+    try:
+        from ..pycaffe_shapes import pycaffe_oracle
+    except ImportError:  # pragma: no cover - the fallback module is optional
+        return None
+    return pycaffe_oracle
+
+
+def render(document: dict[str, Any], top_layers: int = 12) -> str:
+    """The estimate as a table a person reads: totals, categories, the largest layers, the plan."""
+    from ..sizes import format_size
+
+    lines = [
+        f"engine {document['engine']}, solver {document['solver_type']}, batch {document['batch_size']}"
+        + (f", test batch {document['test_batch_size']}" if document["test_batch_size"] else ""),
+        f"total: {format_size(document['total_bytes'])} ({document['total_bytes']} bytes)",
+        "",
+        f"{'category':<18} {'bytes':>14} {'':>10}",
+    ]
+    for name, value in document["categories"].items():
+        if value:
+            lines.append(f"{name:<18} {value:>14} {format_size(value):>10}")
+    lines += ["", f"{'largest layers':<28} {'type':<18} {'phase':<6} {'bytes':>14}"]
+    layers = sorted(document["layers"], key=lambda layer: -layer["bytes"])[:top_layers]
+    for layer in layers:
+        lines.append(f"{layer['name'][:28]:<28} {layer['type'][:18]:<18} {layer['phase']:<6} {layer['bytes']:>14}")
+    if document["plan"] is not None:
+        plan = document["plan"]
+        lines += [
+            "",
+            f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
+            f"after a {document['safety_margin']:.0%} margin",
+            f"largest batch that fits: {document['max_batch_size']}",
+            f"plan: batch_size {plan['batch_size']} x iter_size {plan['iter_size']} = {plan['effective_batch']}"
+            + ("" if plan["fits"] else "  (DOES NOT FIT, even at batch 1)"),
+        ]
+        if document.get("test_plan"):
+            test = document["test_plan"]
+            lines.append(f"test nets: batch_size {test['batch_size']}, test_iter {test['test_iter']}")
+    for assumption in document["assumptions"]:
+        lines.append(f"assumes: {assumption}")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""`digits-memplugin estimate`: the table, the --json document (the API's), data shapes read from the dataset,
+and clear errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import numpy as np
+from conftest import ZOO
+
+from digits_memplugin.core.estimate import EstimateRequest, estimate
+from digits_memplugin.core.proto import caffe_pb2
+
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+LENET = ZOO / "caffe_lenet" / "lenet_train_test.prototxt"
+LENET_SOLVER = ZOO / "caffe_lenet" / "lenet_solver.prototxt"
+
+
+def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, "estimate", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_json_is_the_api_document() -> None:
+    result = run(LENET, "--solver", LENET_SOLVER, "--data-shape", "data=1,28,28", "--batch", "32",
+                 "--free-bytes", "64MiB", "--engine", "gpu", "--json", "--no-pycaffe")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    expected = estimate(
+        EstimateRequest(
+            net=LENET.read_text(), solver=LENET_SOLVER.read_text(), net_source=str(LENET),
+            solver_source=str(LENET_SOLVER), batch=32, engine="gpu", free_bytes=64 * 1024**2,
+            data_shapes={"data": (1, 28, 28)},
+        )
+    )
+    assert document == json.loads(json.dumps(expected))
+    assert {"total_bytes", "batch_size", "engine", "categories", "layers", "max_batch_size", "plan"} <= set(document)
+
+
+def test_table_names_the_total_the_largest_layers_and_the_plan() -> None:
+    result = run(LENET, "--data-shape", "data=1,28,28", "--batch", "256", "--free-bytes", "40MiB")
+    assert result.returncode == 0, result.stderr
+    assert "total:" in result.stdout
+    assert "conv1" in result.stdout
+    assert "largest batch that fits:" in result.stdout
+    assert "plan: batch_size" in result.stdout and "iter_size" in result.stdout
+
+
+def write_lmdb(path: Path, shape: tuple[int, int, int], records: int = 3) -> None:
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for index in range(records):
+            datum = caffe_pb2.Datum(channels=shape[0], height=shape[1], width=shape[2], label=0)
+            datum.data = np.zeros(shape, dtype=np.uint8).tobytes()
+            txn.put(f"{index:08d}".encode(), datum.SerializeToString())
+    env.close()
+
+
+def test_data_shape_comes_from_the_lmdb_the_net_names(tmp_path: Path) -> None:
+    write_lmdb(tmp_path / "train_lmdb", (1, 28, 28))
+    write_lmdb(tmp_path / "test_lmdb", (1, 28, 28))
+    net = LENET.read_text().replace("examples/mnist/mnist_train_lmdb", "train_lmdb").replace(
+        "examples/mnist/mnist_test_lmdb", "test_lmdb"
+    )
+    (tmp_path / "net.prototxt").write_text(net)
+    result = run("net.prototxt", "--json", "--no-pycaffe", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout)
+    given = json.loads(run(LENET, "--json", "--no-pycaffe", "--data-shape", "data=1,28,28").stdout)
+    assert read["memory_required_for_data"] == given["memory_required_for_data"]
+    assert read["total_bytes"] == given["total_bytes"]
+    # datasets of another shape give another estimate: the shape really is read, per phase
+    write_lmdb(tmp_path / "big_train_lmdb", (1, 32, 32))
+    write_lmdb(tmp_path / "big_test_lmdb", (1, 32, 32))
+    big = net.replace('"train_lmdb"', '"big_train_lmdb"').replace('"test_lmdb"', '"big_test_lmdb"')
+    (tmp_path / "big.prototxt").write_text(big)
+    bigger = json.loads(run("big.prototxt", "--json", "--no-pycaffe", cwd=tmp_path).stdout)
+    given_big = json.loads(run(LENET, "--json", "--no-pycaffe", "--data-shape", "data=1,32,32").stdout)
+    assert bigger["total_bytes"] == given_big["total_bytes"] > read["total_bytes"]
+    # a test set of another size than the training set cannot share its weights: Caffe would abort
+    (tmp_path / "mixed.prototxt").write_text(net.replace('"train_lmdb"', '"big_train_lmdb"'))
+    mixed = run("mixed.prototxt", "--no-pycaffe", cwd=tmp_path)
+    assert mixed.returncode == 2 and "layer 'ip1'" in mixed.stderr and "shares the train net's weights" in mixed.stderr
+
+
+def test_missing_shape_is_a_clear_error() -> None:
+    result = run(LENET)
+    assert result.returncode == 2
+    assert "layer 'mnist' (Data)" in result.stderr
+    assert "--data-shape data=" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_solver_net_path_escaping_its_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    solver = tmp_path / "jobs" / "solver.prototxt"
+    solver.write_text('net: "../../etc/passwd"\ntest_iter: 1\ntest_interval: 10\nbase_lr: 0.1\n'
+                      'test_net: "../outside.prototxt"\n')
+    result = run(LENET, "--solver", solver, "--data-shape", "data=1,28,28")
+    assert result.returncode == 2
+    assert "outside.prototxt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreadable_file_and_bad_arguments() -> None:
+    missing = run("/nonexistent/net.prototxt")
+    assert missing.returncode == 2 and "cannot read /nonexistent/net.prototxt" in missing.stderr
+    bad_batch = run(LENET, "--batch", "0")
+    assert bad_batch.returncode == 2 and "must be positive" in bad_batch.stderr
+    bad_size = run(LENET, "--free-bytes", "lots")
+    assert bad_size.returncode == 2 and "is not a memory size" in bad_size.stderr
+    bad_shape = run(LENET, "--data-shape", "data=1,x,28")
+    assert bad_shape.returncode == 2 and "is not a shape" in bad_shape.stderr
+
+
+def test_broken_prototxt_reports_line_and_column(tmp_path: Path) -> None:
+    net = tmp_path / "broken.prototxt"
+    net.write_text('name: "x"\nlayer {\n  name: "a"\n  type: "Input"\n  top: "a"\n  input_param { shape { dim: 1 }\n')
+    result = run(net)
+    assert result.returncode == 2
+    assert f"{net}:6:32: Expected \"}}\"" in result.stderr, result.stderr  # the end of the text: a brace is missing
