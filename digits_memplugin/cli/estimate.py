@@ -153,8 +153,8 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
         plan = document["plan"]
         lines += [
             "",
-            f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
-            f"after a {document['safety_margin']:.0%} margin",
+            (f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
+            f"after a {document['safety_margin']:.0%} margin"),
             f"largest batch that fits: {document['max_batch_size']}",
             f"plan: batch_size {plan['batch_size']} x iter_size {plan['iter_size']} = {plan['effective_batch']}"
             + ("" if plan["fits"] else "  (DOES NOT FIT, even at batch 1)"),
