@@ -152,8 +152,10 @@ def caffe_error(log: str, net_param: Any, returncode: int) -> NetError:
             fatal = match
             break
     types = {layer.name: layer.type for layer in net_param.layer}
-    # Layers of internal nets (LSTM, RNN) log "Creating Layer" too: only the net's own layers are named.
-    created = [name for name in created if name in types or name.endswith("_split")]
+    # Layers of internal nets (LSTM, RNN) log "Creating Layer" too: only the net's own layers, and the split
+    # layers Caffe inserts after them (InsertSplits names them "<top>_<layer>_<index>_split"), are named.
+    splits = {f"{top}_{layer.name}_{index}_split" for layer in net_param.layer for index, top in enumerate(layer.top)}
+    created = [name for name in created if name in types or name in splits]
     if fatal is None:
         # A Python exception (a Python layer's import or setup): the first exception line is the cause (the layer
         # factory prints it, then Boost.Python raises its own); else the last line says what.
@@ -220,7 +222,8 @@ def differences(net: Net, built: CaffeNet) -> list[str]:
         param_shapes = [net.params[i].shape for i in layer.params]
         if param_shapes != theirs.param_shapes:
             found.append(f"{where}: param shapes {param_shapes}, Caffe's {theirs.param_shapes}")
-        if theirs.need_backward is not None and layer.need_backward != theirs.need_backward:
+        # Caffe logs need-backward before force_backward sets every layer's, so only nets without it compare.
+        if not net.force_backward and theirs.need_backward is not None and layer.need_backward != theirs.need_backward:
             found.append(f"{where}: need_backward {layer.need_backward}, Caffe's {theirs.need_backward}")
     blobs = [(blob.name, blob.shape) for blob in net.blobs]
     if blobs != built.blobs:

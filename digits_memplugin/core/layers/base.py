@@ -128,8 +128,12 @@ class LayerContext:
         )
 
     def data_shape(self, top: str) -> Shape | None:
-        """A shape given by the caller for this layer's top (by top name, or `layer/top`)."""
-        return self.data_shapes.get(f"{self.name}/{top}") or self.data_shapes.get(top)
+        """A shape given by the caller for this layer's top: by ``PHASE:layer/top`` (TRAIN and TEST data layers
+        often share a name but read different datasets), ``layer/top``, or the top's name."""
+        for key in (f"{self.phase}:{self.name}/{top}", f"{self.name}/{top}", top):
+            if key in self.data_shapes:
+                return self.data_shapes[key]
+        return None
 
     def canonical_axis(self, axis: int, num_axes: int, field: str) -> int:
         """Blob::CanonicalAxisIndex: negative axes count from the end."""
@@ -219,13 +223,17 @@ def spatial_param(
     default: int,
     field: str,
 ) -> list[int]:
-    """Caffe's reading of kernel/stride/pad/dilation: `x_h`/`x_w` (2-D only), else one value or one per axis."""
+    """BaseConvolutionLayer::LayerSetUp's reading of kernel/stride/pad: `x_h`/`x_w` when either is set (2-D only,
+    not with the repeated field; an unset one reads as the proto's 0), else the repeated field given once or once
+    per spatial axis (nothing: `default`, which for the kernel is no valid size)."""
     if h is not None or w is not None:
+        name = field.rsplit(".", 1)[-1]
+        base = name.removesuffix("_size")
         if num_spatial != 2:
-            raise ctx.error(f"{field}_h and {field}_w only apply to 2-D spatial blobs", field=field)
-        if h is None or w is None:
-            raise ctx.error(f"{field}_h and {field}_w must be given together", field=field)
-        return [h, w]
+            raise ctx.error(f"{base}_h and {base}_w can only be used for 2-D spatial blobs", field=field)
+        if len(values):
+            raise ctx.error(f"give either {name} or {base}_h/{base}_w, not both", field=field)
+        return [h or 0, w or 0]
     if len(values) == 0:
         return [default] * num_spatial
     if len(values) == 1:
@@ -235,6 +243,14 @@ def spatial_param(
             f"must be given once or once per spatial axis ({num_spatial}), got {len(values)} values", field=field
         )
     return list(values)
+
+
+def legacy_dim(ctx: LayerContext, shape: Shape, index: int, what: str = "bottom") -> int:
+    """Blob::LegacyShape (num, channels, height, width): blobs of at most 4 axes, missing axes read as 1."""
+    if len(shape) > 4:
+        raise ctx.error(f"this layer reads {what} shapes as (num, channels, height, width); {list(shape)} has more "
+                        "than 4 axes", field="bottom")
+    return shape[index] if index < len(shape) else 1
 
 
 def optional(message: Any, field: str) -> Any:

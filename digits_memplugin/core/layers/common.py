@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ShapeError
 from .base import (
     ENGINE_CUDNN,
     INT_BYTES,
@@ -13,6 +14,7 @@ from .base import (
     Shape,
     count_of,
     layer_rule,
+    legacy_dim,
 )
 
 
@@ -112,8 +114,10 @@ class SliceRule(LayerRule):
                 raise ctx.error(f"{tops} slices of an axis of size {size}", field="slice_param.slice_point")
             sizes, previous = [], 0
             for point in points:
-                if point <= previous and sizes or point < previous:
-                    raise ctx.error("slice points must increase", field="slice_param.slice_point")
+                if point <= previous:
+                    raise ctx.error(
+                        f"slice points must be positive and increasing, got {points}", field="slice_param.slice_point"
+                    )
                 sizes.append(point - previous)
                 previous = point
             sizes.append(size - previous)
@@ -140,7 +144,16 @@ class SplitRule(LayerRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         n = len(ctx.param.top)
+        if ctx.param.bottom[0] in ctx.param.top:
+            raise ctx.error("Split does not allow in-place computation", field="top")
         return LayerSetup(tops=[ctx.bottoms[0]] * n, data_views={i: 0 for i in range(n)})
+
+
+def _not_in_place(ctx: LayerContext) -> None:
+    """Flatten, Reshape and Split CHECK that the top is not the bottom."""
+    if ctx.param.top and ctx.param.bottom and ctx.param.top[0] == ctx.param.bottom[0]:
+        raise ctx.error(f"{ctx.type} does not allow in-place computation (top {ctx.param.top[0]!r} is its bottom)",
+                        field="top")
 
 
 @layer_rule("Flatten")
@@ -153,8 +166,11 @@ class FlattenRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.flatten_param
         bottom = ctx.bottoms[0]
+        _not_in_place(ctx)
         start = ctx.canonical_axis(p.axis, len(bottom), "flatten_param.axis")
         end = ctx.canonical_axis(p.end_axis, len(bottom), "flatten_param.end_axis")
+        if end + 1 < start:
+            raise ctx.error(f"end_axis {p.end_axis} comes before axis {p.axis}", field="flatten_param.end_axis")
         top = (*bottom[:start], count_of(bottom[start : end + 1]), *bottom[end + 1 :])
         return LayerSetup(tops=[top], data_views={0: 0}, diff_views={0: 0})
 
@@ -169,6 +185,7 @@ class ReshapeRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.reshape_param
         bottom = ctx.bottoms[0]
+        _not_in_place(ctx)
         dims = list(p.shape.dim)
         if dims.count(-1) > 1:
             raise ctx.error("at most one dimension can be -1 (inferred)", field="reshape_param.shape")
@@ -211,8 +228,12 @@ class EltwiseRule(LayerRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.eltwise_param
-        if len(p.coeff) and (p.operation != p.SUM or len(p.coeff) != len(ctx.bottoms)):
-            raise ctx.error("coeff needs SUM and one coefficient per bottom", field="eltwise_param.coeff")
+        if len(p.coeff) and len(p.coeff) != len(ctx.bottoms):
+            raise ctx.error(
+                f"takes one coefficient per bottom ({len(ctx.bottoms)}), got {len(p.coeff)}", field="eltwise_param.coeff"
+            )
+        if len(p.coeff) and p.operation == p.PROD:
+            raise ctx.error("coefficients are for summation only, not PROD", field="eltwise_param.coeff")
         first = ctx.bottoms[0]
         for index, bottom in enumerate(ctx.bottoms[1:], start=1):
             if bottom != first:
@@ -267,7 +288,10 @@ class BatchNormRule(LayerRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         bottom = ctx.bottoms[0]
-        channels = 1 if len(bottom) == 1 else bottom[1]
+        if len(bottom) < 2:
+            # LayerSetUp takes 1 channel for a 1-axis bottom, but Reshape then reads shape(1) and aborts.
+            raise ctx.error(f"input must have at least 2 axes (num, channels, ...), got {list(bottom)}")
+        channels = bottom[1]
         return LayerSetup(tops=[bottom], params=[(channels,), (channels,), (1,)], details={"channels": channels})
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
@@ -303,12 +327,35 @@ def _axes_blob_shape(ctx: LayerContext, bottom: Shape, axis_value: int, num_axes
     return tuple(bottom[axis:] if num_axes == -1 else bottom[axis : axis + num_axes])
 
 
+def _scale_gradient(ctx: LayerContext) -> bool:
+    """Whether ScaleLayer's backward computes the scale's gradient: the learned scale's lr_mult is not 0, or the
+    second bottom needs backward."""
+    if ctx.phase != "TRAIN" or not ctx.need_backward:
+        return False
+    if len(ctx.bottoms) == 2:
+        return len(ctx.bottom_need_backward) > 1 and ctx.bottom_need_backward[1]
+    return not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0
+
+
 @layer_rule("Scale")
 class ScaleRule(LayerRule):
     """ScaleLayer: a learned (or second-bottom) scale broadcast over the bottom, with an optional Bias sub-layer."""
 
     bottoms = Count(minimum=1, maximum=2)
     tops = Count(exact=1)
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        # The learned scale's gradient goes through bottom[0]'s diff ("hack: store big eltwise product in bottom[0]
+        # diff") unless the layer works in place or the scale is as big as the bottom.
+        if len(ctx.bottoms) != 1 or ctx.param.top[0] == ctx.param.bottom[0]:
+            return False
+        learned = not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0
+        p = ctx.param.scale_param
+        try:
+            scale = _axes_blob_shape(ctx, ctx.bottoms[0], p.axis, p.num_axes, "scale_param")
+        except ShapeError:
+            return False
+        return learned and count_of(scale) != count_of(ctx.bottoms[0])
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.scale_param
@@ -340,7 +387,15 @@ class ScaleRule(LayerRule):
         buffers = [Buffer("sum_multiplier", max(d["outer"], d["inner"]))]
         if ctx.param.top[0] == ctx.param.bottom[0]:
             buffers.append(Buffer("temp", count))
-        if ctx.phase == "TRAIN" and d["scale_dim"] != count and d["inner"] != 1:
+        # Backward_cpu sums the scale's gradient through sum_result_ when it is neither an element-wise product
+        # nor reducible in place (inner or outer dimension 1, or a single scale value).
+        if (
+            _scale_gradient(ctx)
+            and d["scale_dim"] != count
+            and d["inner"] != 1
+            and d["outer"] != 1
+            and d["outer"] * d["scale_dim"] != 1
+        ):
             buffers.append(Buffer("sum_result", d["outer"] * d["scale_dim"]))
         if d["bias"]:
             buffers.append(Buffer("bias.bias_multiplier", d["inner"]))
@@ -438,6 +493,9 @@ class ReductionRule(LayerRule):
         return LayerSetup(tops=[tuple(bottom[:axis])], details={"inner": count_of(bottom[axis:])})
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        p = ctx.param.reduction_param
+        if p.operation not in (p.SUM, p.MEAN):
+            return []  # ASUM and SUMSQ keep no multiplier
         return [Buffer("sum_multiplier", setup.details["inner"])]
 
 
@@ -464,7 +522,8 @@ class EmbedRule(LayerRule):
 
 @layer_rule("MVN")
 class MVNRule(LayerRule):
-    """MVNLayer: mean and variance per item (or per channel), a temp_ of the input's size."""
+    """MVNLayer: reads the bottom as (num, channels, height, width), so its top has 4 axes; mean and variance per
+    item and channel, a temp_ of the input's size."""
 
     bottoms = Count(exact=1)
     tops = Count(exact=1)
@@ -474,19 +533,17 @@ class MVNRule(LayerRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         bottom = ctx.bottoms[0]
-        if len(bottom) != 4:
-            raise ctx.error(f"input must have 4 axes, got {list(bottom)}")
-        return LayerSetup(tops=[bottom])
+        top = tuple(legacy_dim(ctx, bottom, i) for i in range(4))
+        return LayerSetup(tops=[top])
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        n, c, h, w = ctx.bottoms[0]
-        rows = n if ctx.param.mvn_param.across_channels else n * c
-        return [
-            Buffer("mean", rows),
-            Buffer("variance", rows),
-            Buffer("temp", n * c * h * w),
-            Buffer("sum_multiplier", h * w if not ctx.param.mvn_param.across_channels else c * h * w),
-        ]
+        p = ctx.param.mvn_param
+        n, c, h, w = setup.tops[0]
+        buffers = [Buffer("mean", n * c)]
+        if p.normalize_variance:
+            buffers.append(Buffer("variance", n * c))
+        buffers += [Buffer("temp", n * c * h * w), Buffer("sum_multiplier", c * h * w if p.across_channels else h * w)]
+        return buffers
 
 
 @layer_rule("BatchReindex")
@@ -502,9 +559,6 @@ class BatchReindexRule(LayerRule):
             raise ctx.error(f"the index bottom must have one axis, got {list(index)}", field="bottom")
         return LayerSetup(tops=[(index[0], *data[1:])])
 
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index == 0
-
 
 @layer_rule("Filter")
 class FilterRule(LayerRule):
@@ -518,15 +572,16 @@ class FilterRule(LayerRule):
         selector = ctx.bottoms[-1]
         if len(ctx.param.top) != len(ctx.bottoms) - 1:
             raise ctx.error("needs one top per data bottom (all bottoms but the selector)", field="top")
+        if not selector or any(d != 1 for d in selector[1:]):
+            raise ctx.error(
+                f"the selector (last bottom) {list(selector)} must be (N) or (N, 1, ...)", field="bottom"
+            )
         for index, bottom in enumerate(ctx.bottoms[:-1]):
             if bottom[0] != selector[0]:
                 raise ctx.error(
                     f"bottom {index} has {bottom[0]} items, the selector has {selector[0]}", field="bottom"
                 )
         return LayerSetup(tops=list(ctx.bottoms[:-1]))
-
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index < 0
 
 
 @layer_rule("Parameter")

@@ -229,6 +229,9 @@ class DummyDataRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.dummy_data_param
         n = len(ctx.param.top)
+        if len(p.data_filler) not in (0, 1, n):
+            raise ctx.error(f"give 0, 1 or {n} (one per top) data fillers, got {len(p.data_filler)}",
+                            field="dummy_data_param.data_filler")
         legacy = len(p.num) or len(p.channels) or len(p.height) or len(p.width)
         if legacy and len(p.shape):
             raise ctx.error("give shape or num/channels/height/width, not both", field="dummy_data_param")

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from .base import ENGINE_CPU, ENGINE_CUDNN, Buffer, Count, LayerContext, LayerRule, LayerSetup, count_of, layer_rule
+from .base import (
+    ENGINE_CPU,
+    ENGINE_CUDNN,
+    Buffer,
+    Count,
+    LayerContext,
+    LayerRule,
+    LayerSetup,
+    Shape,
+    count_of,
+    layer_rule,
+    legacy_dim,
+)
 from .common import softmax_buffers
 
 
@@ -53,6 +65,16 @@ class SoftmaxWithLossRule(LossRule):
         return 1
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        if len(ctx.param.loss_weight) > 1:
+            # LayerSetUp copies its LayerParameter, loss_weight included, into the inner Softmax, whose one top
+            # then rejects the list; without a list the outer layer's two tops reject the single default weight.
+            # So this Caffe cannot give the second (probabilities) top.
+            raise ctx.error(
+                f"{len(ctx.param.loss_weight)} loss weights reach the inner Softmax layer, which has one top: this "
+                "Caffe cannot give SoftmaxWithLoss a second (probabilities) top; use a separate Softmax layer",
+                field="loss_weight",
+            )
         axis, _, _ = _outer_inner(ctx, ctx.param.softmax_param.axis, "softmax_param.axis")
         tops = [()] + ([ctx.bottoms[0]] if len(ctx.param.top) > 1 else [])
         return LayerSetup(tops=tops, details={"axis": axis})
@@ -109,25 +131,49 @@ class ContrastiveLossRule(LossRule):
         return bottom_index != 2
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
         a, b, sim = ctx.bottoms
-        if len(a) < 2 or a != b or any(d != 1 for d in a[2:]) or sim[0] != a[0] or any(d != 1 for d in sim[1:]):
+        # LayerSetUp reads the bottoms as (num, channels, height, width).
+        dims = [[legacy_dim(ctx, shape, i) for i in range(4)] for shape in (a, b, sim)]
+        if dims[0][1] != dims[1][1] or any(d[2:] != [1, 1] for d in dims) or dims[2][1] != 1:
             raise ctx.error(
-                f"expects two (N, C, 1, 1) features and an (N, 1, 1, 1) label, got {list(a)}, {list(b)}, {list(sim)}",
+                f"expects two (N, C, 1, 1) features and an (N, 1, 1, 1) similarity, got {list(a)}, {list(b)}, "
+                f"{list(sim)}",
                 field="bottom",
             )
+        if dims[2][0] != dims[0][0]:
+            raise ctx.error(f"the similarity {list(sim)} must have one value per pair ({dims[0][0]})", field="bottom")
         return LayerSetup(tops=[()])
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        n, c = ctx.bottoms[0][:2]
+        n, c = legacy_dim(ctx, ctx.bottoms[0], 0), legacy_dim(ctx, ctx.bottoms[0], 1)
         buffers = [Buffer("diff", n * c), Buffer("dist_sq", n), Buffer("summer_vec", c)]
         if engine != ENGINE_CPU:
             buffers.append(Buffer("diff_sq", n * c))
         return buffers
 
 
-@layer_rule("HingeLoss", "MultinomialLogisticLoss")
+@layer_rule("HingeLoss")
 class PlainLossRule(LossRule):
     """Losses that keep nothing of their own."""
+
+
+def _check_label(ctx: LayerContext) -> None:
+    """The (N, 1, 1, 1) label these losses read as (num, channels, height, width)."""
+    label = ctx.bottoms[1]
+    if any(legacy_dim(ctx, label, i) != 1 for i in (1, 2, 3)):
+        raise ctx.error(f"the label {list(label)} must hold one value per item: (N), (N, 1) ... (N, 1, 1, 1)",
+                        field="bottom")
+
+
+@layer_rule("MultinomialLogisticLoss")
+class MultinomialLogisticLossRule(LossRule):
+    """MultinomialLogisticLossLayer: probabilities and one label per item."""
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        self.check_same_num(ctx)
+        _check_label(ctx)
+        return LayerSetup(tops=[()])
 
 
 @layer_rule("InfogainLoss")
@@ -138,7 +184,19 @@ class InfogainLossRule(LossRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         self.check_same_num(ctx)
-        classes = count_of(ctx.bottoms[0][1:])
+        _check_label(ctx)
+        scores = ctx.bottoms[0]
+        classes = count_of(scores) // legacy_dim(ctx, scores, 0) if legacy_dim(ctx, scores, 0) else 0
+        if len(ctx.bottoms) == 3:
+            matrix = ctx.bottoms[2]
+            if [legacy_dim(ctx, matrix, i) for i in range(4)] != [1, 1, classes, classes]:
+                raise ctx.error(
+                    f"the infogain matrix {list(matrix)} must be {classes} x {classes} (1, 1, {classes}, {classes})",
+                    field="bottom",
+                )
+        elif not ctx.param.infogain_loss_param.source:
+            raise ctx.error("without a third bottom the infogain matrix must come from a file",
+                            field="infogain_loss_param.source")
         return LayerSetup(tops=[()], details={"classes": classes})
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
@@ -161,7 +219,7 @@ class AccuracyRule(LayerRule):
         if p.top_k > count_of(scores) // max(count_of(ctx.bottoms[1]), 1):
             raise ctx.error("top_k must be less than or equal to the number of classes", field="accuracy_param.top_k")
         axis, _, _ = _outer_inner(ctx, p.axis, "accuracy_param.axis")
-        tops = [()] + ([(scores[axis],)] if len(ctx.param.top) > 1 else [])
+        tops: list[Shape] = [()] + ([(scores[axis],)] if len(ctx.param.top) > 1 else [])
         return LayerSetup(tops=tops, details={"classes": scores[axis]})
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:

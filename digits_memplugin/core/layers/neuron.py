@@ -20,6 +20,8 @@ class NeuronRule(LayerRule):
             raise ctx.error("base must be strictly positive (or -1 for e)", field="log_param.base")
         if ctx.type == "Exp" and ctx.param.exp_param.base <= 0 and ctx.param.exp_param.base != -1:
             raise ctx.error("base must be strictly positive (or -1 for e)", field="exp_param.base")
+        if ctx.type == "AbsVal" and ctx.param.top[0] == ctx.param.bottom[0]:
+            raise ctx.error("AbsVal does not allow in-place computation", field="top")
         return LayerSetup(tops=[ctx.bottoms[0]])
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import ShapeError
 from .base import (
     ENGINE_CPU,
     ENGINE_CUDNN,
-    ENGINE_GPU,
     INT_BYTES,
     WORKSPACE,
     Buffer,
@@ -22,6 +22,8 @@ from .base import (
 
 CUDNN_STREAMS_PER_GROUP = 3
 """BVLC's cudnn_conv_layer.cpp: one stream (and handle) each for forward, backward-data, backward-filter."""
+CUDNN_LRN_MAX_N = 16
+"""cuDNN's largest LRN window; GetLRNLayer falls back to Caffe's LRNLayer above it."""
 CUDNN_WORKSPACE_LIMIT = 8 * 1024 * 1024
 """BVLC picks cuDNN algorithms under this workspace limit (bytes), per group and direction."""
 
@@ -37,18 +39,25 @@ def conv_output_dim(ctx: LayerContext, size: int, kernel: int, stride: int, pad:
     return out
 
 
+def _uses_cudnn(ctx: LayerContext) -> bool:
+    """GetConvolutionLayer on a cuDNN build: CuDNNConvolutionLayer for engine DEFAULT or CUDNN without dilation."""
+    p = ctx.param.convolution_param
+    return ctx.type == "Convolution" and p.engine in (p.DEFAULT, p.CUDNN) and not any(d > 1 for d in p.dilation)
+
+
 @layer_rule("Convolution", "Deconvolution")
 class ConvolutionRule(LayerRule):
-    """BaseConvolutionLayer: weights [out, in/group, k...], optional bias, a per-image im2col buffer."""
+    """BaseConvolutionLayer: weights [out, in/group, k...], optional bias, a per-image im2col buffer.
+
+    The layer factory picks cuDNN for Convolution (engine DEFAULT or CUDNN, no dilation) only: Deconvolution is
+    always Caffe's own DeconvolutionLayer, col_buffer_ included."""
 
     bottoms = Count(minimum=1)
     tops = Count(minimum=1)
 
     def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
         # Caffe's own engine fetches the bottom diff up front; CuDNNConvolutionLayer only under propagate_down.
-        p = ctx.param.convolution_param
-        uses_dilation = any(d > 1 for d in p.dilation)
-        return not (engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN) and not uses_dilation)
+        return not (engine == ENGINE_CUDNN and _uses_cudnn(ctx))
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.convolution_param
@@ -110,7 +119,6 @@ class ConvolutionRule(LayerRule):
         top: Shape = (*bottom[:channel_axis], num_output, *spatial_out)
         kernel_dim = conv_in_channels // group * count_of(kernel)
         conv_out_spatial = count_of(spatial_in if reverse else spatial_out)
-        uses_dilation = any(d > 1 for d in dilation)
         return LayerSetup(
             tops=[top] * len(ctx.bottoms),
             params=params,
@@ -119,7 +127,7 @@ class ConvolutionRule(LayerRule):
                 "col_buffer": kernel_dim * group * conv_out_spatial,
                 "bias_multiplier": count_of(spatial_out) if p.bias_term else 0,
                 "group": group,
-                "cudnn": p.engine in (p.DEFAULT, p.CUDNN) and not uses_dilation,
+                "cudnn": _uses_cudnn(ctx),
                 "num_bottoms": len(ctx.bottoms),
             },
         )
@@ -143,14 +151,67 @@ class ConvolutionRule(LayerRule):
         bottom_gradient = ctx.phase == "TRAIN" and ctx.need_backward and any(ctx.bottom_need_backward)
         if not d["is_1x1"] or reverse or bottom_gradient:
             buffers.append(Buffer("col_buffer", d["col_buffer"]))
-        if d["bias_multiplier"] and engine in (ENGINE_CPU, ENGINE_GPU):
+        if d["bias_multiplier"]:
             buffers.append(Buffer("bias_multiplier", d["bias_multiplier"]))
         return buffers
 
 
+def pooled_size(
+    ctx: LayerContext, size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, padded: bool, axis: str,
+    field: str,
+) -> int:
+    """PoolingLayer::Reshape for one spatial axis: ceil (or floor) of the window count, then the last window
+    clipped when it would start in the padding (`padded`: any pad, on either axis)."""
+    span = size + 2 * pad - kernel
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if padded:
+        if (out - 1) * stride >= size + pad:
+            out -= 1
+        if (out - 1) * stride >= size + pad:
+            raise ctx.error(
+                f"the last pooling window on the {axis} would start in the padding ({out} windows of stride "
+                f"{stride} over {size} + pad {pad})",
+                field=field,
+            )
+    if out <= 0:
+        raise ctx.error(f"kernel {kernel} exceeds the padded input {axis} {size + 2 * pad}", field=field)
+    return out
+
+
+def pooled_shape(
+    ctx: LayerContext, bottom: Shape, kernel: tuple[int, int], pad: tuple[int, int], stride: tuple[int, int],
+    method: int, ceil_mode: bool, prefix: str,
+) -> Shape:
+    """PoolingLayer::LayerSetUp's CHECKs and Reshape's output shape, for Pooling and SPP's inner poolings."""
+    if len(bottom) != 4:
+        raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+    if kernel[0] <= 0 or kernel[1] <= 0:
+        raise ctx.error("filter dimensions cannot be zero", field=f"{prefix}.kernel_size")
+    if stride[0] <= 0 or stride[1] <= 0:
+        raise ctx.error("stride must be positive", field=f"{prefix}.stride")
+    padded = bool(pad[0] or pad[1])
+    if padded:
+        p = ctx.param.pooling_param
+        if method not in (p.AVE, p.MAX):
+            raise ctx.error("padding is implemented only for average and max pooling", field=f"{prefix}.pad")
+        if pad[0] >= kernel[0] or pad[1] >= kernel[1]:
+            raise ctx.error(
+                f"pad {pad[0]} x {pad[1]} must be smaller than the kernel {kernel[0]} x {kernel[1]}",
+                field=f"{prefix}.pad",
+            )
+    height = pooled_size(ctx, bottom[2], kernel[0], pad[0], stride[0], ceil_mode, padded, "height",
+                         f"{prefix}.kernel_size")
+    width = pooled_size(ctx, bottom[3], kernel[1], pad[1], stride[1], ceil_mode, padded, "width",
+                        f"{prefix}.kernel_size")
+    return (bottom[0], bottom[1], height, width)
+
+
 @layer_rule("Pooling")
 class PoolingRule(LayerRule):
-    """PoolingLayer (this tree's, with `ceil_mode`): MAX keeps an int index per output unless a mask top exists."""
+    """PoolingLayer (this tree's, with `ceil_mode`): MAX keeps an int index per output unless a mask top exists.
+
+    Under cuDNN, BVLC's layer factory still builds Caffe's own PoolingLayer for MAX pooling (and for a mask
+    top): only AVE and STOCHASTIC pooling run in CuDNNPoolingLayer, which keeps no index."""
 
     bottoms = Count(exact=1)
     tops = Count(minimum=1, maximum=2)
@@ -166,52 +227,118 @@ class PoolingRule(LayerRule):
             kernel_h, kernel_w = bottom[2], bottom[3]
         else:
             if p.HasField("kernel_size") == (p.HasField("kernel_h") and p.HasField("kernel_w")):
-                raise ctx.error("give kernel_size or kernel_h and kernel_w", field="pooling_param.kernel_size")
+                raise ctx.error(
+                    "give kernel_size, or kernel_h and kernel_w (both, for a non-square filter)",
+                    field="pooling_param.kernel_size",
+                )
             kernel_h, kernel_w = (p.kernel_size, p.kernel_size) if p.HasField("kernel_size") else (p.kernel_h, p.kernel_w)
-        if kernel_h <= 0 or kernel_w <= 0:
-            raise ctx.error("filter dimensions cannot be zero", field="pooling_param.kernel_size")
+        if not ((not p.HasField("pad") and p.HasField("pad_h") and p.HasField("pad_w"))
+                or (not p.HasField("pad_h") and not p.HasField("pad_w"))):
+            raise ctx.error("give pad, or pad_h and pad_w (both)", field="pooling_param.pad")
+        if not ((not p.HasField("stride") and p.HasField("stride_h") and p.HasField("stride_w"))
+                or (not p.HasField("stride_h") and not p.HasField("stride_w"))):
+            raise ctx.error("give stride, or stride_h and stride_w (both)", field="pooling_param.stride")
         pad_h, pad_w = (p.pad_h, p.pad_w) if p.HasField("pad_h") else (p.pad, p.pad)
         stride_h, stride_w = (p.stride_h, p.stride_w) if p.HasField("stride_h") else (p.stride, p.stride)
-        if stride_h <= 0 or stride_w <= 0:
-            raise ctx.error("stride must be positive", field="pooling_param.stride")
+        if kernel_h <= 0 or kernel_w <= 0:
+            raise ctx.error("filter dimensions cannot be zero", field="pooling_param.kernel_size")
         if p.global_pooling and (pad_h or pad_w or stride_h != 1 or stride_w != 1):
             raise ctx.error("with global_pooling only pad = 0 and stride = 1 are allowed", field="pooling_param")
-        if pad_h or pad_w:
-            if p.pool not in (p.AVE, p.MAX):
-                raise ctx.error("padding is implemented only for average and max pooling", field="pooling_param.pad")
-            if pad_h >= kernel_h or pad_w >= kernel_w:
-                raise ctx.error("pad must be smaller than the kernel", field="pooling_param.pad")
-        pooled = []
-        for size, kernel, pad, stride, name in (
-            (bottom[2], kernel_h, pad_h, stride_h, "height"),
-            (bottom[3], kernel_w, pad_w, stride_w, "width"),
-        ):
-            span = size + 2 * pad - kernel
-            out = (-(-span // stride) if p.ceil_mode else span // stride) + 1
-            if pad and (out - 1) * stride >= size + pad:
-                out -= 1
-            if out <= 0:
-                raise ctx.error(
-                    f"kernel {kernel} exceeds the padded input {name} {size + 2 * pad}", field="pooling_param.kernel_size"
-                )
-            pooled.append(out)
-        top: Shape = (bottom[0], bottom[1], *pooled)
+        top = pooled_shape(
+            ctx, bottom, (kernel_h, kernel_w), (pad_h, pad_w), (stride_h, stride_w), p.pool, p.ceil_mode,
+            "pooling_param",
+        )
+        mask_top = len(ctx.param.top) > 1
+        cudnn = p.engine in (p.DEFAULT, p.CUDNN) and not mask_top and p.pool != p.MAX
         return LayerSetup(
             tops=[top] * len(ctx.param.top),
-            details={"method": p.pool, "mask_top": len(ctx.param.top) > 1, "cudnn": p.engine in (p.DEFAULT, p.CUDNN)},
+            details={"method": p.pool, "mask_top": mask_top, "cudnn": cudnn},
         )
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
         d = setup.details
-        p = ctx.param.pooling_param
-        if engine == ENGINE_CUDNN and d["cudnn"] and not d["mask_top"]:
+        if engine == ENGINE_CUDNN and d["cudnn"]:
             return []  # CuDNNPoolingLayer keeps no index
-        count = count_of(setup.tops[0])
-        if d["method"] == p.MAX and not d["mask_top"]:
-            return [Buffer("max_idx", count, INT_BYTES)]
-        if d["method"] == p.STOCHASTIC and engine != ENGINE_CPU:
-            return [Buffer("rand_idx", count)]
-        return []
+        return pooling_buffers(ctx, d["method"], d["mask_top"], count_of(setup.tops[0]), engine)
+
+
+def pooling_buffers(ctx: LayerContext, method: int, mask_top: bool, count: int, engine: str) -> list[Buffer]:
+    """Caffe's PoolingLayer: max_idx_ for MAX without a mask top; rand_idx_ for STOCHASTIC, written by the GPU
+    forward only (Forward_cpu has no stochastic pooling)."""
+    p = ctx.param.pooling_param
+    if method == p.MAX and not mask_top:
+        return [Buffer("max_idx", count, INT_BYTES)]
+    if method == p.STOCHASTIC and engine != ENGINE_CPU:
+        return [Buffer("rand_idx", count)]
+    return []
+
+
+@layer_rule("SPP")
+class SPPRule(LayerRule):
+    """SPPLayer: for each pyramid level i, a pooling into 2^i x 2^i bins (kernel and pad chosen to cover the
+    input), flattened and concatenated along the channels; with one level, a single pooling into the top.
+
+    Its inner layers are Caffe's own (never cuDNN): a Split of the bottom (one diff per level in backward), one
+    pooling output per level (data, and diff in backward, shared with its Flatten), and each pooling's index.
+    Caffe's own SPP tests stop at pyramid_height 3 for a reason: a level with more bins than pixels needs a pad
+    no smaller than its kernel, which PoolingLayer refuses."""
+
+    bottoms = Count(exact=1)
+    tops = Count(exact=1)
+
+    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+        return False
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        p = ctx.param.spp_param
+        bottom = ctx.bottoms[0]
+        if len(bottom) != 4:
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+        if bottom[2] <= 0 or bottom[3] <= 0:
+            raise ctx.error(f"input dimensions cannot be zero, got {list(bottom)}")
+        levels = ctx.positive(p.pyramid_height, "spp_param.pyramid_height")
+        pool = {p.MAX: ctx.param.pooling_param.MAX, p.AVE: ctx.param.pooling_param.AVE,
+                p.STOCHASTIC: ctx.param.pooling_param.STOCHASTIC}[p.pool]
+        outputs: list[Shape] = []
+        for level in range(levels):
+            bins = 2**level
+            kernel_h, kernel_w = -(-bottom[2] // bins), -(-bottom[3] // bins)
+            pad_h, pad_w = (kernel_h * bins - bottom[2] + 1) // 2, (kernel_w * bins - bottom[3] + 1) // 2
+            try:
+                outputs.append(
+                    pooled_shape(ctx, bottom, (kernel_h, kernel_w), (pad_h, pad_w), (kernel_h, kernel_w), pool, True,
+                                 "spp_param")
+                )
+            except ShapeError as error:
+                raise ctx.error(
+                    f"pyramid level {level} ({bins} x {bins} bins over {bottom[2]} x {bottom[3]}): {error.message}",
+                    field="spp_param.pyramid_height",
+                ) from None
+        if levels == 1:
+            top: Shape = outputs[0]
+        else:
+            top = (bottom[0], sum(count_of(shape[1:]) for shape in outputs))
+        return LayerSetup(tops=[top], details={"outputs": outputs, "pool": pool})
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        outputs: list[Shape] = setup.details["outputs"]
+        pool = setup.details["pool"]
+        if len(outputs) == 1:
+            return pooling_buffers(ctx, pool, False, count_of(outputs[0]), engine)
+        # Backward returns at once unless the bottom needs a gradient; then each level's pooling output gets a
+        # diff (shared with its Flatten) and each split top a diff of the bottom's size.
+        training = ctx.phase == "TRAIN" and ctx.need_backward and any(ctx.bottom_need_backward)
+        buffers = []
+        for level, shape in enumerate(outputs):
+            buffers.append(Buffer(f"level{level}.pooled", count_of(shape)))
+            if training:
+                buffers.append(Buffer(f"level{level}.pooled.diff", count_of(shape)))
+                buffers.append(Buffer(f"level{level}.split.diff", count_of(ctx.bottoms[0])))
+            buffers += [
+                Buffer(f"level{level}.{b.name}", b.count, b.itemsize)
+                for b in pooling_buffers(ctx, pool, False, count_of(shape), engine)
+            ]
+        return buffers
 
 
 @layer_rule("LRN")
@@ -245,6 +372,8 @@ class LRNRule(LayerRule):
         count = count_of(ctx.bottoms[0])
         cudnn = engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN)
         if p.norm_region == p.ACROSS_CHANNELS:
+            # GetLRNLayer keeps Caffe's own LRN when local_size exceeds CUDNN_LRN_MAX_N.
+            cudnn = cudnn and p.local_size <= CUDNN_LRN_MAX_N
             return [] if cudnn else [Buffer("scale", count)]
         if cudnn:
             return [Buffer("lcn_temp", 2 * count)]  # CuDNNLCNLayer's two temporaries of the input's size
@@ -312,9 +441,10 @@ class CropRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.crop_param
         bottom, reference = ctx.bottoms
-        if len(bottom) != len(reference):
+        if len(reference) < len(bottom):
             raise ctx.error(
-                f"bottoms must have the same number of axes ({list(bottom)} vs {list(reference)})", field="bottom"
+                f"bottom 1 {list(reference)} must have at least the {len(bottom)} axes of bottom 0 {list(bottom)}",
+                field="bottom",
             )
         axis = ctx.canonical_axis(p.axis, len(bottom), "crop_param.axis")
         cropped = len(bottom) - axis
