@@ -339,6 +339,8 @@ ERRORS = [
                  'r', 'bottom', id='reindex_index'),
     pytest.param('layer { name: "c" type: "ReLU" bottom: "nope" top: "c" }',
                  'c', 'bottom', id='unknown_bottom'),
+    pytest.param('layer { name: "i" type: "Im2col" bottom: "v" top: "i" convolution_param { kernel_size: 1 } }',
+                 'i', 'axis', id='im2col_no_spatial_axis'),
 ]
 
 

@@ -406,6 +406,9 @@ class Im2colRule(LayerRule):
         bottom = ctx.bottoms[0]
         channel_axis = ctx.canonical_axis(p.axis, len(bottom), "convolution_param.axis")
         num_spatial = len(bottom) - channel_axis - 1
+        if num_spatial < 1:
+            raise ctx.error(f"the input {list(bottom)} has no spatial axis after the channel axis {channel_axis}",
+                            field="convolution_param.axis")
         kernel = spatial_param(
             ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
             "convolution_param.kernel_size",
