@@ -215,7 +215,9 @@ class ReshapeRule(LayerRule):
                 raise ctx.error(f"cannot infer -1 in {shape} for {total} elements", field="reshape_param.shape")
             shape[shape.index(-1)] = total // known
         if count_of(shape) != total:
-            raise ctx.error(f"output count {count_of(shape)} {shape} differs from the input count {total}")
+            raise ctx.error(
+                f"output count {count_of(shape)} {shape} differs from the input count {total}", field="reshape_param.shape"
+            )
         return LayerSetup(tops=[tuple(shape)], data_views={0: 0}, diff_views={0: 0})
 
 
@@ -290,7 +292,7 @@ class BatchNormRule(LayerRule):
         bottom = ctx.bottoms[0]
         if len(bottom) < 2:
             # LayerSetUp takes 1 channel for a 1-axis bottom, but Reshape then reads shape(1) and aborts.
-            raise ctx.error(f"input must have at least 2 axes (num, channels, ...), got {list(bottom)}")
+            raise ctx.error(f"input must have at least 2 axes (num, channels, ...), got {list(bottom)}", field="bottom")
         channels = bottom[1]
         return LayerSetup(tops=[bottom], params=[(channels,), (channels,), (1,)], details={"channels": channels})
 

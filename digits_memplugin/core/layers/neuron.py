@@ -56,7 +56,7 @@ class PReLURule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         bottom = ctx.bottoms[0]
         if len(bottom) < 2:
-            raise ctx.error(f"input must have at least 2 axes, got {list(bottom)}")
+            raise ctx.error(f"input must have at least 2 axes, got {list(bottom)}", field="bottom")
         shared = ctx.param.prelu_param.channel_shared
         return LayerSetup(tops=[bottom], params=[() if shared else (bottom[1],)])
 

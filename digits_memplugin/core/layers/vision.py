@@ -184,7 +184,7 @@ def pooled_shape(
 ) -> Shape:
     """PoolingLayer::LayerSetUp's CHECKs and Reshape's output shape, for Pooling and SPP's inner poolings."""
     if len(bottom) != 4:
-        raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+        raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}", field="bottom")
     if kernel[0] <= 0 or kernel[1] <= 0:
         raise ctx.error("filter dimensions cannot be zero", field=f"{prefix}.kernel_size")
     if stride[0] <= 0 or stride[1] <= 0:
@@ -220,7 +220,7 @@ class PoolingRule(LayerRule):
         p = ctx.param.pooling_param
         bottom = ctx.bottoms[0]
         if len(bottom) != 4:
-            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}", field="bottom")
         if p.global_pooling:
             if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
                 raise ctx.error("with global_pooling the filter size cannot be given", field="pooling_param")
@@ -293,9 +293,9 @@ class SPPRule(LayerRule):
         p = ctx.param.spp_param
         bottom = ctx.bottoms[0]
         if len(bottom) != 4:
-            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}", field="bottom")
         if bottom[2] <= 0 or bottom[3] <= 0:
-            raise ctx.error(f"input dimensions cannot be zero, got {list(bottom)}")
+            raise ctx.error(f"input dimensions cannot be zero, got {list(bottom)}", field="bottom")
         levels = ctx.positive(p.pyramid_height, "spp_param.pyramid_height")
         pool = {p.MAX: ctx.param.pooling_param.MAX, p.AVE: ctx.param.pooling_param.AVE,
                 p.STOCHASTIC: ctx.param.pooling_param.STOCHASTIC}[p.pool]
@@ -354,7 +354,7 @@ class LRNRule(LayerRule):
             raise ctx.error("LRN only supports odd values for local_size", field="lrn_param.local_size")
         bottom = ctx.bottoms[0]
         if len(bottom) != 4:
-            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}")
+            raise ctx.error(f"input must have 4 axes (num, channels, height, width), got {list(bottom)}", field="bottom")
         details: dict[str, int] = {}
         if p.norm_region == p.WITHIN_CHANNEL:
             pad = (p.local_size - 1) // 2
