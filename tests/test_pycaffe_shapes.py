@@ -103,6 +103,15 @@ layer { name: "conv" type: "Convolution" bottom: "double" top: "conv" convolutio
     assert net.params[0].shape == (1, 6, 3, 3)
 
 
+def test_without_an_oracle_a_python_layer_with_bottoms_says_why_it_is_unsupported() -> None:
+    text = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "m" layer: "L" } }
+"""
+    with pytest.raises(UnsupportedLayerError, match="a Python layer with bottoms computes its own top shapes"):
+        build_net(parse_net(text), "TEST")
+
+
 def test_a_python_layer_that_cannot_be_imported_names_the_exception() -> None:
     text = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }

@@ -288,6 +288,7 @@ def build_net(
         )
         from_oracle = False
         setup = None
+        unsupported: str | None = None
         if rule is not None:
             rule.bottoms.check(len(bottom_ids), "bottom", ctx)
             num_tops = len(param.top)
@@ -296,12 +297,13 @@ def build_net(
             rule.tops.check(num_tops, "top", ctx)
             try:
                 setup = rule.setup(ctx)
-            except DeferToPycaffe:
+            except DeferToPycaffe as deferred:
                 rule = None
+                unsupported = f"{deferred}; only pycaffe can shape it" if str(deferred) else None
         if setup is None:
             if oracle is None:
                 raise UnsupportedLayerError(
-                    "layer type is not known to the estimator (and no pycaffe fallback was given)",
+                    (unsupported or "layer type is not known to the estimator") + " (and no pycaffe fallback was given)",
                     source=source, line=line, layer=param.name, layer_type=param.type, field="type",
                 )
             if oracle_shapes is None:

@@ -285,7 +285,7 @@ class PythonRule(LayerRule):
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         if ctx.bottoms:
-            raise DeferToPycaffe()
+            raise DeferToPycaffe("a Python layer with bottoms computes its own top shapes")
         shapes = []
         for top in ctx.param.top:
             spec = _spec(ctx, top, f"Python layer {ctx.param.python_param.module}.{ctx.param.python_param.layer}")
