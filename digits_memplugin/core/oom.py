@@ -1,0 +1,353 @@
+"""How a training attempt ended: success, cancelled, out of memory (retried), or another failure (not retried).
+
+Caffe does not raise on out-of-memory: a glog CHECK fails, glog prints an ``F`` line and the process aborts
+(SIGABRT, exit status 134; DIGITS showed "error code -6"). Each known way of running out of memory is one small
+predicate below that cites the message it matches (Lightning's utilities/memory.py does the same for PyTorch);
+`classify` combines them and pulls the numbers a message carries (bytes requested, free, total, device) into an
+`OutOfMemory` record the fallback policy recalibrates from. Anything unrecognised is "another failure" whose
+message is glog's ``F`` line, never a guess.
+
+Only the lines a dying process writes are examined (glog ``F`` and ``E`` lines, and lines that are not glog's
+own, such as a C++ terminate message or a Python traceback), so an "out of memory" in an INFO line or a layer
+name cannot pass for a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+SUCCESS: Final = "success"
+CANCELLED: Final = "cancelled"
+OUT_OF_MEMORY: Final = "out_of_memory"
+FAILED: Final = "failed"
+INTERRUPTED: Final = "interrupted"
+"""An attempt whose supervisor went away (the server was killed): neither retried nor failed, resumable."""
+
+Status = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted"]
+
+# A glog line: severity letter, date (MMDD, or YYYYMMDD since glog 0.7), time, thread id, file:line] message.
+GLOG_LINE = re.compile(r"^(?P<severity>[IWEF])(?:\d{8}|\d{4}) \d\d:\d\d:\d\d\.\d+\s+\d+ (?P<where>[^\]\s]+)\] ?(?P<text>.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+    """What an out-of-memory failure tells: which signature matched and the numbers its message carries."""
+
+    signature: str
+    """Name of the predicate that matched (`cuda_out_of_memory`, `host_allocation_failed`, ...)."""
+    device: Literal["gpu", "cpu"]
+    message: str
+    """A sentence for people, saying when the cause is only likely."""
+    ambiguous: bool = False
+    """The signature also has other causes (a cuDNN internal error, a SIGKILL): classified OOM, said so."""
+    requested_bytes: int | None = None
+    """The allocation that failed, when the message gives it."""
+    free_bytes: int | None = None
+    """Free memory on the device when it failed, when the message gives it."""
+    total_bytes: int | None = None
+    device_index: int | None = None
+    """The device number in the message (CUDA's numbering inside the child)."""
+    line: str | None = None
+    """The log line that matched."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The classification of one ended attempt."""
+
+    status: Status
+    message: str
+    out_of_memory: OutOfMemory | None = None
+    exit_code: int | None = None
+    """The process's exit status; None when a signal ended it."""
+    signal: str | None = None
+    """The name of the signal that ended it (SIGABRT, SIGKILL, ...)."""
+    fatal_line: str | None = None
+    """glog's F line, when the process wrote one."""
+
+    @property
+    def retry(self) -> bool:
+        """Only out-of-memory is worth another attempt with a smaller batch."""
+        return self.status == OUT_OF_MEMORY
+
+    def to_dict(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        document["out_of_memory"] = None if self.out_of_memory is None else self.out_of_memory.to_dict()
+        return document
+
+
+# --- the signatures: each takes one failure line, returns a record or None -------------------------------------
+
+Predicate = Callable[[str], OutOfMemory | None]
+PREDICATES: list[Predicate] = []
+
+
+def _predicate(function: Predicate) -> Predicate:
+    PREDICATES.append(function)
+    return function
+
+
+_CUDA_OOM = re.compile(r"Check failed: error == cudaSuccess \((\d+) vs\. 0\)\s+out of memory")
+
+
+@_predicate
+def cuda_out_of_memory(line: str) -> OutOfMemory | None:
+    """BVLC Caffe, syncedmem.cpp / common.cpp on cudaMalloc:
+    ``Check failed: error == cudaSuccess (2 vs. 0)  out of memory``."""
+    if _CUDA_OOM.search(line) is None:
+        return None
+    return OutOfMemory("cuda_out_of_memory", "gpu", "the GPU ran out of memory (cudaMalloc: out of memory)", line=line)
+
+
+@_predicate
+def cudnn_alloc_failed(line: str) -> OutOfMemory | None:
+    """cuDNN could not allocate its own memory: ``Check failed: status == CUDNN_STATUS_SUCCESS (2 vs. 0)
+    CUDNN_STATUS_ALLOC_FAILED``."""
+    if "CUDNN_STATUS_ALLOC_FAILED" not in line:
+        return None
+    return OutOfMemory(
+        "cudnn_alloc_failed", "gpu", "the GPU ran out of memory (cuDNN: CUDNN_STATUS_ALLOC_FAILED)", line=line
+    )
+
+
+@_predicate
+def cudnn_internal_error(line: str) -> OutOfMemory | None:
+    """cuDNN near the memory limit: ``Check failed: status == CUDNN_STATUS_SUCCESS (4 vs. 0)
+    CUDNN_STATUS_INTERNAL_ERROR``. Also a driver or library fault, hence ambiguous."""
+    if "CUDNN_STATUS_INTERNAL_ERROR" not in line:
+        return None
+    return OutOfMemory(
+        "cudnn_internal_error",
+        "gpu",
+        "cuDNN failed with CUDNN_STATUS_INTERNAL_ERROR: likely out of GPU memory (cuDNN reports this when it "
+        "cannot allocate near the limit), though a driver or library fault gives the same message",
+        ambiguous=True,
+        line=line,
+    )
+
+
+@_predicate
+def cudnn_execution_failed(line: str) -> OutOfMemory | None:
+    """cuDNN near the memory limit: ``... CUDNN_STATUS_EXECUTION_FAILED``. Also a kernel fault, hence ambiguous."""
+    if "CUDNN_STATUS_EXECUTION_FAILED" not in line:
+        return None
+    return OutOfMemory(
+        "cudnn_execution_failed",
+        "gpu",
+        "cuDNN failed with CUDNN_STATUS_EXECUTION_FAILED: likely out of GPU memory, though a failing kernel gives "
+        "the same message",
+        ambiguous=True,
+        line=line,
+    )
+
+
+_NV_FAILED = re.compile(r"Out of memory: failed to allocate (\d+) bytes on device (\d+)")
+
+
+@_predicate
+def nvcaffe_out_of_memory(line: str) -> OutOfMemory | None:
+    """NVcaffe's pooled allocator: ``Out of memory: failed to allocate N bytes on device D``."""
+    match = _NV_FAILED.search(line)
+    if match is None:
+        return None
+    requested, device = int(match.group(1)), int(match.group(2))
+    return OutOfMemory(
+        "nvcaffe_out_of_memory", "gpu", f"GPU {device} ran out of memory allocating {requested} bytes",
+        requested_bytes=requested, device_index=device, line=line,
+    )
+
+
+_NV_TOTAL = re.compile(r"Failed to allocate (\d+) bytes on device (\d+)\. Total memory: (\d+), Free: (\d+)")
+
+
+@_predicate
+def nvcaffe_failed_to_allocate(line: str) -> OutOfMemory | None:
+    """NVcaffe's GPUMemory::allocate: ``Failed to allocate N bytes on device D. Total memory: T, Free: F``."""
+    match = _NV_TOTAL.search(line)
+    if match is None:
+        return None
+    requested, device, total, free = (int(group) for group in match.groups())
+    return OutOfMemory(
+        "nvcaffe_failed_to_allocate", "gpu",
+        f"GPU {device} ran out of memory allocating {requested} bytes with {free} of {total} bytes free",
+        requested_bytes=requested, free_bytes=free, total_bytes=total, device_index=device, line=line,
+    )
+
+
+_NV_RESERVE = re.compile(r"Out of memory in safe_reserve: (\d+) > (\d+) \+ (\d+) on device (\d+)")
+
+
+@_predicate
+def nvcaffe_safe_reserve(line: str) -> OutOfMemory | None:
+    """NVcaffe's workspace: ``Out of memory in safe_reserve: A > B + C on device D`` (A wanted, B held, C free)."""
+    match = _NV_RESERVE.search(line)
+    if match is None:
+        return None
+    wanted, held, free, device = (int(group) for group in match.groups())
+    return OutOfMemory(
+        "nvcaffe_safe_reserve", "gpu",
+        f"GPU {device} ran out of memory growing a workspace to {wanted} bytes (held {held}, free {free})",
+        requested_bytes=wanted - held, free_bytes=free, device_index=device, line=line,
+    )
+
+
+_HOST_ALLOCATION = re.compile(r"Check failed: \*ptr host allocation of size (\d+) failed")
+
+
+@_predicate
+def host_allocation_failed(line: str) -> OutOfMemory | None:
+    """CPU mode, syncedmem.hpp CaffeMallocHost: ``Check failed: *ptr host allocation of size N failed``."""
+    match = _HOST_ALLOCATION.search(line)
+    if match is None:
+        return None
+    requested = int(match.group(1))
+    return OutOfMemory(
+        "host_allocation_failed", "cpu", f"host memory ran out allocating {requested} bytes (malloc failed)",
+        requested_bytes=requested, line=line,
+    )
+
+
+_PYTHON_MEMORY_ERROR = re.compile(r"^(?:\w+\.)*MemoryError\b")
+
+
+@_predicate
+def python_memory_error(line: str) -> OutOfMemory | None:
+    """The runner's Python code, or pycaffe translating std::bad_alloc: ``MemoryError`` (a traceback's last line,
+    or the runner's own error record)."""
+    if _PYTHON_MEMORY_ERROR.match(line.strip()) is None:
+        return None
+    return OutOfMemory("python_memory_error", "cpu", "host memory ran out (Python MemoryError)", line=line.strip())
+
+
+@_predicate
+def cpp_bad_alloc(line: str) -> OutOfMemory | None:
+    """C++ ``new`` failing: ``terminate called after throwing an instance of 'std::bad_alloc'`` (or its
+    ``what():  std::bad_alloc`` line)."""
+    if "std::bad_alloc" not in line:
+        return None
+    return OutOfMemory("cpp_bad_alloc", "cpu", "host memory ran out (std::bad_alloc)", line=line)
+
+
+def killed_by_oom_killer() -> OutOfMemory:
+    """A SIGKILL we did not send: on Linux that is almost always the kernel's out-of-memory killer."""
+    return OutOfMemory(
+        "sigkill",
+        "cpu",
+        "the process was killed with SIGKILL, which this server did not send: likely the kernel's out-of-memory "
+        "killer (the machine's or the container's memory ran out)",
+        ambiguous=True,
+    )
+
+
+# --- reading a log ---------------------------------------------------------------------------------------------
+
+
+def failure_lines(log: str | Iterable[str]) -> list[str]:
+    """The lines worth examining: glog's F and E lines and lines that are not glog's (terminate messages,
+    Python tracebacks), without glog's "Check failure stack trace" frames."""
+    lines = log.splitlines() if isinstance(log, str) else list(log)
+    kept = []
+    in_stack = False
+    for line in lines:
+        match = GLOG_LINE.match(line)
+        if match is not None:
+            in_stack = False
+            if match.group("severity") in "EF":
+                kept.append(line)
+            continue
+        if line.startswith("*** Check failure stack trace"):
+            in_stack = True
+            continue
+        if in_stack and line.startswith("    @ "):
+            continue
+        if line.strip():
+            kept.append(line)
+    return kept
+
+
+def fatal_line(log: str | Iterable[str]) -> str | None:
+    """The last glog F line (``F20261202 09:26:08.945708 20235 sgd_solvers.hpp:95] Check failed: ...``)."""
+    lines = log.splitlines() if isinstance(log, str) else list(log)
+    for line in reversed(lines):
+        match = GLOG_LINE.match(line)
+        if match is not None and match.group("severity") == "F":
+            return line
+    return None
+
+
+def find_out_of_memory(lines: Sequence[str]) -> OutOfMemory | None:
+    """The first signature found, the F line first (the cause), then the other lines from the end."""
+    fatal = fatal_line(lines)
+    ordered = ([fatal] if fatal is not None else []) + [line for line in reversed(lines) if line != fatal]
+    for line in ordered:
+        for predicate in PREDICATES:
+            found = predicate(line)
+            if found is not None:
+                return found
+    return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify(
+    returncode: int | None,
+    log: str,
+    *,
+    cancelled: bool = False,
+    finished: bool = False,
+    runner_error: Mapping[str, Any] | None = None,
+) -> Outcome:
+    """Classify an ended attempt.
+
+    `returncode` is Popen's (negative: killed by that signal; 128+N from a shell means the same), `log` the tail
+    of Caffe's log, `cancelled` whether we asked it to stop, `finished` whether the runner reported the end of
+    training, `runner_error` the runner's own error record ({"type": "MemoryError", "message": ...}).
+    """
+    code, killed_by = returncode, None
+    if returncode is not None and returncode < 0:
+        code, killed_by = None, -returncode
+    elif returncode is not None and returncode > 128 and returncode - 128 in (signal.SIGABRT, signal.SIGKILL):
+        code, killed_by = None, returncode - 128
+    signal_name = None if killed_by is None else _signal_name(killed_by)
+    lines = failure_lines(log)
+    if runner_error is not None:
+        lines.append(f"{runner_error.get('type', 'Error')}: {runner_error.get('message', '')}".rstrip(": "))
+    fatal = fatal_line(lines)
+
+    if returncode == 0 and finished and runner_error is None:
+        return Outcome(SUCCESS, "training finished", exit_code=0)
+    if cancelled:
+        return Outcome(CANCELLED, "cancelled", exit_code=code, signal=signal_name, fatal_line=fatal)
+
+    found = find_out_of_memory(lines)
+    if found is None and killed_by == signal.SIGKILL:
+        found = killed_by_oom_killer()
+    if found is not None:
+        return Outcome(OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
+
+    if fatal is not None:
+        message = GLOG_LINE.match(fatal)
+        text = message.group("text") if message else fatal
+        where = message.group("where") if message else None
+        return Outcome(
+            FAILED, f"{text} ({where})" if where else text, exit_code=code, signal=signal_name, fatal_line=fatal
+        )
+    if runner_error is not None:
+        return Outcome(FAILED, lines[-1], exit_code=code, signal=signal_name)
+    if returncode == 0:
+        return Outcome(FAILED, "the training process exited before training finished", exit_code=0)
+    if signal_name is not None:
+        return Outcome(FAILED, f"the training process was killed by {signal_name}", signal=signal_name)
+    return Outcome(FAILED, f"the training process exited with status {returncode}", exit_code=code)

@@ -1,0 +1,202 @@
+"""core.oom: every out-of-memory signature in DESIGN.md recognised from real-looking logs, with its numbers; any
+other failure reported by its glog F line; only out-of-memory retried. The real CPU failures are in test_jobs_*."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from digits_memplugin.core import oom
+
+# What Caffe writes before the F line: the real noise of a training log, including misleading words.
+PREAMBLE = """\
+I20261202 09:26:01.100000 20235 solver.cpp:45] Initializing solver from parameters:
+I20261202 09:26:01.200000 20235 net.cpp:84] Creating Layer out_of_memory_probe
+I20261202 09:26:01.300000 20235 net.cpp:127] Top shape: 64 20 24 24 (737280) out of memory budget? no
+W20261202 09:26:02.000000 20235 blocking_queue.cpp:50] Data layer prefetch queue empty
+"""
+STACK = """\
+*** Check failure stack trace: ***
+    @     0x7f2ab2c1e1dd  google::LogMessage::Fail()
+    @     0x7f2ab2c23a4f  google::LogMessage::SendToLog()
+    @     0x7f2ab3a1c3f0  caffe::SyncedMemory::mutable_gpu_data()
+"""
+
+
+def log_with(fatal: str) -> str:
+    return PREAMBLE + fatal + "\n" + STACK
+
+
+# (log text, signature, device, ambiguous, requested, free, total, device index)
+SIGNATURES = [
+    (
+        log_with("F20261202 09:26:08.945708 20235 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  "
+                 "out of memory"),
+        "cuda_out_of_memory", "gpu", False, None, None, None, None,
+    ),
+    (
+        # Old glog (before 0.7) writes MMDD without the year.
+        log_with("F1202 09:26:08.945708 20235 common.cpp:152] Check failed: error == cudaSuccess (2 vs. 0)  "
+                 "out of memory"),
+        "cuda_out_of_memory", "gpu", False, None, None, None, None,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 cudnn_conv_layer.cpp:52] Check failed: status == "
+                 "CUDNN_STATUS_SUCCESS (2 vs. 0)  CUDNN_STATUS_ALLOC_FAILED"),
+        "cudnn_alloc_failed", "gpu", False, None, None, None, None,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 cudnn_conv_layer.cu:28] Check failed: status == "
+                 "CUDNN_STATUS_SUCCESS (4 vs. 0)  CUDNN_STATUS_INTERNAL_ERROR"),
+        "cudnn_internal_error", "gpu", True, None, None, None, None,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 cudnn_conv_layer.cu:43] Check failed: status == "
+                 "CUDNN_STATUS_SUCCESS (8 vs. 0)  CUDNN_STATUS_EXECUTION_FAILED"),
+        "cudnn_execution_failed", "gpu", True, None, None, None, None,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 gpu_memory.cpp:171] Out of memory: failed to allocate "
+                 "1073741824 bytes on device 1"),
+        "nvcaffe_out_of_memory", "gpu", False, 1073741824, None, None, 1,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 gpu_memory.hpp:37] Failed to allocate 536870912 bytes on device 0. "
+                 "Total memory: 12788498432, Free: 318767104, dev_info[0]: total=12788498432 free=318767104"),
+        "nvcaffe_failed_to_allocate", "gpu", False, 536870912, 318767104, 12788498432, 0,
+    ),
+    (
+        log_with("F20261202 09:26:08.945708 20235 gpu_memory.cpp:120] Out of memory in safe_reserve: 402653184 > "
+                 "134217728 + 104857600 on device 2"),
+        "nvcaffe_safe_reserve", "gpu", False, 268435456, 104857600, None, 2,
+    ),
+    (
+        # A real line of this pycaffe under RLIMIT_DATA (see test_jobs_runner.py for the real failure).
+        log_with("F20261202 09:49:10.893952   927 syncedmem.hpp:25] Check failed: *ptr host allocation of size "
+                 "11796480 failed"),
+        "host_allocation_failed", "cpu", False, 11796480, None, None, None,
+    ),
+    (
+        PREAMBLE + "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
+        "cpp_bad_alloc", "cpu", False, None, None, None, None,
+    ),
+    (
+        PREAMBLE + "Traceback (most recent call last):\n  File \"runner.py\", line 10, in <module>\n"
+        "    outputs = numpy.zeros(big)\nnumpy.core._exceptions._ArrayMemoryError: Unable to allocate\nMemoryError\n",
+        "python_memory_error", "cpu", False, None, None, None, None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("log", "signature", "device", "ambiguous", "requested", "free", "total", "index"),
+    SIGNATURES,
+    ids=[case[1] + (f"-{i}" if i == 1 else "") for i, case in enumerate(SIGNATURES)],
+)
+def test_each_signature_is_out_of_memory_with_its_numbers(
+    log: str, signature: str, device: str, ambiguous: bool, requested: int | None, free: int | None,
+    total: int | None, index: int | None,
+) -> None:
+    outcome = oom.classify(-signal.SIGABRT, log)
+    assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry
+    found = outcome.out_of_memory
+    assert found is not None
+    assert (found.signature, found.device, found.ambiguous) == (signature, device, ambiguous)
+    assert (found.requested_bytes, found.free_bytes, found.total_bytes, found.device_index) == (
+        requested, free, total, index,
+    )
+    assert outcome.signal == "SIGABRT" and outcome.exit_code is None
+    if ambiguous:
+        assert "likely" in found.message
+
+
+def test_exit_status_134_reads_as_sigabrt() -> None:
+    """A shell in between reports SIGABRT as 134 (DIGITS showed the same death as "error code -6")."""
+    outcome = oom.classify(134, SIGNATURES[0][0])
+    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.signal == "SIGABRT"
+
+
+def test_the_runner_memory_error_record_is_out_of_memory() -> None:
+    outcome = oom.classify(3, PREAMBLE, runner_error={"type": "MemoryError", "message": "std::bad_alloc"})
+    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.out_of_memory is not None and outcome.out_of_memory.signature == "python_memory_error"
+
+
+def test_a_sigkill_we_did_not_send_is_likely_the_oom_killer() -> None:
+    outcome = oom.classify(-signal.SIGKILL, PREAMBLE)
+    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.out_of_memory is not None
+    assert outcome.out_of_memory.ambiguous and "likely" in outcome.out_of_memory.message
+    assert outcome.signal == "SIGKILL"
+
+
+def test_our_cancel_is_cancelled_whatever_the_signal() -> None:
+    for code in (-signal.SIGTERM, -signal.SIGKILL):
+        outcome = oom.classify(code, PREAMBLE, cancelled=True)
+        assert outcome.status == oom.CANCELLED and not outcome.retry
+
+
+def test_success_needs_exit_zero_and_the_runner_saying_it_finished() -> None:
+    assert oom.classify(0, PREAMBLE, finished=True).status == oom.SUCCESS
+    early = oom.classify(0, PREAMBLE, finished=False)
+    assert early.status == oom.FAILED and "before training finished" in early.message
+
+
+OTHER_FAILURE = (
+    PREAMBLE
+    + "F20261202 09:26:08.945708 20235 sgd_solvers.hpp:95] Check failed: "
+    "history_[param_id]->shape() == net_params[param_id]->shape()\n" + STACK
+)
+
+
+def test_another_failure_is_reported_by_its_f_line_and_not_retried() -> None:
+    outcome = oom.classify(-signal.SIGABRT, OTHER_FAILURE)
+    assert outcome.status == oom.FAILED and not outcome.retry
+    assert outcome.out_of_memory is None
+    assert outcome.fatal_line is not None and outcome.fatal_line.startswith("F20261202 09:26:08.945708 20235")
+    assert outcome.message == (
+        "Check failed: history_[param_id]->shape() == net_params[param_id]->shape() (sgd_solvers.hpp:95)"
+    )
+
+
+def test_words_in_info_lines_and_layer_names_are_not_failures() -> None:
+    """PREAMBLE says "out_of_memory" and "out of memory" in INFO lines: no signature may match them."""
+    assert oom.find_out_of_memory(oom.failure_lines(PREAMBLE)) is None
+    outcome = oom.classify(-signal.SIGSEGV, PREAMBLE)
+    assert outcome.status == oom.FAILED
+    assert outcome.message == "the training process was killed by SIGSEGV"
+
+
+def test_an_unknown_exit_without_f_line_says_only_what_is_known() -> None:
+    outcome = oom.classify(7, PREAMBLE)
+    assert (outcome.status, outcome.exit_code, outcome.message) == (
+        oom.FAILED, 7, "the training process exited with status 7",
+    )
+
+
+def test_glog_stack_frames_are_not_examined() -> None:
+    frames = "*** Check failure stack trace: ***\n    @     0x1  caffe::std::bad_alloc_handler()\n"
+    assert oom.failure_lines(frames) == []
+
+
+def test_outcomes_serialise_to_json_shapes() -> None:
+    document = oom.classify(-signal.SIGABRT, SIGNATURES[6][0]).to_dict()
+    assert document["status"] == "out_of_memory"
+    assert document["out_of_memory"]["free_bytes"] == 318767104
+    assert set(document) == {"status", "message", "out_of_memory", "exit_code", "signal", "fatal_line"}
+
+
+def test_the_core_imports_no_server_modules() -> None:
+    """core.oom, core.fallback and core.schedule load without Flask, gevent, pynvml, sqlite3 or subprocess."""
+    code = (
+        "import sys\n"
+        "import digits_memplugin.core.oom, digits_memplugin.core.fallback, digits_memplugin.core.schedule\n"
+        "bad = {'flask', 'gevent', 'pynvml', 'sqlite3', 'subprocess'} & set(sys.modules)\n"
+        "print(sorted(bad))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
