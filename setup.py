@@ -28,6 +28,7 @@ setup(
         "digits_memplugin.templates": ["**/*.html"],
         "digits_memplugin.static": ["**/*"],
         "digits_memplugin": ["py.typed"],
+        "digits_memplugin.networks": ["*.prototxt"],
     },
     include_package_data=False,
     zip_safe=False,

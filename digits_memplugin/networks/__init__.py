@@ -1,0 +1,68 @@
+"""The standard networks the package ships, as DIGITS offers its own on the "New model" page.
+
+Each is a train/val prototxt in the DIGITS style (data layers ``train-data`` and ``val-data`` chosen by the stages
+``train`` and ``val``; a classifier without ``num_output``, which gets the dataset's number of classes), with a
+note of the dataset it expects, so that the form can fill in the item shape and class count the estimate needs.
+The definitions were written for this package; they read no file outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from importlib import resources
+
+
+@dataclasses.dataclass(frozen=True)
+class StandardNetwork:
+    key: str
+    """What the form and the JSON API call it (``lenet``)."""
+    title: str
+    filename: str
+    description: str
+    item_shape: tuple[int, ...]
+    """One dataset item as stored (channels, height, width): the estimate's data shape for the top ``data``."""
+    classes: int
+    """The class count of the dataset it was written for; DIGITS takes the real one from the dataset."""
+    dataset: str
+    """The dataset it expects, in words."""
+
+    @property
+    def text(self) -> str:
+        """The prototxt, read from the installed package once."""
+        return _read(self.filename)
+
+
+@cache
+def _read(filename: str) -> str:
+    return resources.files(__name__).joinpath(filename).read_text(encoding="utf-8")
+
+
+STANDARD_NETWORKS: tuple[StandardNetwork, ...] = (
+    StandardNetwork(
+        key="lenet",
+        title="LeNet",
+        filename="lenet.prototxt",
+        description="Two convolutions and two fully connected layers: small, for 28 x 28 grey-scale digits.",
+        item_shape=(1, 28, 28),
+        classes=10,
+        dataset="28 x 28 grey-scale images (1,28,28) such as MNIST, 10 classes",
+    ),
+    StandardNetwork(
+        key="alexnet",
+        title="AlexNet-sized",
+        filename="alexnet.prototxt",
+        description="Five convolutions, three fully connected layers, ~62 M parameters: 227 x 227 crops of colour images.",
+        item_shape=(3, 256, 256),
+        classes=1000,
+        dataset="colour images stored at 256 x 256 (3,256,256), cropped to 227 x 227; 1000 classes for ImageNet",
+    ),
+)
+
+
+def standard_network(key: str) -> StandardNetwork:
+    """The shipped network called `key`; KeyError naming the known ones otherwise."""
+    for network in STANDARD_NETWORKS:
+        if network.key == key:
+            return network
+    raise KeyError(f"no standard network {key!r} (known: {', '.join(n.key for n in STANDARD_NETWORKS)})")
