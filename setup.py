@@ -35,6 +35,9 @@ setup(
     install_requires=[
         "flask>=3.0,<4",
         "flask-socketio>=5.3,<6",
+        # CSRF tokens and validation for the "New model" form.
+        "flask-wtf>=1.2,<2",
+        "wtforms>=3.3,<4",
         "simple-websocket>=1.0,<2",
         "gevent>=23.9",
         "nvidia-ml-py>=12.535,<14",
@@ -53,6 +56,8 @@ setup(
             "lmdb>=1.4",
             "ruff>=0.6",
             "mypy>=1.10",
+            # Drives Debian's Chromium (/usr/bin/chromium) in the browser tests; its own browser download is never used.
+            "playwright>=1.45,<2",
         ],
     },
     entry_points={"console_scripts": ["digits-memplugin=digits_memplugin.cli:main"]},

@@ -1,14 +1,16 @@
-"""HTML pages of the plugin."""
+"""HTML pages of the plugin, and what every page's template may use (the live-update settings among them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app, render_template, url_for
+from flask import Blueprint, current_app, render_template, request, url_for
+from flask_wtf.csrf import generate_csrf
 
 from .. import __version__
 from ..devices import DeviceList, is_simulated
 from ..sizes import format_size
+from . import model_page
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -41,15 +43,46 @@ def devices_page() -> str:
 
 
 def _page_context() -> dict[str, Any]:
-    """What every page of the plugin may use: whether the GPUs are simulated (a banner says so), byte formatting.
+    """What every page of the plugin may use: whether the GPUs are simulated (a banner says so), byte formatting,
+    the menu, where the live-update script connects, and a CSRF token for pages whose scripts post.
 
     App-wide, not blueprint-wide: the standalone app serves the home page at "/", outside the blueprint. The names
     carry the plugin's prefix so they cannot clash with a host app's own template variables.
     """
-    return {"memplugin_simulated": is_simulated(), "memplugin_size": format_size}
+    return {
+        "memplugin_simulated": is_simulated(),
+        "memplugin_size": format_size,
+        "memplugin_menu": _menu,
+        "memplugin_live": _live_settings,
+        "memplugin_csrf_token": generate_csrf,
+    }
+
+
+def _menu() -> list[tuple[str, str]]:
+    """The pages (not the API documents) whose feature is registered, as (href, label)."""
+    return [
+        (url_for(endpoint), label)
+        for endpoint, label, _ in PAGES
+        if endpoint in current_app.view_functions and ".api_" not in endpoint
+    ]
+
+
+def _live_settings() -> dict[str, str]:
+    """What static/js/memplugin.js needs to talk to this server: the socketio namespace and path, the API URLs.
+
+    The path is the host's: flask-socketio wraps the app's WSGI callable in middleware that knows it.
+    """
+    path = getattr(current_app.wsgi_app, "engineio_path", "/socket.io/")
+    return {
+        "namespace": current_app.extensions["memplugin"].settings.socketio_namespace,
+        "socketio_path": request.script_root + "/" + path.strip("/"),
+        "devices_url": url_for("memplugin.api_devices"),
+        "estimate_url": url_for("memplugin.api_estimate"),
+    }
 
 
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/", "home", home)
     blueprint.add_url_rule("/devices", "devices_page", devices_page)
+    model_page.register(blueprint)
     blueprint.app_context_processor(_page_context)

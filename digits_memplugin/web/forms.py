@@ -1,0 +1,359 @@
+"""The "New model" form: what a training job needs, asked the way DIGITS asks, validated by WTForms with CSRF.
+
+The field names are also the keys of the form's JSON twin (``POST <prefix>/models.json``), so a script and the page
+go through one validation. A valid form becomes a `ModelSpec`: the texts and settings the job manager will take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from flask_wtf import FlaskForm
+from flask_wtf.file import FileField
+from google.protobuf import text_format
+from werkzeug.datastructures import FileStorage, MultiDict
+from wtforms import Field, FloatField, IntegerField, RadioField, SelectField, StringField, TextAreaField
+from wtforms.fields.choices import SelectChoice
+from wtforms.fields.core import UnboundField
+from wtforms.validators import InputRequired, Length, NumberRange, Optional
+
+from ..core.estimate import EstimateRequest
+from ..core.proto import caffe_pb2
+from ..datasets import parse_shape
+from ..networks import STANDARD_NETWORKS, StandardNetwork, standard_network
+
+SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
+NO_MOMENTUM = frozenset({"AdaGrad", "RMSProp"})
+"""Caffe's AdaGrad and RMSProp solvers abort when momentum is set, so it is left out of their solver."""
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+NEEDS_GAMMA = frozenset({"step", "exp", "inv", "multistep", "sigmoid"})
+NEEDS_POWER = frozenset({"inv", "poly"})
+BATCH_AUTO = "auto"
+DEVICE_NEXT = "next"
+DEVICE_CPU = "cpu"
+MAX_BATCH = 2**31 - 1
+"""Caffe keeps blob dimensions in an int."""
+DATA_TOP = "data"
+"""The top of the data layers that gets the dataset's item shape (DIGITS names it so in every standard network)."""
+
+
+def _choices(*pairs: tuple[str, str] | str) -> list[SelectChoice]:
+    """Options as WTForms 3.3 wants them declared: a value, or (value, label)."""
+    return [SelectChoice(pair) if isinstance(pair, str) else SelectChoice(*pair) for pair in pairs]
+
+
+class NewModelForm(FlaskForm):  # type: ignore[misc]
+    """The fields of DIGITS' "New image classification model" page that matter for memory and for the job."""
+
+    model_name = StringField("Model name", validators=[InputRequired(), Length(max=200)])
+
+    network = RadioField(
+        "Network", choices=_choices(("standard", "Standard network"), ("custom", "Custom network")), default="standard"
+    )
+    standard_network = RadioField(
+        "Standard network", choices=_choices(*((n.key, n.title) for n in STANDARD_NETWORKS)),
+        default=STANDARD_NETWORKS[0].key,
+    )
+    custom_network = TextAreaField("Custom network (prototxt)", validators=[Length(max=4 * 1024 * 1024)])
+    custom_network_file = FileField("Or upload a prototxt file")
+
+    solver = RadioField(
+        "Solver", choices=_choices(("settings", "Solver settings"), ("file", "Solver file")), default="settings"
+    )
+    solver_type = SelectField("Solver type", choices=_choices(*SOLVER_TYPES), default="SGD")
+    base_lr = FloatField("Base learning rate", default=0.01, validators=[Optional(), NumberRange(min=0)])
+    lr_policy = SelectField("Learning rate policy", choices=_choices(*LR_POLICIES), default="step")
+    gamma = FloatField("Gamma", default=0.1, validators=[Optional(), NumberRange(min=0)])
+    power = FloatField("Power (inv, poly)", default=0.75, validators=[Optional(), NumberRange(min=0)])
+    stepsize = IntegerField("Step size (step)", default=3000, validators=[Optional(), NumberRange(min=1)])
+    stepvalues = StringField("Step values (multistep)", validators=[Optional(), Length(max=1000)])
+    momentum = FloatField("Momentum", default=0.9, validators=[Optional(), NumberRange(min=0, max=1)])
+    weight_decay = FloatField("Weight decay", default=0.0005, validators=[Optional(), NumberRange(min=0)])
+    max_iter = IntegerField("Training iterations", default=10000, validators=[Optional(), NumberRange(min=1)])
+    test_interval = IntegerField("Validation interval", default=500, validators=[Optional(), NumberRange(min=1)])
+    test_iter = IntegerField("Validation iterations", default=100, validators=[Optional(), NumberRange(min=1)])
+    snapshot = IntegerField("Snapshot interval", default=5000, validators=[Optional(), NumberRange(min=0)])
+    solver_text = TextAreaField("Solver (prototxt)", validators=[Length(max=1024 * 1024)])
+    solver_file = FileField("Or upload a solver file")
+
+    data_backend = SelectField(
+        "Dataset format", choices=_choices(("lmdb", "LMDB folder"), ("hdf5", "HDF5 list file")), default="lmdb"
+    )
+    train_source = StringField("Training data", validators=[InputRequired(), Length(max=4096)])
+    val_source = StringField("Validation data", validators=[Optional(), Length(max=4096)])
+    item_shape = StringField("Item shape", validators=[Optional(), Length(max=100)])
+    classes = IntegerField("Classes", validators=[Optional(), NumberRange(min=1, max=MAX_BATCH)])
+
+    batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
+    device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
+
+    def validate(self, extra_validators: Mapping[str, Any] | None = None) -> bool:
+        """Field checks, then the rules between fields (a custom network needs a text, a step policy a step size)."""
+        valid = bool(super().validate(extra_validators))
+        checks = (self._check_network, self._check_solver, self._check_data, self._check_batch)
+        for check in checks:
+            valid = check() and valid
+        return valid
+
+    def _fail(self, field: Field, message: str) -> bool:
+        field.errors = [*field.errors, message]
+        return False
+
+    def _check_network(self) -> bool:
+        if self.network.data != "custom":
+            return True
+        if self.custom_network_file.data or (self.custom_network.data or "").strip():
+            return True
+        return self._fail(self.custom_network, "paste a network definition or upload a prototxt file")
+
+    def _check_solver(self) -> bool:
+        if self.solver.data == "file":
+            if self.solver_file.data or (self.solver_text.data or "").strip():
+                return True
+            return self._fail(self.solver_text, "paste a solver definition or upload a solver file")
+        valid = True
+        required: list[Field] = [self.base_lr, self.max_iter, self.snapshot, self.weight_decay]
+        if self.solver_type.data not in NO_MOMENTUM:
+            required.append(self.momentum)
+        if self.lr_policy.data in NEEDS_GAMMA:
+            required.append(self.gamma)
+        if self.lr_policy.data in NEEDS_POWER:
+            required.append(self.power)
+        if self.lr_policy.data == "step":
+            required.append(self.stepsize)
+        if (self.val_source.data or "").strip():
+            required += [self.test_interval, self.test_iter]
+        for field in required:
+            if field.data is None and not field.errors:
+                by_policy = field in (self.gamma, self.power, self.stepsize)
+                valid = self._fail(field, f"required with the {self.lr_policy.data!r} policy" if by_policy else "required")
+        if self.lr_policy.data == "multistep":
+            try:
+                steps = _step_values(self.stepvalues.data or "")
+            except ValueError as error:
+                valid = self._fail(self.stepvalues, str(error))
+            else:
+                if not steps:
+                    valid = self._fail(self.stepvalues, "required with the 'multistep' policy")
+        return valid
+
+    def _check_data(self) -> bool:
+        text = (self.item_shape.data or "").strip()
+        if not text:
+            return True
+        try:
+            parse_shape(text)
+        except ValueError as error:
+            return self._fail(self.item_shape, str(error))
+        return True
+
+    def _check_batch(self) -> bool:
+        try:
+            parse_batch(self.batch_size.data)
+        except ValueError as error:
+            return self._fail(self.batch_size, str(error))
+        return True
+
+    def to_spec(self) -> ModelSpec:
+        """The validated form as a job's inputs; call after `validate()` returned True."""
+        network: StandardNetwork | None = None
+        if self.network.data == "custom":
+            net_text, net_source = self._text_of(self.custom_network_file, self.custom_network, "network.prototxt")
+        else:
+            network = standard_network(self.standard_network.data)
+            net_text, net_source = network.text, network.filename
+        settings: dict[str, Any] | None = None
+        if self.solver.data == "file":
+            solver_text, solver_source = self._text_of(self.solver_file, self.solver_text, "solver.prototxt")
+        else:
+            settings = self._solver_settings()
+            solver_text = solver_prototxt(settings, validation="test_iter" in settings)
+            solver_source = "solver settings"
+        shape = (self.item_shape.data or "").strip()
+        # Left empty with a standard network: the dataset it was written for (the page shows it as a placeholder).
+        item_shape = parse_shape(shape) if shape else (network.item_shape if network else None)
+        classes = self.classes.data if self.classes.data is not None else (network.classes if network else None)
+        return ModelSpec(
+            name=self.model_name.data.strip(),
+            network_key=network.key if network else None,
+            net_text=net_text,
+            net_source=net_source,
+            solver_text=solver_text,
+            solver_source=solver_source,
+            solver_settings=settings,
+            data_backend=self.data_backend.data,
+            train_source=self.train_source.data.strip(),
+            val_source=(self.val_source.data or "").strip() or None,
+            item_shape=item_shape,
+            classes=classes,
+            batch=parse_batch(self.batch_size.data),
+            device=self.device.data,
+        )
+
+    def _text_of(self, upload: FileField, pasted: TextAreaField, default_name: str) -> tuple[str, str]:
+        """An uploaded file wins over pasted text (DIGITS' order); the source name labels error messages."""
+        storage = upload.data
+        if isinstance(storage, FileStorage) and storage.filename:
+            raw = storage.read()
+            try:
+                return raw.decode("utf-8"), storage.filename
+            except UnicodeDecodeError:
+                raise FormError(upload.name, f"{storage.filename} is not UTF-8 text") from None
+        return pasted.data or "", default_name
+
+    def _solver_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "type": self.solver_type.data,
+            "base_lr": self.base_lr.data,
+            "lr_policy": self.lr_policy.data,
+            "weight_decay": self.weight_decay.data,
+            "max_iter": self.max_iter.data,
+            "snapshot": self.snapshot.data,
+        }
+        if self.solver_type.data not in NO_MOMENTUM:
+            settings["momentum"] = self.momentum.data
+        if self.lr_policy.data in NEEDS_GAMMA:
+            settings["gamma"] = self.gamma.data
+        if self.lr_policy.data in NEEDS_POWER:
+            settings["power"] = self.power.data
+        if self.lr_policy.data == "step":
+            settings["stepsize"] = self.stepsize.data
+        if self.lr_policy.data == "multistep":
+            settings["stepvalue"] = _step_values(self.stepvalues.data or "")
+        if (self.val_source.data or "").strip():
+            settings["test_interval"] = self.test_interval.data
+            settings["test_iter"] = self.test_iter.data
+        return settings
+
+    def errors_by_field(self) -> dict[str, str]:
+        """One message per field (WTForms keeps lists), the shape of DIGITS' JSON errors."""
+        return {name: "; ".join(str(m) for m in messages) for name, messages in self.errors.items() if messages}
+
+
+class FormError(ValueError):
+    """A field's value that only turns out wrong after validation (an upload that is not text)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def parse_batch(value: str | None) -> int | str | None:
+    """The batch field: empty (the net's own), "auto" (the largest that fits on the device), or a positive integer."""
+    text = (value or "").strip().lower()
+    if not text:
+        return None
+    if text == BATCH_AUTO:
+        return BATCH_AUTO
+    try:
+        batch = int(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a batch size: give a positive integer, or 'auto'") from None
+    if not 0 < batch <= MAX_BATCH:
+        raise ValueError(f"the batch size must be between 1 and {MAX_BATCH}, got {batch}")
+    return batch
+
+
+def _step_values(text: str) -> list[int]:
+    try:
+        steps = [int(part) for part in text.replace(" ", ",").split(",") if part]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of iterations: write them like 10000,20000") from None
+    if any(step <= 0 for step in steps) or steps != sorted(set(steps)):
+        raise ValueError("step values must be positive and increasing")
+    return steps
+
+
+def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
+    """Caffe's solver for the form's settings, with DIGITS' stages: the train net runs with stage "train" and the
+    validation net with stage "val". The job manager adds what depends on where the job runs (net, solver_mode,
+    snapshot_prefix)."""
+    solver = caffe_pb2.SolverParameter()
+    for name in ("type", "base_lr", "lr_policy", "gamma", "power", "stepsize", "momentum", "weight_decay", "max_iter",
+                 "snapshot"):
+        if settings.get(name) is not None:
+            setattr(solver, name, settings[name])
+    solver.stepvalue.extend(settings.get("stepvalue", []))
+    solver.display = 50
+    solver.train_state.stage.append("train")
+    if validation:
+        solver.test_iter.append(settings["test_iter"])
+        solver.test_interval = settings["test_interval"]
+        solver.test_state.add().stage.append("val")
+    return str(text_format.MessageToString(solver))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the form asks a training job to do; `to_json` is the "request" part of the planned-job document."""
+
+    name: str
+    network_key: str | None
+    """The standard network chosen, or None for a custom one."""
+    net_text: str
+    net_source: str
+    solver_text: str
+    solver_source: str
+    solver_settings: dict[str, Any] | None
+    data_backend: str
+    train_source: str
+    val_source: str | None
+    item_shape: tuple[int, ...] | None
+    classes: int | None
+    batch: int | str | None
+    device: str
+
+    def estimate_request(self, engine: str, free_bytes: int | None, batch: int | None = None) -> EstimateRequest:
+        """The estimate of this job on one device; `batch` None means the net's own batch."""
+        return EstimateRequest(
+            net=self.net_text,
+            solver=self.solver_text,
+            net_source=self.net_source,
+            solver_source=self.solver_source,
+            batch=batch,
+            engine=engine,
+            free_bytes=free_bytes,
+            data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
+            classes=self.classes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "network": {"standard": self.network_key, "source": self.net_source, "text": self.net_text},
+            "solver": {"settings": self.solver_settings, "source": self.solver_source, "text": self.solver_text},
+            "data": {
+                "backend": self.data_backend,
+                "train_source": self.train_source,
+                "val_source": self.val_source,
+                "item_shape": list(self.item_shape) if self.item_shape else None,
+                "classes": self.classes,
+            },
+            "batch_size": self.batch,
+            "device": self.device,
+        }
+
+
+def formdata_from_json(body: Any) -> MultiDict[str, str]:
+    """The JSON twin's body as form data: numbers as text, a shape list as "3,256,256"; anything else is refused."""
+    if not isinstance(body, dict):
+        raise FormError("body", "expected a JSON object with the form's fields")
+    known = {name for name, value in vars(NewModelForm).items() if isinstance(value, UnboundField)}
+    data: MultiDict[str, str] = MultiDict()
+    for key, value in body.items():
+        if key not in known or key.endswith("_file"):
+            raise FormError(str(key), "unknown field (uploads go in a multipart form post)")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise FormError(key, f"must be text or a number, got {value!r}")
+        if isinstance(value, (int, float, str)):
+            data.add(key, str(value))
+        elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            data.add(key, ",".join(str(v) for v in value))
+        else:
+            raise FormError(key, f"must be text or a number, got {type(value).__name__}")
+    return data

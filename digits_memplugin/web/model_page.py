@@ -1,0 +1,295 @@
+"""The "New model" page: the form beside the live GPU memory panel, its plain form POST and its JSON twin.
+
+Views stay thin: the form validates, `core.estimate` predicts and plans, the devices module reads memory. Until the
+job manager lands, a valid submission answers with the planned job (network, batch plan, device) and starts nothing.
+
+    GET  <prefix>/models/new     the form (works without JavaScript; the panel then shows the devices as read)
+    POST <prefix>/models         the form's plain POST: the planned job, or the form again with its errors (400)
+    POST <prefix>/models.json    the JSON twin: the same document as JSON, or {"errors": {field: ...}} with 400
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, render_template, request
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import RequestEntityTooLarge
+from wtforms.fields.choices import SelectChoice
+
+from .. import __version__
+from ..core.errors import NetError
+from ..core.estimate import estimate
+from ..devices import Device, DeviceList
+from ..networks import STANDARD_NETWORKS, standard_network
+from ..sizes import format_size
+from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
+
+JOBS_NOT_WIRED = (
+    "Training jobs are not wired yet: this is the job that would be queued, planned against the memory the "
+    "device has now. Nothing was started."
+)
+DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
+TOP_LAYERS = 10
+ENGINE_GPU = "gpu-cudnn"
+ENGINE_CPU = "cpu"
+
+
+class PlanError(Exception):
+    """The form is valid but the job cannot be planned: a definition error (with its line) or a device problem."""
+
+    def __init__(self, field: str, detail: str | dict[str, Any]) -> None:
+        super().__init__(detail if isinstance(detail, str) else detail["message"])
+        self.field = field
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedJob:
+    """A job as it would be queued: what was asked, the device it was planned on, and the estimate there."""
+
+    spec: ModelSpec
+    device: Device
+    engine: str
+    estimate: dict[str, Any]
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        return self.estimate["plan"]  # type: ignore[no-any-return]
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.plan)
+
+    @property
+    def network_title(self) -> str:
+        return standard_network(self.spec.network_key).title if self.spec.network_key else "custom network"
+
+    @property
+    def device_label(self) -> str:
+        return device_label(self.device)
+
+    @property
+    def top_layers(self) -> list[dict[str, Any]]:
+        return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": "planned",
+            "job": None,
+            "message": JOBS_NOT_WIRED,
+            "request": self.spec.to_json(),
+            "device": {
+                "key": self.device.key,
+                "kind": self.device.kind,
+                "index": self.device.index,
+                "name": self.device.name,
+                "memory_total": self.device.memory_total,
+                "memory_free": self.device.memory_free,
+                "label": self.device_label,
+            },
+            "engine": self.engine,
+            "plan": self.plan,
+            "verdict": self.verdict,
+            "estimate": self.estimate,
+        }
+
+
+def device_label(device: Device) -> str:
+    return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
+
+
+def verdict(plan: dict[str, Any] | None) -> str:
+    """The panel's words for a plan: "fits", "fits with iter_size k" or "does not fit"."""
+    if not plan or not plan["fits"]:
+        return "does not fit"
+    if plan["iter_size"] > 1:
+        return f"fits with iter_size {plan['iter_size']}"
+    return "fits"
+
+
+def target_device(choice: str, devices: DeviceList) -> Device:
+    """The device a job is planned on: the one chosen, or for "next available" the GPU with the most free memory
+    now (the CPU when there is none). The job manager decides for itself when the job starts."""
+    if choice == DEVICE_NEXT:
+        usable = [gpu for gpu in devices.gpus if gpu.error is None and gpu.memory_free is not None]
+        return max(usable, key=lambda gpu: gpu.memory_free or 0) if usable else devices.cpu
+    device = devices.get(choice)
+    if device is None:
+        raise PlanError("device", f"the device {choice!r} is gone; choose another")
+    if device.error is not None or device.memory_free is None:
+        raise PlanError("device", f"{device_label(device)} cannot be planned on: {device.error or 'free memory unknown'}")
+    return device
+
+
+def plan_job(spec: ModelSpec, devices: DeviceList) -> PlannedJob:
+    """Estimate the job on its device and plan its batch there ("auto": the largest batch that fits)."""
+    device = target_device(spec.device, devices)
+    engine = ENGINE_CPU if device.kind == "cpu" else ENGINE_GPU
+    batch = spec.batch if isinstance(spec.batch, int) else None
+    document = _estimate(spec, engine, device, batch)
+    if spec.batch == BATCH_AUTO and document["max_batch_size"]:
+        document = _estimate(spec, engine, device, document["max_batch_size"])
+    if document["plan"] is None:
+        raise PlanError("custom_network" if spec.network_key is None else "standard_network",
+                        "the network has no data layer whose batch could be planned")
+    if not document["plan"]["fits"]:
+        raise PlanError(
+            "device",
+            f"does not fit on {device_label(device)}: even batch 1 needs more than the "
+            f"{format_size(document['usable_bytes'])} usable there; choose another device",
+        )
+    return PlannedJob(spec=spec, device=device, engine=engine, estimate=document)
+
+
+def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None) -> dict[str, Any]:
+    plugin = current_app.extensions["memplugin"]
+    try:
+        return estimate(
+            spec.estimate_request(engine, device.memory_free, batch),
+            oracle=_oracle() if plugin.settings.pycaffe_fallback else None,
+        )
+    except NetError as error:
+        raise PlanError(_error_field(error, spec), error.to_dict()) from None
+
+
+def _error_field(error: NetError, spec: ModelSpec) -> str:
+    """The form field a definition error belongs beside."""
+    if error.source is not None and error.source.startswith(spec.solver_source) and spec.solver_source != spec.net_source:
+        return "solver_text" if spec.solver_settings is None else "solver_type"
+    if error.field == "top" and error.layer_type in DATA_LAYER_TYPES and spec.item_shape is None:
+        return "item_shape"
+    if error.field == "inner_product_param.num_output" and spec.classes is None:
+        return "classes"
+    if error.field in ("batch", "classes"):
+        return "batch_size" if error.field == "batch" else "classes"
+    return "custom_network" if spec.network_key is None else "standard_network"
+
+
+def _oracle() -> Any:
+    try:
+        from ..pycaffe_shapes import pycaffe_oracle
+    except ImportError:  # pragma: no cover - the fallback module is optional
+        return None
+    return pycaffe_oracle
+
+
+# --- views --------------------------------------------------------------------------------------------------------
+
+
+def _read_devices() -> DeviceList:
+    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+
+
+def _device_choices(devices: DeviceList) -> list[SelectChoice]:
+    """"Next available", each GPU with its free memory now (one that cannot be read is shown but disabled), the CPU."""
+    choices = [
+        SelectChoice(DEVICE_NEXT, "Next available GPU" if devices.gpus else "Next available (the CPU)")
+    ]
+    for gpu in devices.gpus:
+        state = f"{format_size(gpu.memory_free)} free" if gpu.error is None else f"unavailable: {gpu.error}"
+        choices.append(
+            SelectChoice(gpu.key, f"GPU {gpu.index}: {gpu.name or 'n/a'} ({state})", {"disabled": gpu.error is not None})
+        )
+    choices.append(SelectChoice(DEVICE_CPU, f"CPU ({format_size(devices.cpu.memory_free)} free)"))
+    return choices
+
+
+def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
+    form = NewModelForm(**kwargs)
+    form.device.choices = _device_choices(devices)
+    return form
+
+
+def _check_size() -> None:
+    limit = current_app.extensions["memplugin"].settings.max_request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
+
+
+def _render_form(
+    form: NewModelForm, devices: DeviceList, planned: PlannedJob | None = None, status: int = 200
+) -> ResponseReturnValue:
+    networks = [
+        {
+            "key": network.key,
+            "title": network.title,
+            "description": network.description,
+            "dataset": network.dataset,
+            "item_shape": ",".join(str(d) for d in network.item_shape),
+            "classes": network.classes,
+            "text": network.text,
+        }
+        for network in STANDARD_NETWORKS
+    ]
+    page = render_template(
+        "memplugin/new_model.html",
+        form=form,
+        devices=devices,
+        networks=networks,
+        planned=planned,
+        version=__version__,
+    )
+    return page, status
+
+
+def new_model() -> ResponseReturnValue:
+    devices = _read_devices()
+    return _render_form(_form(devices), devices)
+
+
+def create_model() -> ResponseReturnValue:
+    """The form's plain POST. The "Auto" button posts here too (action=suggest) when JavaScript is off: the form
+    comes back with the suggested batch filled in."""
+    _check_size()
+    devices = _read_devices()
+    form = _form(devices)
+    suggest = request.form.get("action") == "suggest"
+    if not form.validate_on_submit():
+        return _render_form(form, devices, status=400)
+    try:
+        spec = form.to_spec()
+        if suggest:
+            spec = dataclasses.replace(spec, batch=BATCH_AUTO)
+        planned = plan_job(spec, devices)
+    except (FormError, PlanError) as error:
+        field = form._fields.get(error.field, form.model_name)
+        message = error.message if isinstance(error, FormError) else error.detail
+        field.errors = [*field.errors, message]
+        return _render_form(form, devices, status=400)
+    if suggest:
+        form.batch_size.data = str(planned.plan["batch_size"])
+        return _render_form(form, devices, planned=planned)
+    return render_template("memplugin/model_planned.html", planned=planned, devices=devices, version=__version__)
+
+
+def create_model_json() -> ResponseReturnValue:
+    """The JSON twin: a JSON body (for scripts; a cross-site page cannot send one without CORS, so no CSRF token)
+    or the form's own fields (token required, as for the page)."""
+    _check_size()
+    devices = _read_devices()
+    if request.is_json:
+        body = request.get_json(silent=True)
+        try:
+            formdata = formdata_from_json(body)
+        except FormError as error:
+            return jsonify(errors={error.field: error.message}), 400
+        form = _form(devices, formdata=formdata, meta={"csrf": False})
+    else:
+        form = _form(devices)
+    if not form.validate():
+        return jsonify(errors=form.errors_by_field()), 400
+    try:
+        planned = plan_job(form.to_spec(), devices)
+    except FormError as error:
+        return jsonify(errors={error.field: error.message}), 400
+    except PlanError as error:
+        return jsonify(errors={error.field: error.detail}), 400
+    return jsonify(planned.to_json())
+
+
+def register(blueprint: Blueprint) -> None:
+    blueprint.add_url_rule("/models/new", "new_model", new_model)
+    blueprint.add_url_rule("/models", "create_model", create_model, methods=["POST"])
+    blueprint.add_url_rule("/models.json", "create_model_json", create_model_json, methods=["POST"])

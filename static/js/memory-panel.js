@@ -1,0 +1,249 @@
+/* digits-memplugin: the GPU memory panel (MemPlugin.MemoryPanel).
+ *
+ * One row per device (server-rendered first, then kept up to date from the `devices` document): a stacked bar of
+ * used / reserved / free memory, utilisation and the processes holding memory. Over each bar, the estimated
+ * footprint of the network on that device with its verdict ("fits", "fits with iter_size k", "does not fit");
+ * below, a chart of memory against batch size with each device's free memory as a line, and the largest layers.
+ * It draws what it is given and fetches nothing, so other pages (a job's page) can reuse it.
+ */
+(function () {
+  "use strict";
+
+  const { el, formatBytes } = window.MemPlugin;
+
+  function pct(part, total) {
+    if (part === null || part === undefined || !total) return 0;
+    return Math.max(0, Math.min(100, (100 * part) / total));
+  }
+
+  function deviceLabel(device) {
+    return device.kind === "gpu" ? "GPU " + device.index : "CPU";
+  }
+
+  /** The words for a plan, as the server says them (model_page.verdict). */
+  function verdictWords(plan) {
+    if (!plan || !plan.fits) return "does not fit";
+    if (plan.iter_size > 1) return "fits with iter_size " + plan.iter_size;
+    return "fits";
+  }
+
+  /** Whether a device can be planned on: it was read without error and its free memory is known. */
+  function plannable(device) {
+    return !device.error && device.memory_free !== null && device.memory_free !== undefined;
+  }
+
+  class MemoryPanel {
+    constructor(root) {
+      this.root = root;
+      this.list = root.querySelector("#device-list");
+      this.template = root.querySelector("#device-row-template");
+      this.updated = root.querySelector("#panel-updated");
+      this.layersBody = root.querySelector("#top-layers tbody");
+      this.canvas = root.querySelector("#batch-chart");
+      this.devices = new Map();
+      this.estimates = new Map();
+      this.chart = null;
+    }
+
+    row(key) {
+      return [...this.list.children].find((row) => row.dataset.deviceKey === key) || null;
+    }
+
+    /** The devices in the order the server lists them (GPUs, then the CPU). */
+    deviceList() {
+      return [...this.devices.values()];
+    }
+
+    plannableDevices() {
+      return this.deviceList().filter(plannable);
+    }
+
+    /** Take a `devices` document (GET api/devices, or the socketio event). */
+    updateDevices(document_) {
+      const seen = new Set();
+      for (const device of document_.devices) {
+        seen.add(device.key);
+        let row = this.row(device.key);
+        if (!row) {
+          row = this.template.content.firstElementChild.cloneNode(true);
+          row.dataset.deviceKey = device.key;
+        }
+        row.dataset.kind = device.kind;
+        this.list.append(row); // appending an existing row moves it: rows follow the server's order
+        this.fillRow(row, device);
+        this.devices.set(device.key, device);
+      }
+      for (const row of [...this.list.children]) {
+        if (!seen.has(row.dataset.deviceKey)) {
+          row.remove();
+          this.devices.delete(row.dataset.deviceKey);
+          this.estimates.delete(row.dataset.deviceKey);
+        }
+      }
+      for (const key of this.devices.keys()) this.drawEstimate(key);
+      if (this.updated) this.updated.textContent = "read " + new Date().toLocaleTimeString();
+    }
+
+    fillRow(row, device) {
+      const part = (role) => row.querySelector('[data-role="' + role + '"]');
+      part("label").textContent = deviceLabel(device);
+      part("name").textContent = device.name || "n/a";
+      part("utilization").textContent =
+        device.kind === "gpu" ? (device.utilization_gpu === null ? "n/a" : device.utilization_gpu + " %") + " busy" : "";
+      const total = device.memory_total;
+      part("used").style.width = pct(device.memory_used, total) + "%";
+      part("reserved").style.width = pct(device.memory_reserved, total) + "%";
+      const memory = part("memory");
+      if (device.error) {
+        memory.replaceChildren(el("span", { className: "text-danger" }, "error: " + device.error));
+      } else {
+        memory.replaceChildren(
+          "used " + formatBytes(device.memory_used) + " · reserved " + formatBytes(device.memory_reserved) + " · ",
+          el("strong", {}, "free " + formatBytes(device.memory_free)),
+          " of " + formatBytes(total),
+        );
+      }
+      const processes = (device.processes || []).map((p) =>
+        el("li", {}, p.pid + " " + (p.name || "n/a") + " (" + formatBytes(p.used_memory) + ")"),
+      );
+      part("processes").replaceChildren(...processes);
+      row.dataset.memoryFree = device.memory_free === null ? "" : String(device.memory_free);
+    }
+
+    /** The estimate document of api/estimate for one device (with its plan), or null to clear it. */
+    setEstimate(key, estimate) {
+      if (estimate) this.estimates.set(key, estimate);
+      else this.estimates.delete(key);
+      this.drawEstimate(key);
+    }
+
+    /** Forget every estimate: the bars, verdicts, chart and layer table no longer show a network. */
+    clearEstimates() {
+      for (const key of [...this.estimates.keys()]) this.setEstimate(key, null);
+      this.setLayers([]);
+      if (this.chart) {
+        this.chart.data.datasets = [];
+        this.chart.update("none");
+      }
+    }
+
+    drawEstimate(key) {
+      const row = this.row(key);
+      if (!row) return;
+      const marker = row.querySelector('[data-role="estimate"]');
+      const verdict = row.querySelector('[data-role="verdict"]');
+      const device = this.devices.get(key);
+      const estimate = this.estimates.get(key);
+      if (!estimate || !device || !device.memory_total || !estimate.plan) {
+        marker.hidden = true;
+        verdict.replaceChildren();
+        delete row.dataset.verdict;
+        delete row.dataset.estimateBytes;
+        return;
+      }
+      const plan = estimate.plan;
+      // What would run: the asked batch when it fits in one pass, the planned batch when iter_size keeps the
+      // effective batch, and the asked batch overflowing the bar (red) when not even batch 1 fits.
+      const drawn = plan.fits ? plan.bytes : estimate.total_bytes;
+      const taken = (device.memory_used || 0) + (device.memory_reserved || 0);
+      const left = pct(taken, device.memory_total);
+      marker.style.left = left + "%";
+      marker.style.width = Math.min(100 - left, pct(drawn, device.memory_total)) + "%";
+      marker.classList.toggle("mp-estimate-over", !plan.fits);
+      marker.classList.toggle("mp-estimate-iter", plan.fits && plan.iter_size > 1);
+      marker.hidden = false;
+      marker.title = plan.fits
+        ? "this network at batch " + plan.batch_size + " × iter_size " + plan.iter_size + ": " + formatBytes(plan.bytes)
+        : "this network at batch " + estimate.batch_size + ": " + formatBytes(estimate.total_bytes);
+
+      const words = verdictWords(plan);
+      const badge = el("span", { className: "badge " + (plan.fits ? (plan.iter_size > 1 ? "text-bg-warning" : "text-bg-success") : "text-bg-danger") }, words);
+      let detail = " batch " + plan.batch_size + " × iter_size " + plan.iter_size + ": " + formatBytes(plan.bytes) +
+        " of " + formatBytes(estimate.usable_bytes) + " usable";
+      if (plan.fits && plan.iter_size > 1) {
+        detail += " (batch " + estimate.batch_size + " in one pass: " + formatBytes(estimate.total_bytes) + ")";
+      }
+      if (!plan.fits) {
+        detail = " even batch 1 is too big: " + formatBytes(estimate.usable_bytes) + " usable; batch " +
+          estimate.batch_size + " needs " + formatBytes(estimate.total_bytes);
+      }
+      const largest = estimate.max_batch_size ? " · largest batch " + estimate.max_batch_size : "";
+      verdict.replaceChildren(badge, detail + largest);
+      row.dataset.verdict = words;
+      row.dataset.estimateBytes = String(estimate.total_bytes);
+      row.dataset.maxBatch = String(estimate.max_batch_size);
+    }
+
+    /** The largest consumers of an estimate document, largest first. */
+    setLayers(layers, count = 10) {
+      const rows = [...(layers || [])]
+        .sort((a, b) => b.bytes - a.bytes)
+        .slice(0, count)
+        .map((layer) =>
+          el("tr", {},
+            el("td", {}, layer.name), el("td", {}, layer.type), el("td", {}, layer.phase),
+            el("td", { className: "text-end" }, formatBytes(layer.bytes))),
+        );
+      this.layersBody.replaceChildren(...rows);
+    }
+
+    /** Memory against batch size: `points` [{batch, bytes}] of one engine, the current batch marked, and each
+     *  device's free memory (GPUs, or the CPU when there is no GPU) as a horizontal line. */
+    drawCurve(points, current, engine) {
+      if (!this.canvas || typeof window.Chart !== "function") return;
+      const gpus = this.plannableDevices().filter((d) => d.kind === "gpu");
+      const lined = engine === "cpu" ? this.plannableDevices().filter((d) => d.kind === "cpu") : gpus;
+      const xs = points.map((p) => p.batch);
+      const xmin = Math.min(...xs);
+      const xmax = Math.max(...xs);
+      const palette = ["#198754", "#fd7e14", "#6f42c1", "#d63384", "#20c997", "#0dcaf0"];
+      const datasets = [
+        {
+          label: "this network (" + engine + ")",
+          data: points.map((p) => ({ x: p.batch, y: p.bytes })),
+          showLine: true, borderColor: "#0d6efd", backgroundColor: "#0d6efd", pointRadius: 2, borderWidth: 2,
+        },
+      ];
+      if (current) {
+        datasets.push({
+          label: "batch " + current.batch,
+          data: [{ x: current.batch, y: current.bytes }],
+          showLine: false, pointRadius: 5, borderColor: "#084298", backgroundColor: "#084298",
+        });
+      }
+      lined.forEach((device, index) => {
+        datasets.push({
+          label: deviceLabel(device) + " free",
+          data: [{ x: xmin, y: device.memory_free }, { x: xmax, y: device.memory_free }],
+          showLine: true, borderDash: [6, 4], pointRadius: 0, borderWidth: 2,
+          borderColor: palette[index % palette.length], backgroundColor: palette[index % palette.length],
+        });
+      });
+      if (this.chart) {
+        this.chart.data.datasets = datasets;
+        this.chart.update("none");
+        return;
+      }
+      this.chart = new window.Chart(this.canvas, {
+        type: "scatter",
+        data: { datasets },
+        options: {
+          animation: false,
+          maintainAspectRatio: false,
+          scales: {
+            x: { type: "linear", title: { display: true, text: "batch size" }, min: xmin },
+            y: { beginAtZero: true, title: { display: true, text: "memory" }, ticks: { callback: (v) => formatBytes(v) } },
+          },
+          plugins: {
+            legend: { labels: { boxWidth: 12 } },
+            tooltip: {
+              callbacks: { label: (ctx) => ctx.dataset.label + ": batch " + ctx.parsed.x + ", " + formatBytes(ctx.parsed.y) },
+            },
+          },
+        },
+      });
+    }
+  }
+
+  Object.assign(window.MemPlugin, { MemoryPanel, verdictWords, deviceLabel, plannable });
+})();

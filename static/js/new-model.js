@@ -1,0 +1,365 @@
+/* digits-memplugin: the "New model" page. The form works without this script; with it, the page
+ *
+ * - shows only the chosen network and solver sections, and copies a standard network into the custom one;
+ * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device: gpu-cudnn on GPUs,
+ *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
+ * - shows a definition error beside its field with its line number;
+ * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
+ * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves.
+ */
+(function () {
+  "use strict";
+
+  const MP = window.MemPlugin;
+  const form = document.getElementById("new-model-form");
+  if (!form) return;
+  const panel = new MP.MemoryPanel(document.getElementById("memory-panel"));
+  const networks = JSON.parse(document.getElementById("mp-standard-networks").textContent);
+  const statusLine = document.getElementById("estimate-status");
+  const batchNote = document.getElementById("batch-note");
+  const autoButton = document.getElementById("auto-batch");
+
+  const DEBOUNCE_MS = 300;
+  const CHART_POINTS = 7;
+  const DATA_LAYER_TYPES = new Set(["Data", "ImageData", "HDF5Data", "WindowData"]);
+  const REESTIMATE_FRACTION = 0.005; // of a device's total memory: free memory moving less does not re-estimate
+
+  const field = (name) => form.elements.namedItem(name);
+  const value = (name) => {
+    const node = field(name);
+    return node ? node.value : "";
+  };
+  const chosenNetwork = () => networks.find((n) => n.key === value("standard_network")) || networks[0];
+
+  // --- sections and standard networks -------------------------------------------------------------------------
+
+  function showSections() {
+    for (const section of form.querySelectorAll("[data-network-section]")) {
+      section.hidden = section.dataset.networkSection !== value("network");
+    }
+    for (const section of form.querySelectorAll("[data-solver-section]")) {
+      section.hidden = section.dataset.solverSection !== value("solver");
+    }
+  }
+
+  /** Empty shape and class fields stand for the standard network's dataset (the server does the same). */
+  function showDefaults() {
+    const network = value("network") === "standard" ? chosenNetwork() : null;
+    field("item_shape").placeholder = network ? network.item_shape : "channels,height,width";
+    field("classes").placeholder = network ? String(network.classes) : "";
+  }
+
+  for (const button of form.querySelectorAll("[data-customize]")) {
+    button.hidden = false;
+    button.addEventListener("click", () => {
+      const network = networks.find((n) => n.key === button.dataset.customize);
+      field("custom_network").value = network.text;
+      if (!value("item_shape")) field("item_shape").value = network.item_shape;
+      if (!value("classes")) field("classes").value = network.classes;
+      field("network").value = "custom";
+      showSections();
+      showDefaults();
+      field("custom_network").focus();
+      schedule();
+    });
+  }
+
+  function readInto(fileInput, textarea) {
+    fileInput.addEventListener("change", () => {
+      const file = fileInput.files && fileInput.files[0];
+      if (!file) return;
+      file.text().then((text) => {
+        textarea.value = text;
+        schedule();
+      });
+    });
+  }
+  readInto(field("custom_network_file"), field("custom_network"));
+  readInto(field("solver_file"), field("solver_text"));
+
+  // --- errors beside the fields --------------------------------------------------------------------------------
+
+  function errorNode(error) {
+    if (typeof error === "string") return MP.el("div", {}, error);
+    const parts = [];
+    if (error.line) {
+      parts.push(MP.el("strong", { className: "mp-error-where" },
+        "Line " + error.line + (error.column ? ", column " + error.column : "") + ":"), " ");
+    }
+    if (error.layer) parts.push("layer “" + error.layer + "”" + (error.layer_type ? " (" + error.layer_type + ")" : "") + ": ");
+    if (error.field) parts.push(error.field + ": ");
+    parts.push(error.detail || error.message);
+    return MP.el("div", {}, ...parts);
+  }
+
+  function setError(name, error) {
+    const box = form.querySelector('[data-error-for="' + name + '"]');
+    if (!box) return false;
+    box.replaceChildren(errorNode(error));
+    box.classList.add("d-block");
+    box.dataset.from = "estimate";
+    const input = field(name);
+    if (input && input.classList) {
+      input.classList.add("is-invalid");
+      input.setAttribute("aria-invalid", "true");
+    }
+    return true;
+  }
+
+  function clearError(name) {
+    const box = form.querySelector('[data-error-for="' + name + '"]');
+    if (box) {
+      box.replaceChildren();
+      box.classList.remove("d-block");
+      delete box.dataset.from;
+    }
+    const input = field(name);
+    if (input && input.classList) {
+      input.classList.remove("is-invalid");
+      input.removeAttribute("aria-invalid");
+    }
+  }
+
+  function clearEstimateErrors() {
+    for (const box of form.querySelectorAll('[data-error-for][data-from="estimate"]')) clearError(box.dataset.errorFor);
+  }
+
+  /** The form field an error of api/estimate belongs beside (model_page._error_field does the same server-side). */
+  function fieldFor(key, error) {
+    if (key === "net") {
+      if (error.field === "top" && DATA_LAYER_TYPES.has(error.layer_type)) return "item_shape";
+      if (error.field === "inner_product_param.num_output" && !value("classes")) return "classes";
+      return value("network") === "custom" ? "custom_network" : "standard_network";
+    }
+    if (key === "solver") return value("solver") === "file" ? "solver_text" : "solver_type";
+    if (key === "batch") return "batch_size";
+    if (key === "classes") return "classes";
+    if (key.startsWith("data_shapes")) return "item_shape";
+    return value("network") === "custom" ? "custom_network" : "standard_network";
+  }
+
+  // --- the estimate request -------------------------------------------------------------------------------------
+
+  /** What memory depends on in the solver: its type, the DIGITS stages, and whether a validation net exists. */
+  function solverText() {
+    if (value("solver") === "file") return value("solver_text").trim() ? value("solver_text") : null;
+    let text = 'type: "' + value("solver_type") + '"\ntrain_state { stage: "train" }\n';
+    if (value("val_source").trim()) text += 'test_iter: 1\ntest_interval: 1\ntest_state { stage: "val" }\n';
+    return text;
+  }
+
+  /** The request shared by every device, or {errors} found before asking the server. */
+  function baseRequest() {
+    const errors = {};
+    const standard = value("network") === "standard" ? chosenNetwork() : null;
+    const net = standard ? standard.text : value("custom_network");
+    if (!net.trim()) errors.custom_network = "paste a network definition or upload a prototxt file";
+    const shapeText = value("item_shape").trim() || (standard ? standard.item_shape : "");
+    let shape = null;
+    if (shapeText) {
+      shape = shapeText.split(/[,x]/).filter((p) => p.trim()).map(Number);
+      if (!shape.length || !shape.every((d) => Number.isInteger(d) && d > 0)) {
+        errors.item_shape = shapeText + " is not a shape: write dimensions like 3,256,256";
+      }
+    }
+    const classesText = value("classes").trim() || (standard ? String(standard.classes) : "");
+    const classes = classesText ? Number(classesText) : null;
+    if (classesText && !(Number.isInteger(classes) && classes > 0)) errors.classes = "give a positive number of classes";
+    const batchText = value("batch_size").trim().toLowerCase();
+    let batch = null;
+    if (batchText && batchText !== "auto") {
+      batch = Number(batchText);
+      if (!(Number.isInteger(batch) && batch > 0)) {
+        errors.batch_size = batchText + " is not a batch size: give a positive integer, or 'auto'";
+      }
+    }
+    if (Object.keys(errors).length) return { errors };
+    const request = { net, solver: solverText() };
+    if (shape) request.data_shapes = { data: shape };
+    if (classes) request.classes = classes;
+    if (batch) request.batch = batch;
+    return { request };
+  }
+
+  /** The device a job would be planned on: the chosen one, or the GPU with the most free memory (model_page). */
+  function targetDevice() {
+    const devices = panel.plannableDevices();
+    const choice = value("device");
+    if (choice === "next") {
+      const gpus = devices.filter((d) => d.kind === "gpu");
+      if (!gpus.length) return devices.find((d) => d.kind === "cpu") || null;
+      return gpus.reduce((best, d) => (d.memory_free > best.memory_free ? d : best));
+    }
+    return devices.find((d) => d.key === choice) || null;
+  }
+
+  let generation = 0;
+  let controller = null;
+  let running = null;
+  const results = new Map();
+
+  function setStatus(text) {
+    statusLine.textContent = text;
+  }
+
+  /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
+  function runEstimate() {
+    running = estimateDevices().finally(() => { running = null; });
+    return running;
+  }
+
+  async function estimateDevices() {
+    const current = ++generation;
+    if (controller) controller.abort();
+    controller = new AbortController();
+    const signal = controller.signal;
+    const { request, errors } = baseRequest();
+    clearEstimateErrors();
+    if (errors) {
+      for (const [name, message] of Object.entries(errors)) setError(name, message);
+      panel.clearEstimates();
+      results.clear();
+      setStatus("No estimate: fix the fields marked in red.");
+      return;
+    }
+    const devices = panel.plannableDevices();
+    if (!devices.length) return;
+    setStatus("Estimating…");
+    let answers;
+    try {
+      answers = await Promise.all(
+        devices.map((device) =>
+          MP.requestJSON(MP.config.estimateUrl, {
+            method: "POST",
+            signal,
+            body: { ...request, engine: device.kind === "gpu" ? "gpu-cudnn" : "cpu", device: device.key },
+          }),
+        ),
+      );
+    } catch (error) {
+      if (error.name !== "AbortError" && current === generation) setStatus("No estimate: the server did not answer.");
+      return;
+    }
+    if (current !== generation) return;
+    const failed = answers.find((answer) => !answer.ok);
+    if (failed) {
+      panel.clearEstimates();
+      results.clear();
+      const found = (failed.data && failed.data.errors) || {};
+      for (const [key, error] of Object.entries(found)) {
+        if (!setError(fieldFor(key, error), error)) setStatus(key + ": " + (error.message || error));
+      }
+      if (!Object.keys(found).length) setStatus("No estimate: " + ((failed.data && failed.data.error) || "HTTP " + failed.status));
+      else setStatus("No estimate: the definition has an error (shown beside its field).");
+      return;
+    }
+    results.clear();
+    devices.forEach((device, index) => {
+      results.set(device.key, answers[index].data);
+      panel.setEstimate(device.key, answers[index].data);
+    });
+    const target = targetDevice();
+    const shown = results.get(target ? target.key : devices[0].key);
+    panel.setLayers(shown.layers);
+    setStatus(
+      "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
+      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
+    );
+    drawCurve(request, devices, current, signal);
+  }
+
+  /** Memory at a few batch sizes from 1 to past the largest batch that fits anywhere. */
+  async function drawCurve(request, devices, current, signal) {
+    const gpus = devices.filter((d) => d.kind === "gpu");
+    const engine = gpus.length ? "gpu-cudnn" : "cpu";
+    const onEngine = (gpus.length ? gpus : devices).map((d) => results.get(d.key));
+    const wanted = onEngine[0].batch_size;
+    const largest = Math.max(wanted, ...onEngine.map((doc) => doc.max_batch_size || 0));
+    const top = Math.max(Math.ceil(largest * 1.25), 8);
+    const batches = new Set([1, wanted]);
+    for (let i = 1; i < CHART_POINTS; i++) batches.add(Math.max(1, Math.round((top * i) / (CHART_POINTS - 1))));
+    const sorted = [...batches].sort((a, b) => a - b);
+    let answers;
+    try {
+      answers = await Promise.all(
+        sorted.map((batch) =>
+          MP.requestJSON(MP.config.estimateUrl, { method: "POST", signal, body: { ...request, engine, batch } }),
+        ),
+      );
+    } catch (error) {
+      return;
+    }
+    if (current !== generation) return;
+    // A batch past Caffe's limits (a blob over INT_MAX elements) has no estimate: the curve stops before it.
+    const points = answers.filter((a) => a.ok).map((a) => ({ batch: a.data.batch_size, bytes: a.data.total_bytes }));
+    if (points.length < 2) return;
+    const mark = points.find((p) => p.batch === wanted);
+    panel.drawCurve(points, mark, engine);
+  }
+
+  const schedule = MP.debounce(runEstimate, DEBOUNCE_MS);
+
+  // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
+
+  autoButton.addEventListener("click", async (event) => {
+    event.preventDefault();
+    if (schedule.pending()) await schedule.now();
+    else if (running) await running;
+    else if (!results.size) await runEstimate();
+    const target = targetDevice();
+    const estimate = target && results.get(target.key);
+    if (!estimate) {
+      batchNote.textContent = "No suggestion: the network has no estimate yet (see the errors above).";
+      return;
+    }
+    if (!estimate.max_batch_size) {
+      batchNote.textContent = "Does not fit on " + MP.deviceLabel(target) + " even at batch 1: choose another device.";
+      return;
+    }
+    field("batch_size").value = String(estimate.max_batch_size);
+    clearError("batch_size");
+    batchNote.textContent =
+      "Batch " + estimate.max_batch_size + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
+      MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+    await runEstimate();
+  });
+
+  // --- wiring -----------------------------------------------------------------------------------------------------
+
+  form.addEventListener("input", (event) => {
+    if (event.target.name) clearError(event.target.name);
+    if (event.target.name === "batch_size") batchNote.textContent = "";
+    schedule();
+  });
+  form.addEventListener("change", (event) => {
+    if (event.target.name === "network" || event.target.name === "solver" || event.target.name === "standard_network") {
+      showSections();
+      showDefaults();
+    }
+    schedule();
+  });
+
+  /** A devices document: redraw the rows; re-estimate when a device's free memory moved enough to matter. */
+  function onDevices(document_) {
+    panel.updateDevices(document_);
+    const moved = document_.devices.some((device) => {
+      const estimate = results.get(device.key);
+      return estimate && plannableDevice(device) &&
+        Math.abs(device.memory_free - estimate.free_bytes) > REESTIMATE_FRACTION * (device.memory_total || 0);
+    });
+    const appeared = document_.devices.some((device) => plannableDevice(device) && !results.has(device.key));
+    if (moved || appeared) schedule();
+  }
+  const plannableDevice = (device) => MP.plannable(device);
+
+  showSections();
+  showDefaults();
+  MP.requestJSON(MP.config.devicesUrl).then((answer) => {
+    if (answer.ok) panel.updateDevices(answer.data);
+    schedule.cancel();
+    runEstimate();
+  });
+  MP.subscribe("subscribe_devices", "devices", onDevices, { unsubscribeEvent: "unsubscribe_devices" });
+
+  MP.newModel = { panel, results, runEstimate, schedule };
+})();

@@ -1,0 +1,411 @@
+"""The "New model" page through Flask's test client: the form, its plain POST, its JSON twin, CSRF and escaping.
+
+The planned job's numbers are checked against `core.estimate` called directly with the same inputs, so the page
+is held to the estimator rather than to numbers copied into the test. The browser tests drive the same page live.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from digits_memplugin.core.estimate import EstimateRequest, estimate
+from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
+from digits_memplugin.networks import standard_network
+from digits_memplugin.sizes import GIB, MIB, format_size
+from digits_memplugin.web.forms import solver_prototxt
+
+LENET = standard_network("lenet")
+ALEXNET = standard_network("alexnet")
+FORM_URL = "/memplugin/models/new"
+POST_URL = "/memplugin/models"
+JSON_URL = "/memplugin/models.json"
+
+
+def csrf_token(client: FlaskClient) -> str:
+    page = client.get(FORM_URL).text
+    match = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page)
+    assert match, "the form carries no CSRF token"
+    return match.group(1)
+
+
+def form_data(token: str | None, **fields: Any) -> dict[str, Any]:
+    """What the page posts when the user changes `fields` and leaves the rest as the page fills it in."""
+    data: dict[str, Any] = {
+        "model_name": "lenet-mnist",
+        "network": "standard",
+        "standard_network": "lenet",
+        "custom_network": "",
+        "solver": "settings",
+        "solver_type": "SGD",
+        "base_lr": "0.01",
+        "lr_policy": "step",
+        "gamma": "0.1",
+        "power": "0.75",
+        "stepsize": "3000",
+        "stepvalues": "",
+        "momentum": "0.9",
+        "weight_decay": "0.0005",
+        "max_iter": "10000",
+        "test_interval": "500",
+        "test_iter": "100",
+        "snapshot": "5000",
+        "solver_text": "",
+        "data_backend": "lmdb",
+        "train_source": "/data/mnist/train_db",
+        "val_source": "/data/mnist/val_db",
+        "item_shape": "",
+        "classes": "",
+        "batch_size": "",
+        "device": "next",
+    }
+    if token is not None:
+        data["csrf_token"] = token
+    data.update(fields)
+    return data
+
+
+def direct_estimate(net: str, device_free: int, *, engine: str = "gpu-cudnn", validation: bool = True,
+                    solver_type: str = "SGD", batch: int | None = None, shape: tuple[int, ...] = LENET.item_shape,
+                    classes: int | None = LENET.classes) -> dict[str, Any]:
+    """What core.estimate says for the job the default form describes: the numbers the page must show."""
+    settings = {"type": solver_type, "test_iter": 100, "test_interval": 500} if validation else {"type": solver_type}
+    return estimate(
+        EstimateRequest(
+            net=net, solver=solver_prototxt(settings, validation=validation), batch=batch, engine=engine,
+            free_bytes=device_free, data_shapes={"data": shape}, classes=classes,
+        )
+    )
+
+
+@pytest.fixture
+def gpus_app(fake_gpus: FakeNvml, app: Flask) -> FakeNvml:
+    """The app with the two fake GPUs (GPU 0: 24 GiB with 8 GiB of processes; GPU 1: 12 GiB, idle) installed."""
+    return fake_gpus
+
+
+def error_box(html: str, name: str) -> str:
+    """The text of the error box beside field `name` (empty when the field has none)."""
+    match = re.search(rf'id="{name}-error"[^>]*>(.*?)</div>\s*</div>', html, re.DOTALL)
+    assert match, f"no error box beside {name}"
+    return match.group(1)
+
+
+# --- the form ---------------------------------------------------------------------------------------------------
+
+
+def test_form_lists_networks_devices_and_the_panel(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    page = client.get(FORM_URL)
+    assert page.status_code == 200
+    html = page.text
+    assert 'name="csrf_token"' in html
+    for key in ("lenet", "alexnet"):
+        assert f'name="standard_network" type="radio" value="{key}"' in html
+    options = re.findall(r'<option[^>]*value="([^"]+)"', html.split('id="device"')[1].split("</select>")[0])
+    assert options == ["next", *[g.uuid for g in gpus_app.gpus], "cpu"]
+    # The memory panel, rendered by the server so that it shows without JavaScript too.
+    rows = re.findall(r'<li class="list-group-item mp-device" data-device-key="([^"]*)" data-kind="(\w*)"', html)
+    assert rows[:3] == [(gpus_app.gpus[0].uuid, "gpu"), (gpus_app.gpus[1].uuid, "gpu"), ("cpu", "cpu")]
+    assert "4242 /usr/bin/python3 (6.0 GiB)" in html
+    assert 'aria-live="polite"' in html
+    # Every field has a label tied to it.
+    for name in ("model_name", "custom_network", "item_shape", "batch_size", "device", "train_source"):
+        assert f'<label class="form-label" for="{name}">' in html
+
+
+def test_form_loads_its_libraries_from_static_vendor_only(client: FlaskClient) -> None:
+    html = client.get(FORM_URL).text
+    sources = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', html)
+    assert sources, "no scripts or stylesheets found"
+    assert not [s for s in sources if "//" in s], "a library is loaded from another origin"
+    for wanted in ("vendor/bootstrap/bootstrap.min.css", "vendor/socket.io-client/socket.io.min.js",
+                   "vendor/chart.js/chart.umd.min.js", "js/memplugin.js", "js/memory-panel.js", "js/new-model.js"):
+        url = next((s for s in sources if s.endswith(wanted)), None)
+        assert url is not None, wanted
+        response = client.get(url)
+        assert response.status_code == 200, url
+        response.close()
+
+
+def test_home_page_menu_links_to_the_new_model_page(client: FlaskClient) -> None:
+    assert f'href="{FORM_URL}"' in client.get("/").text
+
+
+# --- plain POST -------------------------------------------------------------------------------------------------
+
+
+def test_plain_post_without_the_csrf_token_is_refused(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    response = client.post(POST_URL, data=form_data(None))
+    assert response.status_code == 400
+    assert 'id="csrf-error"' in response.text
+    assert "The CSRF token is missing." in response.text
+    assert "Planned model" not in response.text
+
+
+def test_plain_post_with_a_forged_token_is_refused(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    csrf_token(client)  # a session exists, but the token posted is not its own
+    response = client.post(POST_URL, data=form_data("forged-token"))
+    assert response.status_code == 400
+    assert "The CSRF token is invalid." in response.text
+
+
+def test_plain_post_plans_a_standard_network_on_the_gpu_with_most_free_memory(
+    gpus_app: FakeNvml, client: FlaskClient
+) -> None:
+    response = client.post(POST_URL, data=form_data(csrf_token(client)))
+    assert response.status_code == 200
+    html = response.text
+    target = gpus_app.gpus[0]
+    expected = direct_estimate(LENET.text, target.free)
+    assert 'id="jobs-not-wired"' in html and "Nothing was started" in html
+    assert 'id="planned-verdict">fits<' in html
+    assert f"batch {expected['plan']['batch_size']} × iter_size 1 = effective batch 64" in html
+    assert f"{format_size(expected['plan']['bytes'])} of {format_size(expected['usable_bytes'])} usable" in html
+    assert "GPU 0: NVIDIA GeForce RTX 3090" in html
+    assert "Standard network <strong>LeNet</strong>" in html
+    # The solver the job would get: DIGITS' stages, the validation net.
+    assert "stage: &#34;train&#34;" in html and "stage: &#34;val&#34;" in html and "test_iter: 100" in html
+
+
+def test_plain_post_shows_a_prototxt_error_with_its_line(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    broken = LENET.text.replace("kernel_size: 5", "kernel_size: 5\n    stride_typo: 1", 1)
+    line = broken.splitlines().index("    stride_typo: 1") + 1
+    response = client.post(
+        POST_URL, data=form_data(csrf_token(client), network="custom", custom_network=broken, item_shape="1,28,28",
+                                 classes="10")
+    )
+    assert response.status_code == 400
+    box = error_box(response.text, "custom_network")
+    assert f"Line {line}, column 5:" in box
+    assert "stride_typo" in box
+    assert re.search(r'<textarea [^>]*aria-invalid="true" class="[^"]*is-invalid"[^>]*id="custom_network"', response.text)
+
+
+def test_user_text_is_escaped_on_the_planned_page(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    evil = "<script>alert(1)</script>"
+    net = LENET.text.replace('name: "features1"', f'name: "{evil}"')
+    response = client.post(
+        POST_URL, data=form_data(csrf_token(client), network="custom", custom_network=net, model_name=f"<b>{evil}</b>",
+                                 item_shape="1,28,28", classes="10", train_source=f"/data/{evil}")
+    )
+    assert response.status_code == 200
+    assert evil not in response.text
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert f"<td>{escaped}</td>" in response.text  # the layer, among the largest consumers
+    assert f'id="planned-name">&lt;b&gt;{escaped}&lt;/b&gt;<' in response.text
+    assert f"<code>/data/{escaped}</code>" in response.text
+
+
+def test_auto_button_without_javascript_fills_the_largest_batch_that_fits(
+    gpus_app: FakeNvml, client: FlaskClient
+) -> None:
+    target = gpus_app.gpus[1]
+    response = client.post(POST_URL, data=form_data(csrf_token(client), device=target.uuid, action="suggest"))
+    assert response.status_code == 200
+    largest = direct_estimate(LENET.text, target.free)["max_batch_size"]
+    assert largest and largest > 64
+    assert re.search(rf'id="batch_size" [^>]*value="{largest}"', response.text)
+    assert "Planned model" not in response.text  # the form again, not a submission
+    at_largest = direct_estimate(LENET.text, target.free, batch=largest)
+    assert at_largest["plan"] == {**at_largest["plan"], "fits": True, "iter_size": 1, "batch_size": largest}
+
+
+def test_form_errors_come_back_beside_their_fields(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    response = client.post(
+        POST_URL,
+        data=form_data(csrf_token(client), model_name="", batch_size="lots", item_shape="3,-1", stepsize="",
+                       network="custom", custom_network=""),
+    )
+    assert response.status_code == 400
+    html = response.text
+    assert 'id="form-errors"' in html
+    for name, message in (
+        ("model_name", "This field is required."),
+        ("batch_size", "&#39;lots&#39; is not a batch size"),
+        ("item_shape", "is not a shape"),
+        ("stepsize", "required with the &#39;step&#39; policy"),
+        ("custom_network", "paste a network definition or upload a prototxt file"),
+    ):
+        assert message in error_box(html, name), name
+
+
+def test_uploaded_network_replaces_the_pasted_text(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    broken = LENET.text.replace("num_output: 500", "num_output: -5")
+    line = next(n for n, text in enumerate(broken.splitlines(), 1) if "num_output: -5" in text)
+    data = form_data(csrf_token(client), network="custom", custom_network=LENET.text, item_shape="1,28,28",
+                     classes="10")
+    data["custom_network_file"] = (io.BytesIO(broken.encode()), "mine.prototxt")
+    response = client.post(POST_URL, data=data, content_type="multipart/form-data")
+    assert response.status_code == 400
+    assert f"Line {line}, column" in error_box(response.text, "custom_network")
+
+
+# --- JSON twin --------------------------------------------------------------------------------------------------
+
+
+def test_json_twin_returns_the_planned_job(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    target = gpus_app.gpus[1]
+    response = client.post(JSON_URL, json={"model_name": "j", "train_source": "/d", "device": target.uuid})
+    assert response.status_code == 200
+    document = response.get_json()
+    expected = direct_estimate(LENET.text, target.free, validation=False)
+    assert document["status"] == "planned"
+    assert document["job"] is None
+    assert "not wired yet" in document["message"]
+    assert document["device"]["key"] == target.uuid
+    assert document["engine"] == "gpu-cudnn"
+    assert document["plan"] == expected["plan"]
+    assert document["estimate"]["total_bytes"] == expected["total_bytes"]
+    assert document["verdict"] == "fits"
+    assert document["request"]["data"]["item_shape"] == [1, 28, 28]
+    assert document["request"]["network"]["standard"] == "lenet"
+
+
+def test_json_twin_keeps_the_effective_batch_with_iter_size(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    target = gpus_app.gpus[1]
+    largest = direct_estimate(ALEXNET.text, target.free, validation=False, shape=ALEXNET.item_shape,
+                              classes=ALEXNET.classes)["max_batch_size"]
+    wanted = 3 * largest
+    document = client.post(
+        JSON_URL,
+        json={"model_name": "a", "train_source": "/d", "standard_network": "alexnet", "device": target.uuid,
+              "batch_size": wanted},
+    ).get_json()
+    plan = document["plan"]
+    assert plan["fits"] and plan["iter_size"] > 1
+    assert plan["batch_size"] <= largest
+    assert plan["effective_batch"] >= wanted
+    assert document["verdict"] == f"fits with iter_size {plan['iter_size']}"
+
+
+def test_json_twin_auto_batch_is_the_largest_that_fits(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    target = gpus_app.gpus[0]
+    document = client.post(
+        JSON_URL, json={"model_name": "a", "train_source": "/d", "batch_size": "auto", "solver_type": "Adam"}
+    ).get_json()
+    expected = direct_estimate(LENET.text, target.free, validation=False, solver_type="Adam")
+    assert document["plan"]["batch_size"] == expected["max_batch_size"]
+    assert document["plan"]["iter_size"] == 1 and document["plan"]["fits"]
+    assert document["estimate"]["solver_type"] == "Adam"
+
+
+def test_json_twin_on_the_cpu_uses_the_cpu_engine(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    document = client.post(JSON_URL, json={"model_name": "c", "train_source": "/d", "device": "cpu"}).get_json()
+    assert document["engine"] == "cpu"
+    assert document["device"]["label"] == "CPU"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"train_source": "/d"}, "model_name", "required"),
+        ({"model_name": "m"}, "train_source", "required"),
+        ({"model_name": "m", "train_source": "/d", "batch_size": 0}, "batch_size", "between 1 and"),
+        ({"model_name": "m", "train_source": "/d", "item_shape": [3, 0, 2]}, "item_shape", "positive"),
+        ({"model_name": "m", "train_source": "/d", "device": "GPU-nope"}, "device", "Not a valid choice"),
+        ({"model_name": "m", "train_source": "/d", "standard_network": "vgg"}, "standard_network", "Not a valid choice"),
+        ({"model_name": "m", "train_source": "/d", "network": "custom"}, "custom_network", "paste a network"),
+        ({"model_name": "m", "train_source": "/d", "solver": "file"}, "solver_text", "paste a solver"),
+        ({"model_name": "m", "train_source": "/d", "lr_policy": "multistep"}, "stepvalues", "multistep"),
+        ({"model_name": "m", "train_source": "/d", "stepvalues": "5,2", "lr_policy": "multistep"}, "stepvalues",
+         "increasing"),
+        ({"model_name": "m", "train_source": "/d", "frobnicate": 1}, "frobnicate", "unknown field"),
+        ({"model_name": "m", "train_source": "/d", "classes": True}, "classes", "text or a number"),
+    ],
+)
+def test_json_twin_validation_errors(
+    gpus_app: FakeNvml, client: FlaskClient, body: dict[str, Any], field: str, message: str
+) -> None:
+    response = client.post(JSON_URL, json=body)
+    assert response.status_code == 400
+    errors = response.get_json()["errors"]
+    assert field in errors, errors
+    assert message in errors[field], errors
+
+
+def test_json_twin_prototxt_error_carries_its_line(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    net = "name: 'x'\nlayer {\n  name: 'data'\n  type: 'Input'\n  top: 'data'\n  input_param { shape { dim: 1 dim: 3 } }\n  oops: 2\n}\n"
+    response = client.post(JSON_URL, json={"model_name": "m", "train_source": "/d", "network": "custom",
+                                           "custom_network": net})
+    assert response.status_code == 400
+    error = response.get_json()["errors"]["custom_network"]
+    assert error["line"] == 7
+    assert "oops" in error["message"]
+
+
+def test_json_twin_solver_error_goes_to_the_solver_field(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    response = client.post(JSON_URL, json={"model_name": "m", "train_source": "/d", "solver": "file",
+                                           "solver_text": 'type: "SGD"\nbase_lr: [\n'})
+    assert response.status_code == 400
+    error = response.get_json()["errors"]["solver_text"]
+    assert error["line"] == 2
+
+
+def test_json_twin_asks_for_the_class_count_a_network_leaves_unset(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    response = client.post(JSON_URL, json={"model_name": "m", "train_source": "/d", "network": "custom",
+                                           "custom_network": LENET.text, "item_shape": [1, 28, 28]})
+    assert response.status_code == 400
+    assert "num_output" in response.get_json()["errors"]["classes"]["message"]
+
+
+def test_json_twin_asks_for_the_item_shape_of_a_custom_network(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    response = client.post(JSON_URL, json={"model_name": "m", "train_source": "/d", "network": "custom",
+                                           "custom_network": LENET.text, "classes": 10})
+    assert response.status_code == 400
+    assert "item shape" in response.get_json()["errors"]["item_shape"]["message"]
+
+
+def test_json_twin_form_encoded_needs_the_csrf_token(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    refused = client.post(JSON_URL, data=form_data(None))
+    assert refused.status_code == 400
+    assert "CSRF token is missing" in refused.get_json()["errors"]["csrf_token"]
+    accepted = client.post(JSON_URL, data=form_data(csrf_token(client)))
+    assert accepted.status_code == 200
+    assert accepted.get_json()["status"] == "planned"
+
+
+def test_json_twin_takes_no_json_sent_as_a_simple_cross_site_request(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    """A page elsewhere can post text/plain without a CORS preflight; such a body is a form post and needs the token."""
+    body = '{"model_name": "m", "train_source": "/d"}'
+    response = client.post(JSON_URL, data=body, content_type="text/plain")
+    assert response.status_code == 400
+    assert "csrf_token" in response.get_json()["errors"]
+
+
+def test_a_job_that_does_not_fit_is_refused_on_the_device_field(
+    install_nvml: Any, gpus: list[FakeGpu], app: Flask
+) -> None:
+    gpus[1].memory_total = 700 * MIB  # AlexNet's weights alone are bigger
+    install_nvml(FakeNvml(gpus))
+    response = app.test_client().post(
+        JSON_URL, json={"model_name": "m", "train_source": "/d", "standard_network": "alexnet", "device": gpus[1].uuid}
+    )
+    assert response.status_code == 400
+    assert "does not fit on GPU 1" in response.get_json()["errors"]["device"]
+
+
+def test_a_lost_gpu_cannot_be_planned_on(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    token = csrf_token(client)
+    gpus_app.lose_gpu(1)
+    response = client.post(POST_URL, data=form_data(token, device=gpus_app.gpus[1].uuid))
+    assert response.status_code == 400
+    assert "GPU 1 cannot be planned on" in error_box(response.text, "device")
+
+
+def test_requests_over_the_size_limit_are_refused(data_dir: Any) -> None:
+    from digits_memplugin import create_app
+
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_MAX_REQUEST_BYTES": 4096})
+    response = app.test_client().post(JSON_URL, json={"model_name": "m", "custom_network": "#" * 8192})
+    assert response.status_code == 413
+
+
+def test_sizes_in_this_file_are_what_the_fixture_says(gpus_app: FakeNvml) -> None:
+    """The tests above rely on GPU 0 having more free memory than GPU 1 ("next available" picks GPU 0)."""
+    assert gpus_app.gpus[0].free > gpus_app.gpus[1].free > 11 * GIB
