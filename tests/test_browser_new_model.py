@@ -1,0 +1,306 @@
+"""The "New model" page in a real browser: Debian's Chromium driven by Playwright against `digits-memplugin serve`
+with two simulated 24 GiB GPUs, its estimates checked against the REST API of the same server.
+
+Screenshots: every test that takes one writes it under its tmp_path; with MEMPLUGIN_SCREENSHOT_DIR set (docs/ui.md
+gives the command), the documentation's screenshots are written there too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from digits_memplugin.networks import standard_network
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run", "--disable-sync",
+]
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+LENET = standard_network("lenet")
+VIEWPORT = {"width": 1400, "height": 1250}
+SCREENSHOT_DIR = os.environ.get("MEMPLUGIN_SCREENSHOT_DIR")
+
+pytestmark = pytest.mark.slow
+
+
+class Server:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.form_url = base_url + "memplugin/models/new"
+
+    def api(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = self.base_url + "memplugin/api/" + path
+        response = requests.post(url, json=body, timeout=30) if body is not None else requests.get(url, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`digits-memplugin serve --port 0 --simulate-gpus 2x24GiB` in its own process group."""
+    folder = tmp_path_factory.mktemp("serve")
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--simulate-gpus", "2x24GiB",
+         "--data-dir", str(folder / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder, start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    base_url = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and base_url is None:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = re.search(r"serving on (http://127\.0\.0\.1:\d+/)", line)
+        base_url = match.group(1) if match else None
+    if base_url is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("serve did not report its address:\n" + "".join(lines))
+    try:
+        yield Server(base_url)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+        process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `scripts/system-deps.sh --browser` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page that fails the test on any script error or dialog (an alert would mean injected script)."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    """The top of the page (the form's start beside the whole panel), as a user first sees it."""
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=tmp_path / name, full_page=False)
+    if SCREENSHOT_DIR:
+        page.screenshot(path=Path(SCREENSHOT_DIR) / name, full_page=False)
+
+
+def open_form(page: Page, server: Server) -> None:
+    page.goto(server.form_url)
+    expect(page.locator("#mp-connection")).to_have_text("live")
+    rows = page.locator("#device-list > li")
+    expect(rows).to_have_count(3)
+    for index in range(3):  # the first estimate has drawn a verdict on every device
+        expect(rows.nth(index)).to_have_attribute("data-verdict", re.compile(".+"))
+
+
+def use_custom_network(page: Page, text: str, shape: str = "1,28,28", classes: str = "10") -> None:
+    page.get_by_label("Custom network", exact=True).check()
+    page.fill("#custom_network", text)
+    page.fill("#item_shape", shape)
+    page.fill("#classes", classes)
+
+
+def lenet_request(**extra: Any) -> dict[str, Any]:
+    """What the page sends for the custom LeNet without validation data (the solver settings' memory terms)."""
+    solver = 'type: "SGD"\ntrain_state { stage: "train" }\n'
+    return {"net": LENET.text, "solver": solver, "data_shapes": {"data": [1, 28, 28]}, "classes": 10, **extra}
+
+
+def test_panel_shows_two_gpus_and_the_cpu_live(page: Page, server: Server) -> None:
+    open_form(page, server)
+    rows = page.locator("#device-list > li")
+    devices = server.api("devices")["devices"]
+    assert [row.get_attribute("data-kind") for row in rows.all()] == ["gpu", "gpu", "cpu"]
+    for row, device in zip(rows.all(), devices):
+        assert row.get_attribute("data-device-key") == device["key"]
+    for index in (0, 1):
+        expect(rows.nth(index).locator('[data-role="label"]')).to_have_text(f"GPU {index}")
+        expect(rows.nth(index).locator('[data-role="name"]')).to_have_text("Simulated GPU 24.0 GiB")
+        expect(rows.nth(index).locator('[data-role="memory"]')).to_contain_text("free 23.7 GiB of 24.0 GiB")
+        expect(rows.nth(index).locator('[data-role="utilization"]')).to_have_text("0 % busy")
+    # The bars are drawn to scale: reserved is 307 MiB of 24 GiB.
+    width = rows.nth(0).locator('[data-role="reserved"]').evaluate("node => node.style.width")
+    assert float(width.rstrip("%")) == pytest.approx(100 * 307 / (24 * 1024), abs=0.1)
+    # Updates keep coming over the websocket: the panel's reading time moves on.
+    first = page.locator("#panel-updated").text_content()
+    expect(page.locator("#panel-updated")).not_to_have_text(first or "", timeout=10_000)
+
+
+def test_pasted_lenet_and_auto_fill_a_batch_that_fits(page: Page, server: Server, tmp_path: Path) -> None:
+    open_form(page, server)
+    use_custom_network(page, LENET.text)
+    page.click("#auto-batch")
+    expect(page.locator("#batch_size")).to_have_value(re.compile(r"^\d+$"))
+    batch = int(page.input_value("#batch_size"))
+    gpu0 = server.api("devices")["devices"][0]
+    # The same estimate through the API: the batch filled in is the largest that fits on GPU 0, and it fits.
+    document = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=batch))
+    assert document["max_batch_size"] == batch
+    assert document["plan"] == {**document["plan"], "fits": True, "iter_size": 1, "batch_size": batch}
+    row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
+    expect(row).to_have_attribute("data-estimate-bytes", str(document["total_bytes"]))
+    expect(row).to_have_attribute("data-verdict", "fits")
+    expect(row.locator('[data-role="verdict"]')).to_contain_text(f"batch {batch} × iter_size 1")
+    expect(page.locator("#batch-note")).to_contain_text(f"Batch {batch}: the largest that fits on GPU 0")
+    # The chart: the network's curve and one free-memory line per GPU.
+    labels = page.evaluate("MemPlugin.newModel.panel.chart.data.datasets.map(d => d.label)")
+    assert labels[0] == "this network (gpu-cudnn)"
+    assert {"GPU 0 free", "GPU 1 free"} <= set(labels)
+    # The largest consumers, from the same estimate.
+    top = max(document["layers"], key=lambda layer: layer["bytes"])
+    expect(page.locator("#top-layers tbody tr").first.locator("td").first).to_have_text(top["name"])
+    screenshot(page, tmp_path, "screenshot-new-model.png")
+
+
+def test_editing_the_batch_re_estimates_within_half_a_second(page: Page, server: Server) -> None:
+    open_form(page, server)
+    use_custom_network(page, LENET.text)
+    gpu0 = server.api("devices")["devices"][0]
+    expected = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=5000))
+    page.evaluate("window.samePage = true")
+    elapsed = page.evaluate(
+        """([key, bytes]) => new Promise((resolve) => {
+            const row = document.querySelector(`#device-list > li[data-device-key="${key}"]`);
+            const input = document.getElementById("batch_size");
+            const start = performance.now();
+            const observer = new MutationObserver(() => {
+                if (row.dataset.estimateBytes === bytes) { observer.disconnect(); resolve(performance.now() - start); }
+            });
+            observer.observe(row, {attributes: true});
+            input.value = "5000";
+            input.dispatchEvent(new Event("input", {bubbles: true}));
+        })""",
+        [gpu0["key"], str(expected["total_bytes"])],
+    )
+    assert elapsed < 500, f"the panel took {elapsed:.0f} ms to show the new estimate"
+    assert page.evaluate("window.samePage") is True  # no reload
+    row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
+    expect(row).to_have_attribute("data-verdict", "fits")
+
+
+def test_a_batch_too_big_for_one_pass_fits_with_iter_size(page: Page, server: Server, tmp_path: Path) -> None:
+    open_form(page, server)
+    page.get_by_label("AlexNet-sized").check()
+    page.fill("#batch_size", "4096")
+    gpu1 = server.api("devices")["devices"][1]
+    request = {
+        "net": standard_network("alexnet").text, "solver": 'type: "SGD"\ntrain_state { stage: "train" }\n',
+        "data_shapes": {"data": [3, 256, 256]}, "classes": 1000, "batch": 4096, "engine": "gpu-cudnn",
+        "device": gpu1["key"],
+    }
+    plan = server.api("estimate", request)["plan"]
+    assert plan["fits"] and plan["iter_size"] > 1
+    row = page.locator(f'#device-list > li[data-device-key="{gpu1["key"]}"]')
+    expect(row).to_have_attribute("data-verdict", f"fits with iter_size {plan['iter_size']}")
+    # The bar shows what would run: the planned batch, in the colour of "fits with iter_size".
+    marker = row.locator('[data-role="estimate"]')
+    expect(marker).to_have_class(re.compile("mp-estimate-iter"))
+    width = float(marker.evaluate("node => node.style.width").rstrip("%"))
+    assert width == pytest.approx(100 * plan["bytes"] / gpu1["memory_total"], abs=0.01)
+    screenshot(page, tmp_path, "screenshot-iter-size.png")
+
+
+def test_a_broken_prototxt_shows_its_line_number(page: Page, server: Server, tmp_path: Path) -> None:
+    open_form(page, server)
+    broken = LENET.text.replace("pool: MAX", "pool: MAXIMUM", 1)
+    line = next(n for n, text in enumerate(broken.splitlines(), 1) if "MAXIMUM" in text)
+    use_custom_network(page, broken)
+    error = page.locator("#custom_network-error")
+    expect(error).to_contain_text(f"Line {line}, column")
+    expect(error).to_contain_text("MAXIMUM")
+    expect(page.locator("#custom_network")).to_have_class(re.compile("is-invalid"))
+    expect(page.locator("#device-list > li").first).not_to_have_attribute("data-verdict", re.compile(".+"))
+    expect(page.locator("#top-layers tbody tr")).to_have_count(0)  # nothing stale is left on the panel
+    screenshot(page, tmp_path, "screenshot-prototxt-error.png")
+    page.fill("#custom_network", LENET.text)  # fixed: the error goes, the estimate comes back
+    expect(error).to_be_empty()
+    expect(page.locator("#device-list > li").first).to_have_attribute("data-verdict", "fits")
+
+
+def test_layer_names_are_shown_as_text(page: Page, server: Server) -> None:
+    open_form(page, server)
+    evil = '<img src=x onerror="alert(1)">'
+    use_custom_network(page, LENET.text.replace('name: "features1"', f"name: '{evil}'"))
+    cell = page.locator("#top-layers tbody td", has_text="<img")
+    expect(cell).to_have_text(evil)
+    assert page.locator("#top-layers img").count() == 0
+
+
+def test_without_javascript_the_form_posts_and_escapes_user_text(browser: Browser, server: Server) -> None:
+    context = browser.new_context(java_script_enabled=False, viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(server.form_url)
+        expect(page.locator("#device-list > li")).to_have_count(3)  # the panel, as the server read it
+        evil = "<script>document.title='owned'</script>"
+        page.get_by_label("Custom network", exact=True).check()
+        page.fill("#custom_network", LENET.text.replace('name: "features1"', f'name: "{evil}"'))
+        page.fill("#item_shape", "1,28,28")
+        page.fill("#classes", "10")
+        page.fill("#train_source", "/data/mnist/train_db")
+        page.fill("#model_name", f"lenet {evil}")
+        page.click("#create-model")
+        expect(page.locator("h1")).to_have_text(f"Planned model: lenet {evil}")
+        expect(page.locator("#jobs-not-wired")).to_contain_text("Nothing was started")
+        expect(page.locator("#top-layers td", has_text="<script>")).to_have_text(evil)
+        assert page.title() == f"Planned: lenet {evil} · digits-memplugin"  # as text, in the title too
+        assert page.locator("script", has_text="owned").count() == 0  # no script element was made of it
+        expect(page.locator("#planned-verdict")).to_have_text("fits")
+    finally:
+        context.close()
+
+
+def test_without_javascript_auto_fills_the_suggested_batch(browser: Browser, server: Server) -> None:
+    context = browser.new_context(java_script_enabled=False, viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(server.form_url)
+        page.fill("#train_source", "/data/mnist/train_db")
+        page.fill("#model_name", "lenet")
+        page.click("#auto-batch")
+        expect(page.locator("#batch_size")).to_have_value(re.compile(r"^\d+$"))
+        batch = int(page.input_value("#batch_size"))
+        gpu0 = server.api("devices")["devices"][0]
+        solver = 'type: "SGD"\ntrain_state { stage: "train" }\n'
+        document = server.api("estimate", {"net": LENET.text, "solver": solver, "data_shapes": {"data": [1, 28, 28]},
+                                           "classes": 10, "engine": "gpu-cudnn", "device": gpu0["key"]})
+        assert batch == document["max_batch_size"]
+    finally:
+        context.close()
+
+
+def test_a_post_without_the_csrf_token_is_refused(page: Page, server: Server) -> None:
+    open_form(page, server)
+    page.fill("#train_source", "/data/mnist/train_db")
+    page.fill("#model_name", "lenet")
+    page.evaluate("document.querySelector('input[name=csrf_token]').remove()")
+    with page.expect_navigation():
+        page.click("#create-model")
+    expect(page.locator("#csrf-error")).to_contain_text("The CSRF token is missing.")
+    assert page.locator("#planned-name").count() == 0
