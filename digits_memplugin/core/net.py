@@ -228,6 +228,74 @@ def _split_blob_name(layer_name: str, blob_name: str, blob_idx: int, split_idx: 
 # ---------------------------------------------------------------------------------------------- building
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One layer as Net::Init sees it, read out of its LayerParameter once: everything that does not depend on the
+    batch size, so that estimating at many batch sizes does not walk the protobuf messages again."""
+
+    orig: int | None
+    """Index in the NetParameter the layer came from; None for an inserted Split layer."""
+    param: Any
+    line: int | None
+    name: str
+    type: str
+    bottoms: tuple[str, ...]
+    tops: tuple[str, ...]
+    propagate_down: tuple[bool, ...]
+    loss_weight: tuple[float, ...]
+    param_specs: tuple[tuple[str, float, int], ...]
+    """(name, lr_mult, share_mode) of each ParamSpec given."""
+    rule: LayerRule | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedNet:
+    """A net filtered for a phase and state, with Caffe's Split layers inserted: the batch-independent half of
+    Net::Init. `build_net` shapes it for a batch."""
+
+    net_param: Any
+    phase: str
+    source: str
+    lines: tuple[int | None, ...]
+    filtered: list[tuple[int, Any]]
+    layers: tuple[LayerSpec, ...]
+
+
+def prepare_net(
+    net_param: Any,
+    phase: str,
+    *,
+    source: str = "net.prototxt",
+    lines: Sequence[int | None] = (),
+    state: Any | None = None,
+) -> PreparedNet:
+    """Filter `net_param` for `phase` (merged with the solver's `state`) and insert the Split layers."""
+    net_state_ = net_state(net_param, phase, state)
+    filtered = filter_layers(net_param, net_state_, source, lines)
+    layers_in = insert_splits([(index, layer) for index, layer in filtered], source, lines)
+    specs = []
+    for orig, param in layers_in:
+        specs.append(
+            LayerSpec(
+                orig=orig,
+                param=param,
+                line=_line(lines, orig),
+                name=param.name,
+                type=param.type,
+                bottoms=tuple(param.bottom),
+                tops=tuple(param.top),
+                propagate_down=tuple(bool(flag) for flag in param.propagate_down),
+                loss_weight=tuple(param.loss_weight),
+                param_specs=tuple((spec.name, spec.lr_mult, spec.share_mode) for spec in param.param),
+                rule=rule_for(param.type),
+            )
+        )
+    return PreparedNet(net_param, phase, source, tuple(lines), filtered, tuple(specs))
+
+
+_DEFAULT_PARAM_SPEC = ("", 1.0, caffe_pb2.ParamSpec.STRICT)  # ParamSpec's proto defaults
+
+
 def build_net(
     net_param: Any,
     phase: str,
@@ -238,16 +306,17 @@ def build_net(
     data_shapes: Mapping[str, Shape] | None = None,
     batch_override: int | None = None,
     oracle: ShapeOracle | None = None,
+    prepared: PreparedNet | None = None,
 ) -> Net:
     """Build the net Caffe would build for `phase`, with every blob's shape.
 
     `state` is the solver's train_state/test_state for this net; `data_shapes` gives the per-item shape of data
     tops whose shape Caffe reads from the dataset (by top name or ``layer/top``); `batch_override` replaces the
-    batch size of every data layer.
+    batch size of every data layer. `prepared` (from `prepare_net` with the same arguments) skips the filtering.
     """
-    state = net_state(net_param, phase, state)
-    filtered = filter_layers(net_param, state, source, lines)
-    layers_in = insert_splits([(index, layer) for index, layer in filtered], source, lines)
+    if prepared is None:
+        prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
+    net_param, source, lines, filtered = prepared.net_param, prepared.source, prepared.lines, prepared.filtered
     shapes = dict(data_shapes or {})
 
     blobs: list[Blob] = []
@@ -257,30 +326,31 @@ def build_net(
     available: set[str] = set()
     param_owner_by_name: dict[str, int] = {}
     oracle_shapes: Mapping[str, tuple[list[Shape], list[Shape]]] | None = None
+    PERMISSIVE = caffe_pb2.ParamSpec.PERMISSIVE
 
-    for layer_index, (orig, param) in enumerate(layers_in):
-        line = _line(lines, orig)
-        if len(param.propagate_down) and len(param.propagate_down) != len(param.bottom):
+    for layer_index, spec in enumerate(prepared.layers):
+        param, line, name_, type_ = spec.param, spec.line, spec.name, spec.type
+        if spec.propagate_down and len(spec.propagate_down) != len(spec.bottoms):
             raise ShapeError(
-                f"propagate_down must be given 0 or {len(param.bottom)} times (once per bottom), "
-                f"got {len(param.propagate_down)}",
-                source=source, line=line, layer=param.name, layer_type=param.type, field="propagate_down",
+                f"propagate_down must be given 0 or {len(spec.bottoms)} times (once per bottom), "
+                f"got {len(spec.propagate_down)}",
+                source=source, line=line, layer=name_, layer_type=type_, field="propagate_down",
             )
         bottom_ids = []
-        for bottom_index, name in enumerate(param.bottom):
+        for bottom_index, name in enumerate(spec.bottoms):
             if name not in available:
                 raise NetError(
                     f"unknown bottom blob {name!r} (bottom index {bottom_index})",
-                    source=source, line=line, layer=param.name, layer_type=param.type, field="bottom",
+                    source=source, line=line, layer=name_, layer_type=type_, field="bottom",
                 )
             bottom_ids.append(blob_by_name[name])
             available.discard(name)
 
-        rule = rule_for(param.type)
+        rule = spec.rule
         ctx = LayerContext(
             param,
             [blobs[i].shape for i in bottom_ids],
-            phase,
+            prepared.phase,
             source=source,
             line=line,
             data_shapes=shapes,
@@ -291,7 +361,7 @@ def build_net(
         unsupported: str | None = None
         if rule is not None:
             rule.bottoms.check(len(bottom_ids), "bottom", ctx)
-            num_tops = len(param.top)
+            num_tops = len(spec.tops)
             if rule.auto_top_blobs:
                 num_tops = max(num_tops, rule.needed_tops())
             rule.tops.check(num_tops, "top", ctx)
@@ -304,31 +374,34 @@ def build_net(
             if oracle is None:
                 raise UnsupportedLayerError(
                     (unsupported or "layer type is not known to the estimator") + " (and no pycaffe fallback was given)",
-                    source=source, line=line, layer=param.name, layer_type=param.type, field="type",
+                    source=source, line=line, layer=name_, layer_type=type_, field="type",
                 )
             if oracle_shapes is None:
-                oracle_shapes = _ask_oracle(oracle, net_param, filtered, layers, blobs, phase, source, lines)
-            if param.name not in oracle_shapes:
+                oracle_shapes = _ask_oracle(
+                    oracle, net_param, filtered, layers, blobs, prepared.phase, source, lines
+                )
+            if name_ not in oracle_shapes:
                 raise UnsupportedLayerError(
                     "layer type is not known to the estimator, and pycaffe did not report its shapes",
-                    source=source, line=line, layer=param.name, layer_type=param.type, field="type",
+                    source=source, line=line, layer=name_, layer_type=type_, field="type",
                 )
-            top_shapes, param_shapes = oracle_shapes[param.name]
+            top_shapes, param_shapes = oracle_shapes[name_]
             setup = LayerSetup(tops=list(top_shapes), params=list(param_shapes))
             from_oracle = True
-        if len(setup.tops) < len(param.top):
-            raise ctx.error(f"produces {len(setup.tops)} top(s) but {len(param.top)} are named", field="top")
+        if len(setup.tops) < len(spec.tops):
+            raise ctx.error(f"produces {len(setup.tops)} top(s) but {len(spec.tops)} are named", field="top")
         for shape in setup.tops:
             _check_blob_size(shape, ctx)
 
         # Tops: in place when a top repeats the bottom at the same index, else a new blob.
         top_ids = []
+        named_tops = len(spec.tops)
         for top_index, shape in enumerate(setup.tops):
-            name = param.top[top_index] if top_index < len(param.top) else "(automatic)"
+            name = spec.tops[top_index] if top_index < named_tops else "(automatic)"
             in_place = (
-                top_index < len(param.top)
-                and top_index < len(param.bottom)
-                and name == param.bottom[top_index]
+                top_index < named_tops
+                and top_index < len(spec.bottoms)
+                and name == spec.bottoms[top_index]
                 and name in blob_by_name
             )
             if in_place:
@@ -339,13 +412,13 @@ def build_net(
                         field="top",
                     )
             else:
-                if top_index < len(param.top) and name in blob_by_name:
+                if top_index < named_tops and name in blob_by_name:
                     raise ctx.error(f"top blob {name!r} is produced by more than one layer", field="top")
                 blob_id = len(blobs)
                 blobs.append(Blob(id=blob_id, name=name, shape=shape, producer=layer_index))
-                if top_index < len(param.top):
+                if top_index < named_tops:
                     blob_by_name[name] = blob_id
-            if top_index < len(param.top):
+            if top_index < named_tops:
                 available.add(name)
             if not in_place:
                 if top_index in setup.data_views:
@@ -358,64 +431,66 @@ def build_net(
 
         # Loss weights (Layer::SetLossWeights): explicit, else 1 on a loss layer's first top. LossLayer::LayerSetUp
         # adds that 1 as the layer's only loss_weight, so a loss layer with more tops must give one per top.
-        if not len(param.loss_weight) and rule is not None and rule.is_loss and len(top_ids) != 1:
+        loss_weight = spec.loss_weight
+        if not loss_weight and rule is not None and rule.is_loss and len(top_ids) != 1:
             raise ctx.error(
                 f"a loss layer with {len(top_ids)} tops must give loss_weight once per top (Caffe adds a single "
                 "default weight of 1 and then finds it does not match the tops)",
                 field="loss_weight",
             )
-        if len(param.loss_weight) and len(param.loss_weight) != len(top_ids):
+        if loss_weight and len(loss_weight) != len(top_ids):
             raise ctx.error(
-                f"loss_weight must be given once per top ({len(top_ids)}), got {len(param.loss_weight)}",
+                f"loss_weight must be given once per top ({len(top_ids)}), got {len(loss_weight)}",
                 field="loss_weight",
             )
         for top_index, blob_id in enumerate(top_ids):
             weight = 0.0
-            if len(param.loss_weight):
-                weight = param.loss_weight[top_index]
+            if loss_weight:
+                weight = loss_weight[top_index]
             elif rule is not None and rule.is_loss and top_index == 0:
                 weight = 1.0
             blobs[blob_id].loss_weight = weight
 
         layer = Layer(
-            index=layer_index, name=param.name, type=param.type, param=param, rule=rule, ctx=ctx, setup=setup,
-            bottoms=bottom_ids, tops=top_ids, source_index=orig, line=line, from_oracle=from_oracle,
+            index=layer_index, name=name_, type=type_, param=param, rule=rule, ctx=ctx, setup=setup,
+            bottoms=bottom_ids, tops=top_ids, source_index=spec.orig, line=line, from_oracle=from_oracle,
         )
         need_backward = any(blobs[i].need_backward for i in bottom_ids)
         # Net::AppendBottom: propagate_down, when given, replaces the blob's own need for backward.
-        if len(param.propagate_down):
-            layer.bottom_need_backward = [bool(flag) for flag in param.propagate_down]
+        if spec.propagate_down:
+            layer.bottom_need_backward = list(spec.propagate_down)
         else:
             layer.bottom_need_backward = [blobs[i].need_backward for i in bottom_ids]
 
         # Params (Net::AppendParam): a named param shared with an earlier one keeps one storage.
-        if len(param.param) > len(setup.params):
+        if len(spec.param_specs) > len(setup.params):
             raise ctx.error(
-                f"has {len(param.param)} param specs but the layer has {len(setup.params)} param blob(s)",
+                f"has {len(spec.param_specs)} param specs but the layer has {len(setup.params)} param blob(s)",
                 field="param",
             )
         for param_index, shape in enumerate(setup.params):
             _check_blob_size(shape, ctx)
-            spec = param.param[param_index] if param_index < len(param.param) else caffe_pb2.ParamSpec()
-            lr_mult = spec.lr_mult
+            spec_name, lr_mult, share_mode = (
+                spec.param_specs[param_index] if param_index < len(spec.param_specs) else _DEFAULT_PARAM_SPEC
+            )
             need_backward = need_backward or lr_mult != 0
             layer.param_need_backward.append(lr_mult != 0)
             owner = None
-            if spec.name:
-                if spec.name in param_owner_by_name:
-                    owner = param_owner_by_name[spec.name]
+            if spec_name:
+                if spec_name in param_owner_by_name:
+                    owner = param_owner_by_name[spec_name]
                     owner_shape = params[owner].shape
-                    strict = spec.share_mode != caffe_pb2.ParamSpec.PERMISSIVE
+                    strict = share_mode != PERMISSIVE
                     if (strict and owner_shape != shape) or count_of(owner_shape) != count_of(shape):
                         raise ctx.error(
-                            f"shared param {spec.name!r} has shape {list(shape)} here but {list(owner_shape)} "
+                            f"shared param {spec_name!r} has shape {list(shape)} here but {list(owner_shape)} "
                             "where it is first defined",
                             field="param",
                         )
                 else:
-                    param_owner_by_name[spec.name] = len(params)
+                    param_owner_by_name[spec_name] = len(params)
             params.append(
-                Param(id=len(params), layer=layer_index, index=param_index, shape=shape, name=spec.name,
+                Param(id=len(params), layer=layer_index, index=param_index, shape=shape, name=spec_name,
                       lr_mult=lr_mult, owner=owner)
             )
             layer.params.append(len(params) - 1)
@@ -427,7 +502,7 @@ def build_net(
 
     _prune_backward(layers, blobs)
     net = Net(
-        name=net_param.name, phase=phase, layers=layers, blobs=blobs, params=params,
+        name=net_param.name, phase=prepared.phase, layers=layers, blobs=blobs, params=params,
         force_backward=net_param.force_backward, param=net_param,
     )
     if net_param.force_backward:

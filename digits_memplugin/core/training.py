@@ -13,7 +13,7 @@ from typing import Any
 from .errors import NetError
 from .layers.base import PHASE_TEST, PHASE_TRAIN
 from .memory import MemoryOptions, MemoryReport, job_memory
-from .net import Net, ShapeOracle, build_net
+from .net import Net, PreparedNet, ShapeOracle, build_net, prepare_net
 from .proto import caffe_pb2
 from .prototxt import DEFAULT_LIMITS, ParseLimits, parse_net, parse_solver
 from .sourcemap import layer_lines
@@ -30,6 +30,19 @@ class NetDefinition:
     source: str
     lines: list[int | None]
     state: Any | None = None  # the solver's train_state / test_state for this net
+    _prepared: dict[str, PreparedNet] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def prepare(self, phase: str) -> PreparedNet:
+        """The net filtered and split for `phase`, computed once: a planner's search builds it at many batches."""
+        if phase not in self._prepared:
+            self._prepared[phase] = prepare_net(
+                self.param, phase, source=self.source, lines=self.lines, state=self.state
+            )
+        return self._prepared[phase]
+
+    def forget_prepared(self) -> None:
+        """Call after changing `param` in place."""
+        self._prepared.clear()
 
 
 @dataclasses.dataclass
@@ -53,13 +66,13 @@ class TrainingDefinition:
     ) -> tuple[Net, list[Net]]:
         """Build the nets; `batch` replaces the TRAIN data layers' batch size, `test_batch` the TEST ones'."""
         train = build_net(
-            self.train.param, PHASE_TRAIN, source=self.train.source, lines=self.train.lines, state=self.train.state,
-            data_shapes=data_shapes, batch_override=batch, oracle=oracle,
+            self.train.param, PHASE_TRAIN, data_shapes=data_shapes, batch_override=batch, oracle=oracle,
+            prepared=self.train.prepare(PHASE_TRAIN),
         )
         tests = [
             build_net(
-                test.param, PHASE_TEST, source=test.source, lines=test.lines, state=test.state,
-                data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
+                test.param, PHASE_TEST, data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
+                prepared=test.prepare(PHASE_TEST),
             )
             for test in self.tests
         ]
@@ -94,6 +107,8 @@ def fill_num_classes(definition: TrainingDefinition, classes: int) -> None:
             if layer.type == "InnerProduct" and not layer.inner_product_param.HasField("num_output"):
                 layer.inner_product_param.num_output = classes
                 filled = True
+    for net in (definition.train, *definition.tests):
+        net.forget_prepared()
     if filled:
         definition.assumptions.append(f"InnerProduct layers without num_output get the {classes} classes (as DIGITS does)")
 
