@@ -180,9 +180,9 @@ def net_memory(
                 continue
             for blob_id in layer.tops:
                 touch_diff(blob_id)
-            always = layer.rule is not None and layer.rule.writes_bottom_diffs_always(layer.ctx, options.engine)
+            rule = layer.rule
             for index, (blob_id, needed) in enumerate(zip(layer.bottoms, layer.bottom_need_backward)):
-                if needed or (always and not (layer.type == "Crop" and index == 1)):
+                if needed or (rule is not None and rule.writes_bottom_diff_always(layer.ctx, options.engine, index)):
                     touch_diff(blob_id)
 
     for blob_id, producer in data_owner.items():

@@ -163,8 +163,8 @@ class LayerRule:
     def allow_force_backward(self, bottom_index: int) -> bool:
         return True
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
-        """True when Backward fetches every bottom's diff whatever propagate_down says (ConvolutionLayer's
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
+        """True when Backward fetches bottom `index`'s diff whatever propagate_down says (ConvolutionLayer's
         Backward_cpu takes `bottom[i]->mutable_cpu_diff()` before testing propagate_down[i])."""
         return False
 

@@ -259,7 +259,7 @@ class SoftmaxRule(LayerRule):
     bottoms = Count(exact=1)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         return True  # Backward_cpu has no propagate_down test
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
@@ -285,7 +285,7 @@ class BatchNormRule(LayerRule):
     bottoms = Count(exact=1)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         return True  # Backward_cpu has no propagate_down test
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
@@ -346,7 +346,7 @@ class ScaleRule(LayerRule):
     bottoms = Count(minimum=1, maximum=2)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         # The learned scale's gradient goes through bottom[0]'s diff ("hack: store big eltwise product in bottom[0]
         # diff") unless the layer works in place or the scale is as big as the bottom.
         if len(ctx.bottoms) != 1 or ctx.param.top[0] == ctx.param.bottom[0]:
@@ -530,7 +530,7 @@ class MVNRule(LayerRule):
     bottoms = Count(exact=1)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         return True  # Backward_cpu has no propagate_down test
 
     def setup(self, ctx: LayerContext) -> LayerSetup:

@@ -58,8 +58,8 @@ class LSTMUnitRule(LayerRule):
             )
         return LayerSetup(tops=[c_prev, c_prev])
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
-        return True  # Backward_cpu writes the diffs of c_{t-1} and the gates when either needs backward
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
+        return index < 2  # Backward_cpu writes the diffs of c_{t-1} and the gates when either needs backward
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
         # X_acts_ holds the gate activations for the GPU kernels only; Forward_cpu recomputes them.
@@ -115,10 +115,10 @@ class RecurrentRule(LayerRule):
     def allow_force_backward(self, bottom_index: int) -> bool:
         return bottom_index != 1
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         # Backward_cpu runs the unrolled net's backward unconditionally, and its x_transform has propagate_down
         # true: x's diff (shared with bottom 0) is written whatever propagate_down says.
-        return True
+        return index == 0
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         from ..net import build_net  # the net builder imports the rules; import it when a rule runs

@@ -55,7 +55,7 @@ class ConvolutionRule(LayerRule):
     bottoms = Count(minimum=1)
     tops = Count(minimum=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         # Caffe's own engine fetches the bottom diff up front; CuDNNConvolutionLayer only under propagate_down.
         return not (engine == ENGINE_CUDNN and _uses_cudnn(ctx))
 
@@ -286,7 +286,7 @@ class SPPRule(LayerRule):
     bottoms = Count(exact=1)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         return False
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
@@ -398,7 +398,7 @@ class Im2colRule(LayerRule):
     bottoms = Count(exact=1)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         return True
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
@@ -438,8 +438,8 @@ class CropRule(LayerRule):
     bottoms = Count(exact=2)
     tops = Count(exact=1)
 
-    def writes_bottom_diffs_always(self, ctx: LayerContext, engine: str) -> bool:
-        return True  # bottom 0's diff, fetched before propagate_down[0] is tested (bottom 1 is never written)
+    def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
+        return index == 0  # bottom 0's diff, fetched before propagate_down[0] is tested (bottom 1 is never written)
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.crop_param
