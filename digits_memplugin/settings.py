@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .sizes import parse_gpu_spec
+from .sizes import parse_gpu_spec, parse_size
 
 CONFIG_PREFIX = "MEMPLUGIN_"
 
@@ -43,6 +43,24 @@ class Settings:
     """Largest request body the JSON API reads (prototxt texts included); bigger ones get 413."""
     pycaffe_fallback: bool = True
     """Ask pycaffe (in a child process) for the shapes of layer types the estimator has no rule for."""
+    dataset_roots: tuple[Path, ...] | None = None
+    """Folders training jobs may read data from (LMDB, HDF5 and list files, mean files); None: <data_dir>/datasets.
+    A net naming a path outside them is refused before anything runs."""
+    jobs_per_gpu: int = 1
+    """Training jobs run at once on one GPU."""
+    jobs_per_cpu: int = 1
+    """Training jobs run at once on the CPU (when jobs train without a GPU)."""
+    cpu_memory_cap: int | None = None
+    """Bytes a CPU training attempt may allocate (enforced on the child with RLIMIT_DATA); None: the memory
+    available (MemAvailable, or the cgroup's limit). Accepts sizes such as "8GiB"."""
+    job_safety_margin: float = 0.05
+    """Fraction of a device's free memory training jobs keep back (the fallback recovers from what it misses)."""
+    job_max_attempts: int = 5
+    """Attempts a training job gets before out-of-memory failures end it."""
+    gpu_engine: str = "gpu-cudnn"
+    """How GPU jobs are estimated: "gpu-cudnn" (Caffe built with cuDNN) or "gpu"."""
+    job_events_per_second: float = 4.0
+    """At most this many `job_progress` and `job_log` events per second per job reach socketio clients."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -101,4 +119,39 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be True or False, got {value!r}")
         return value
+    if field.name == "dataset_roots":
+        if value is None:
+            return None
+        if isinstance(value, (str, os.PathLike)):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(item, (str, os.PathLike)) and str(item) for item in value
+        ):
+            raise ConfigError(f"{key} must be a path or a list of paths, got {value!r}")
+        return tuple(Path(item).absolute() for item in value)
+    if field.name in ("jobs_per_gpu", "jobs_per_cpu", "job_max_attempts"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
+        return value
+    if field.name == "cpu_memory_cap":
+        if isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as error:
+                raise ConfigError(f"{key}: {error}") from None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1024 * 1024):
+            raise ConfigError(f"{key} must be a number of bytes of at least 1 MiB (or a size like '8GiB'), got {value!r}")
+        return value
+    if field.name == "job_safety_margin":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key} must be a fraction in [0, 1), got {value!r}")
+        return float(value)
+    if field.name == "gpu_engine":
+        if value not in ("gpu", "gpu-cudnn"):
+            raise ConfigError(f"{key} must be 'gpu' or 'gpu-cudnn', got {value!r}")
+        return value
+    if field.name == "job_events_per_second":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{key} must be a number greater than 0, got {value!r}")
+        return float(value)
     return value  # pragma: no cover - every field is handled above
