@@ -1,0 +1,105 @@
+"""jobs.store: SQLite with a schema version and WAL, rows of plain columns and JSON (no pickles), attempts numbered
+per job, and the restart rule: what was queued or running becomes interrupted."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from digits_memplugin.jobs.records import Attempt, Job
+from digits_memplugin.jobs.store import SCHEMA_VERSION, JobStore, StoreError
+
+
+def job(job_id: str = "j1", status: str = "queued") -> Job:
+    return Job(
+        id=job_id, name="lenet", status=status, created_at=1.0, updated_at=1.0, folder=job_id,
+        spec={"device": "cpu", "batch": 64, "fallback": {"max_attempts": 5}},
+    )
+
+
+def attempt(job_id: str = "j1", number: int = 0) -> Attempt:
+    return Attempt(
+        job_id=job_id, number=number, status="running", device="cpu", batch_size=64, iter_size=1, started_at=2.0,
+        log="attempts/1/caffe.log", pid=12345,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs.sqlite")
+
+
+def test_schema_version_and_wal(store: JobStore, tmp_path: Path) -> None:
+    assert store.schema_version == SCHEMA_VERSION
+    with sqlite3.connect(tmp_path / "jobs.sqlite") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"schema_version", "jobs", "attempts"}
+
+
+def test_a_newer_schema_is_refused_not_guessed(tmp_path: Path) -> None:
+    JobStore(tmp_path / "jobs.sqlite").close()
+    with sqlite3.connect(tmp_path / "jobs.sqlite") as db:
+        db.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(StoreError, match="schema version 99"):
+        JobStore(tmp_path / "jobs.sqlite")
+
+
+def test_jobs_round_trip_with_json_columns_as_text(store: JobStore, tmp_path: Path) -> None:
+    store.add_job(job())
+    store.update_job("j1", progress={"train": {"iteration": 3, "loss": 0.5}}, snapshot={"iteration": 2})
+    found = store.get_job("j1")
+    assert found is not None
+    assert found.spec["fallback"] == {"max_attempts": 5}
+    assert found.progress == {"train": {"iteration": 3, "loss": 0.5}}
+    assert found.updated_at > 1.0
+    with sqlite3.connect(tmp_path / "jobs.sqlite") as db:
+        spec, progress = db.execute("SELECT spec, progress FROM jobs").fetchone()
+    assert spec.startswith("{") and progress.startswith("{")  # JSON text, readable by any tool
+
+
+def test_unknown_fields_and_jobs_are_errors(store: JobStore) -> None:
+    store.add_job(job())
+    with pytest.raises(ValueError, match="nonsense"):
+        store.update_job("j1", nonsense=1)
+    with pytest.raises(KeyError):
+        store.update_job("missing", status="done")
+    assert store.get_job("missing") is None
+
+
+def test_attempts_are_numbered_per_job_and_deleted_with_it(store: JobStore) -> None:
+    store.add_job(job("j1"))
+    store.add_job(job("j2"))
+    assert [store.add_attempt(attempt("j1")).number for _ in range(2)] == [1, 2]
+    assert store.add_attempt(attempt("j2")).number == 1
+    assert [a.number for a in store.attempts("j1")] == [1, 2]
+    assert store.get_job("j1").attempt_count == 2  # type: ignore[union-attr]
+    updated = store.update_attempt("j1", 2, status="out_of_memory", out_of_memory={"requested_bytes": 10})
+    assert updated.out_of_memory == {"requested_bytes": 10}
+    assert store.delete_job("j1")
+    assert store.attempts("j1") == []
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_attempt(attempt("j2", number=1))  # a number in use
+
+
+def test_queue_order_is_submission_order(store: JobStore) -> None:
+    for name in ("b", "a", "c"):
+        store.add_job(job(name))
+    assert [j.id for j in store.list_jobs(["queued"])] == ["b", "a", "c"]
+
+
+def test_after_a_restart_active_jobs_and_running_attempts_are_interrupted(store: JobStore) -> None:
+    store.add_job(job("running", "running"))
+    store.add_job(job("queued", "queued"))
+    store.add_job(job("done", "done"))
+    store.add_attempt(attempt("running"))
+    left = store.mark_interrupted("the server stopped")
+    assert [(a.job_id, a.pid) for a in left] == [("running", 12345)]
+    assert {j.id: j.status for j in store.list_jobs()} == {
+        "running": "interrupted", "queued": "interrupted", "done": "done",
+    }
+    (interrupted,) = store.attempts("running")
+    assert interrupted.status == "interrupted" and interrupted.finished_at is not None
+    assert interrupted.message == "the server stopped"
