@@ -1,0 +1,496 @@
+"""A job's nets and solver made safe to run: data paths confined, outputs kept in the job's folder, and per attempt
+the generated prototxts with that attempt's batch_size, iter_size and test batch.
+
+Caffe opens whatever paths a prototxt names. A server that trains uploaded definitions must not read outside the
+dataset folders it was given, nor write outside the job's folder. So every string field of every layer that
+names a file is examined before anything runs (by name, so fork-only layers are covered too): known readers
+(LMDB sources, HDF5 and image list files, mean files, label maps) must resolve inside a dataset root; known
+writers (HDF5Output, detection outputs) are redirected into ``<job>/outputs``; any other path-like field, and
+Python layers (which import code), are refused with a clear error. List files are rewritten into the job's folder
+with every entry checked. The solver's own paths (net files, snapshot_prefix) are replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from ..core.errors import NetError
+from ..core.estimate import Estimator, net_batch
+from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
+from ..core.layers.data import DataSpec
+from ..core.memory import SOLVER_STATE_BLOBS, MemoryOptions
+from ..core.net import ShapeOracle, filter_layers, net_state
+from ..core.proto import caffe_pb2
+from ..core.schedule import LearningRate
+from ..core.training import TrainingDefinition, fill_num_classes, training_definition
+from ..datasets import shapes_from_sources
+
+NET_SOURCE = "net.prototxt"
+SOLVER_SOURCE = "solver.prototxt"
+MAX_LIST_BYTES = 64 * 1024 * 1024
+"""Largest list file read (an ImageData list of a million images is about 60 MB)."""
+
+# (message name, field name) -> how the field is handled. Anything else that looks like a path is refused.
+READ_FILE = "read file"
+READ_DB = "read database"
+HDF5_LIST = "hdf5 list"
+IMAGE_LIST = "image list"
+WRITE_FILE = "write file"
+WRITE_DIR = "write folder"
+FILE_NAME = "file name"
+HANDLED_FIELDS: dict[tuple[str, str], str] = {
+    ("DataParameter", "source"): READ_DB,
+    ("DataParameter", "mean_file"): READ_FILE,
+    ("TransformationParameter", "mean_file"): READ_FILE,
+    ("HDF5DataParameter", "source"): HDF5_LIST,
+    ("ImageDataParameter", "source"): IMAGE_LIST,
+    ("ImageDataParameter", "mean_file"): READ_FILE,
+    ("ImageDataParameter", "root_folder"): IMAGE_LIST,
+    ("InfogainLossParameter", "source"): READ_FILE,
+    ("AnnotatedDataParameter", "label_map_file"): READ_FILE,
+    ("DetectionEvaluateParameter", "name_size_file"): READ_FILE,
+    ("SaveOutputParameter", "label_map_file"): READ_FILE,
+    ("SaveOutputParameter", "name_size_file"): READ_FILE,
+    ("VideoDataParameter", "video_file"): READ_FILE,
+    ("HDF5OutputParameter", "file_name"): WRITE_FILE,
+    ("DetectionOutputParameter", "save_file"): WRITE_FILE,
+    ("SaveOutputParameter", "output_directory"): WRITE_DIR,
+    ("SaveOutputParameter", "output_name_prefix"): FILE_NAME,
+}
+PATH_LIKE = re.compile(r"file|source|folder|directory|path|prefix|module")
+REFUSED_LAYERS = {
+    "Python": "Python layers import and run code on the server; they are not allowed in jobs",
+    "WindowData": "WindowData's window files are not supported in jobs; convert the data to LMDB or HDF5",
+}
+PREFETCHING_LAYERS = ("Data", "ImageData", "WindowData", "AnnotatedData")
+DATA_SOURCE_FIELDS = {
+    "Data": "data_param",
+    "HDF5Data": "hdf5_data_param",
+    "ImageData": "image_data_param",
+    "AnnotatedData": "data_param",
+}
+
+
+@dataclasses.dataclass
+class JobDefinition:
+    """What a job trains, with every path checked: the nets, the solver and the dataset item shapes."""
+
+    training: TrainingDefinition
+    data_shapes: dict[str, DataSpec]
+    schedule: LearningRate
+    net_batch: int | None
+    """The TRAIN net's own batch size."""
+    test_batches: list[int | None]
+    """Each test net's own batch size."""
+    max_iter: int
+    threads: int = 0
+    """Threads Caffe starts for this job: a prefetch thread per prefetching data layer, plus a reader per Data
+    layer (as the estimator counts them). Each reserves a stack, which a memory cap (RLIMIT_DATA) counts."""
+
+    @property
+    def test_batch(self) -> int | None:
+        """The first test net's own batch (None without test nets): what the planner shrinks when it must."""
+        return self.test_batches[0] if self.test_batches else None
+
+    @property
+    def solver(self) -> Any:
+        return self.training.solver
+
+    @property
+    def test_iter(self) -> int:
+        return self.training.test_iters[0] if self.training.test_iters else 1
+
+    def memory_options(self, engine: str) -> MemoryOptions:
+        return MemoryOptions(
+            engine=engine,
+            solver_type=self.training.solver_type,
+            l1_regularization=self.training.l1_regularization,
+        )
+
+    def estimator(self, engine: str, oracle: ShapeOracle | None = None) -> Estimator:
+        return Estimator(self.training, self.memory_options(engine), self.data_shapes, oracle)
+
+
+def load_definition(
+    net_text: str,
+    solver_text: str,
+    *,
+    folder: Path,
+    roots: Sequence[Path],
+    data: Mapping[str, str] | None = None,
+    data_shapes: Mapping[str, Any] | None = None,
+    classes: int | None = None,
+    max_iter: int | None = None,
+    oracle: ShapeOracle | None = None,
+) -> JobDefinition:
+    """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
+    unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
+    `data` replaces data layers' sources by layer name."""
+    training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
+    solver = training.solver
+    if solver is None:  # pragma: no cover - training_definition always has the solver when its text is given
+        raise NetError("give a solver", source=SOLVER_SOURCE)
+    if solver.type and solver.type not in SOLVER_STATE_BLOBS:
+        raise NetError(f"unknown solver type {solver.type!r}", source=SOLVER_SOURCE, field="type")
+    if classes is not None:
+        fill_num_classes(training, classes)
+    params = _unique_params(training)
+    _apply_data_overrides(params, dict(data or {}))
+    resolved_roots = [root.resolve() for root in roots]
+    confiner = _Confiner(folder, resolved_roots)
+    for param in params:
+        for layer in param.layer:
+            confiner.layer(layer)
+    _refuse_shared_readers(training)
+
+    # The list files written above are in the job's folder; the files they list are already checked.
+    shapes = shapes_from_sources(params, folder, [*resolved_roots, (folder / "data").resolve()])
+    for key, value in (data_shapes or {}).items():
+        shapes[key] = value if isinstance(value, DataSpec) else DataSpec(tuple(value))
+    schedule = LearningRate.from_solver(solver, SOLVER_SOURCE)
+    iterations = int(max_iter if max_iter is not None else solver.max_iter)
+    if iterations <= 0:
+        raise NetError("max_iter must be positive", source=SOLVER_SOURCE, field="max_iter")
+    if schedule.policy == "poly":
+        schedule = dataclasses.replace(schedule, max_iter=iterations)
+    definition = JobDefinition(training, shapes, schedule, None, [], iterations)
+    # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
+    _, train, tests = definition.estimator("cpu", oracle).report(None, None)
+    definition.net_batch = net_batch(train)
+    definition.test_batches = [net_batch(test) for test in tests]
+    definition.threads = sum(
+        2 if layer.type == "Data" else 1
+        for net in (train, *tests)
+        for layer in net.layers
+        if layer.type in PREFETCHING_LAYERS
+    )
+    return definition
+
+
+def _unique_params(training: TrainingDefinition) -> list[Any]:
+    """Each NetParameter once: a generic net serves as the train net and the test nets (one object)."""
+    seen: dict[int, Any] = {}
+    for net in (training.train, *training.tests):
+        seen.setdefault(id(net.param), net.param)
+    return list(seen.values())
+
+
+def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> None:
+    """Replace data sources: a key names a layer, or a phase ("train", "test": that phase's data layers, as DIGITS
+    assigns its train and validation databases). A layer's own name wins over its phase."""
+    phase_keys = {key.lower(): key for key in data if key.lower() in ("train", "test")}
+    used: set[str] = set()
+    for param in params:
+        for layer in param.layer:
+            field = DATA_SOURCE_FIELDS.get(layer.type)
+            key = None
+            if layer.name in data:
+                key = layer.name
+            elif field is not None and phase_keys:
+                phases = {rule.phase for rule in layer.include if rule.HasField("phase")}
+                names = {"train" if phase == caffe_pb2.TRAIN else "test" for phase in phases} or {"train", "test"}
+                matching = [phase_keys[name] for name in sorted(names) if name in phase_keys]
+                if len(matching) > 1:
+                    raise NetError(
+                        f"data layer {layer.name!r} is in both phases; give its source by its name, not by phase",
+                        layer=layer.name, layer_type=layer.type, field="data",
+                    )
+                key = matching[0] if matching else None
+            if key is None:
+                continue
+            if field is None:
+                raise NetError(
+                    f"data names layer {layer.name!r}, a {layer.type} layer, which reads no data source",
+                    layer=layer.name, layer_type=layer.type, field="data",
+                )
+            getattr(layer, field).source = data[key]
+            used.add(key)
+    unused = sorted(set(data) - used)
+    if unused:
+        raise NetError(f"data names layers or phases the net does not have: {', '.join(unused)}", field="data")
+
+
+def _string_fields(message: Any, path: str = "") -> Iterator[tuple[Any, Any, str]]:
+    """(message, field descriptor, dotted path) of every set string field, nested messages included."""
+    for field, value in message.ListFields():
+        dotted = f"{path}.{field.name}" if path else field.name
+        if field.type == field.TYPE_MESSAGE:
+            items = value if field.label == field.LABEL_REPEATED else [value]
+            for item in items:
+                yield from _string_fields(item, dotted)
+        elif field.type == field.TYPE_STRING and field.label != field.LABEL_REPEATED:
+            yield message, field, dotted
+
+
+class _Confiner:
+    """Checks and rewrites one layer's paths."""
+
+    def __init__(self, folder: Path, roots: list[Path]) -> None:
+        self.folder = folder
+        self.roots = roots
+        self._lists: dict[tuple[str, str, str], str] = {}
+
+    def layer(self, layer: Any) -> None:
+        if layer.type in REFUSED_LAYERS:
+            raise NetError(REFUSED_LAYERS[layer.type], layer=layer.name, layer_type=layer.type, field="type")
+        for message, field, dotted in list(_string_fields(layer)):
+            if message is layer:
+                continue  # the layer's own name, type, tops and bottoms
+            kind = HANDLED_FIELDS.get((message.DESCRIPTOR.name, field.name))
+            value = getattr(message, field.name)
+            if kind is None:
+                if PATH_LIKE.search(field.name) and value:
+                    raise NetError(
+                        f"{dotted} names a file or folder, which jobs do not support for this field",
+                        layer=layer.name, layer_type=layer.type, field=dotted,
+                    )
+                continue
+            if not value:
+                continue
+            self._handle(layer, message, field.name, dotted, kind, value)
+
+    def _handle(self, layer: Any, message: Any, name: str, dotted: str, kind: str, value: str) -> None:
+        where = {"layer": layer.name, "layer_type": layer.type, "field": dotted}
+        if kind == READ_FILE:
+            setattr(message, name, str(self.read(value, where, want="file")))
+        elif kind == READ_DB:
+            setattr(message, name, str(self.read(value, where, want="dir")))
+        elif kind == HDF5_LIST:
+            setattr(message, name, self.hdf5_list(value, where))
+        elif kind == IMAGE_LIST:
+            if name == "source":
+                param = message
+                setattr(message, name, self.image_list(value, param.root_folder, where))
+                param.root_folder = ""
+        elif kind == WRITE_FILE:
+            setattr(message, name, str(self.output(value, where, folder=False)))
+        elif kind == WRITE_DIR:
+            setattr(message, name, str(self.output(value, where, folder=True)))
+        elif kind == FILE_NAME and ("/" in value or value in (".", "..")):
+            raise NetError(f"{value!r} must be a plain name, not a path", **where)
+
+    def read(self, value: str, where: Mapping[str, Any], *, want: str, base: Path | None = None) -> Path:
+        """The path `value` names, resolved inside a dataset root; relative paths are tried against each root
+        (or against `base`, the folder of the list file naming them)."""
+        path = Path(value)
+        if not self.roots:
+            raise NetError("no dataset folders are configured (MEMPLUGIN_DATASET_ROOTS): jobs cannot read data", **where)
+        candidates = [path] if path.is_absolute() else ([base / path] if base is not None else [r / path for r in self.roots])
+        outside = False
+        for candidate in candidates:
+            resolved = candidate.resolve()
+            if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
+                outside = True
+                continue
+            if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
+                return resolved
+        if outside:
+            raise NetError(f"{value} is outside the dataset folders this server may read", **where)
+        noun = "folder" if want == "dir" else "file"
+        raise NetError(f"{value} does not exist (as a {noun}) in the dataset folders", **where)
+
+    def _list_path(self, kind: str, value: str, where: Mapping[str, Any]) -> tuple[Path, bool]:
+        key = (kind, str(where["layer"]), value)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{where['layer']}_{kind}")
+        path = self.folder / "data" / f"{name}_{len(self._lists)}.txt"
+        if key in self._lists:
+            return Path(self._lists[key]), True
+        self._lists[key] = str(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path, False
+
+    def _read_list(self, value: str, where: Mapping[str, Any]) -> tuple[Path, list[str]]:
+        listing = self.read(value, where, want="file")
+        if listing.stat().st_size > MAX_LIST_BYTES:
+            raise NetError(f"{value} is larger than {MAX_LIST_BYTES} bytes", **where)
+        try:
+            text = listing.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise NetError(f"{value} is not a UTF-8 list file", **where) from None
+        return listing, [line.strip() for line in text.splitlines() if line.strip()]
+
+    def hdf5_list(self, value: str, where: Mapping[str, Any]) -> str:
+        """An HDF5Data source: a list of .h5 files (or one .h5 file), rewritten with each file checked."""
+        path, done = self._list_path("hdf5", value, where)
+        if done:
+            return str(path)
+        if value.endswith((".h5", ".hdf5")):
+            files = [self.read(value, where, want="file")]
+        else:
+            listing, lines = self._read_list(value, where)
+            if not lines:
+                raise NetError(f"{value} names no HDF5 file", **where)
+            files = [self.read(line, where, want="file", base=listing.parent) for line in lines]
+        path.write_text("".join(f"{file}\n" for file in files), encoding="utf-8")
+        return str(path)
+
+    def image_list(self, value: str, root_folder: str, where: Mapping[str, Any]) -> str:
+        """An ImageData source: "image label" lines, rewritten with absolute paths checked against the roots."""
+        path, done = self._list_path("images", value, where)
+        if done:
+            return str(path)
+        listing, lines = self._read_list(value, where)
+        base = self.read(root_folder, where, want="dir") if root_folder else listing.parent
+        out = []
+        for line in lines:
+            image, _, label = line.rpartition(" ")
+            if not image:
+                image, label = label, ""
+            resolved = (base / image).resolve() if not Path(image).is_absolute() else Path(image).resolve()
+            if not any(resolved.is_relative_to(root) for root in self.roots):
+                raise NetError(f"{value} lists {image}, which is outside the dataset folders", **where)
+            out.append(f"{resolved} {label}".rstrip())
+        path.write_text("".join(f"{line}\n" for line in out), encoding="utf-8")
+        return str(path)
+
+    def output(self, value: str, where: Mapping[str, Any], *, folder: bool) -> Path:
+        """A path a layer writes to: inside ``<job>/outputs``; an absolute path must already be inside the job."""
+        outputs = (self.folder / "outputs").resolve()
+        path = Path(value)
+        target = (path if path.is_absolute() else outputs / path).resolve()
+        if not target.is_relative_to(self.folder.resolve()):
+            raise NetError(f"{value} is outside the job's folder; layers may only write inside it", **where)
+        (target if folder else target.parent).mkdir(parents=True, exist_ok=True)
+        return target
+
+
+def _refuse_shared_readers(training: TrainingDefinition) -> None:
+    """This Caffe's DataReader shares one reading thread between Data layers of the same name and source, even in
+    different nets, and deadlocks when the test net stops reading (the train net waits forever)."""
+    seen: dict[tuple[str, str], str] = {}
+    nets = [(training.train, PHASE_TRAIN, "TRAIN")] + [
+        (test, PHASE_TEST, f"TEST #{index}") for index, test in enumerate(training.tests)
+    ]
+    for net, phase, label in nets:
+        state = net_state(net.param, phase, net.state)
+        for _, layer in filter_layers(net.param, state, net.source, net.lines):
+            if layer.type != "Data":
+                continue
+            key = (layer.name, layer.data_param.source)
+            if key in seen and seen[key] != label:
+                raise NetError(
+                    f"the {seen[key]} and {label} nets both have a Data layer named {layer.name!r} reading the same "
+                    "source; this Caffe shares one reader between them and deadlocks: rename one of the layers or "
+                    "give the test net its own database",
+                    layer=layer.name, layer_type="Data", field="data_param.source",
+                )
+            seen.setdefault(key, label)
+
+
+# --- per attempt -------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptFiles:
+    """The generated files of one attempt, relative to the job's folder."""
+
+    solver: str
+    nets: list[str]
+    snapshot_prefix: str
+
+
+def set_batch(net: Any, state: Any, source: str, batch: int) -> None:
+    """The batch of every data layer `state` includes: what the estimator's batch override models."""
+    for _, layer in filter_layers(net, state, source, []):
+        for field in ("data_param", "hdf5_data_param", "image_data_param", "memory_data_param", "window_data_param"):
+            if layer.HasField(field):
+                getattr(layer, field).batch_size = batch
+        if layer.type == "Input":
+            for shape in layer.input_param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
+        if layer.type == "DummyData":
+            param = layer.dummy_data_param
+            for shape in param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
+            for index in range(len(param.num)):
+                param.num[index] = batch
+
+
+def test_iters(definition: JobDefinition, test_batch: int | None) -> list[int]:
+    """Each test net's test_iter at `test_batch`: raised so that a test pass still covers as many items."""
+    iters = []
+    for index, own in enumerate(definition.test_batches):
+        base = definition.training.test_iters[index] if index < len(definition.training.test_iters) else 1
+        if test_batch is None or own is None or test_batch >= own:
+            iters.append(base)
+        else:
+            iters.append(math.ceil(base * own / test_batch))
+    return iters
+
+
+def snapshot_prefix(solver: Any) -> str:
+    """Snapshots go to ``snapshots/<name>`` in the job's folder, named after the solver's own prefix."""
+    name = Path(solver.snapshot_prefix).name if solver.snapshot_prefix else ""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "snapshot"
+    return f"snapshots/{name}"
+
+
+def write_attempt(
+    definition: JobDefinition,
+    folder: Path,
+    attempt_dir: str,
+    *,
+    batch_size: int,
+    iter_size: int,
+    test_batch: int | None,
+    gpu: int | None,
+) -> AttemptFiles:
+    """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
+    nets at `test_batch` (None: their own), the solver with `iter_size`, Caffe's own testing and snapshots off (the
+    runner does both), the snapshot prefix in the job's folder, CPU or GPU `gpu` (CUDA's number in the child)."""
+    training = definition.training
+    (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
+    (folder / "snapshots").mkdir(exist_ok=True)
+    nets = []
+
+    def write(net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
+        copy = caffe_pb2.NetParameter()
+        copy.CopyFrom(net.param)
+        if batch is not None:
+            set_batch(copy, net_state(copy, phase, state), net.source, batch)
+        relative = f"{attempt_dir}/{name}"
+        (folder / relative).write_text(text_format.MessageToString(copy), encoding="utf-8")
+        nets.append(relative)
+        return relative
+
+    solver = caffe_pb2.SolverParameter()
+    solver.CopyFrom(training.solver)
+    for field in ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "test_state"):
+        solver.ClearField(field)
+    solver.train_net = write(training.train, PHASE_TRAIN, training.train.state, batch_size, "train.prototxt")
+    if training.train.state is not None:
+        solver.train_state.CopyFrom(training.train.state)
+    solver.ClearField("test_iter")
+    for index, test in enumerate(training.tests):
+        solver.test_net.append(write(test, PHASE_TEST, test.state, test_batch, f"test{index}.prototxt"))
+        solver.test_iter.append(test_iters(definition, test_batch)[index])
+        if test.state is not None:
+            solver.test_state.add().CopyFrom(test.state)
+        else:
+            solver.test_state.add()  # an empty state merges nothing, as if none were given
+    solver.iter_size = iter_size
+    solver.max_iter = definition.max_iter
+    solver.test_interval = 2**31 - 1  # never: the runner tests, so results are reported (Caffe needs > 0)
+    solver.test_initialization = False
+    solver.snapshot = 0  # the runner snapshots, so that each one is reported
+    solver.snapshot_after_train = False
+    prefix = snapshot_prefix(training.solver)
+    solver.snapshot_prefix = prefix
+    if gpu is None:
+        solver.solver_mode = caffe_pb2.SolverParameter.CPU
+        solver.ClearField("device_id")
+    else:
+        solver.solver_mode = caffe_pb2.SolverParameter.GPU
+        solver.device_id = gpu
+    relative = f"{attempt_dir}/solver.prototxt"
+    (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
+    return AttemptFiles(relative, nets, prefix)

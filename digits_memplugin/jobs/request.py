@@ -1,0 +1,185 @@
+"""What a client asks for when it submits a job, checked field by field before anything is stored.
+
+    {"net": "<prototxt>", "solver": "<prototxt>",             # required
+     "name": "lenet", "device": "auto" | "cpu" | "GPU-<uuid>" | 0,
+     "batch": 256 | "auto",                                   # default: the net's own batch size
+     "data": {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb", "<layer>": "<source>"},
+     "data_shapes": {"data": [3, 224, 224]}, "classes": 10, "max_iter": 1000,
+     "memory_cap": 2147483648 | "2GiB",                       # CPU jobs only
+     "fallback": {"max_attempts": 5, "safety_margin": 0.05, "growth": 0.1, "start": "plan" | "wanted"}}
+
+Validation errors are collected per field ({"batch": "must be a positive integer or \"auto\""}), so the REST API
+answers 400 with all of them at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.fallback import DEFAULT_GROWTH, Policy
+from ..sizes import parse_size
+
+FIELDS = (
+    "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "memory_cap", "fallback",
+)
+FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
+STARTS = ("plan", "wanted")
+MAX_NAME = 200
+MAX_DIMS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """A validated submission. `device` is normalised later against the devices present (see the manager)."""
+
+    net: str
+    solver: str
+    name: str | None = None
+    device: str | int = "auto"
+    batch: int | str | None = None
+    """A positive integer (the effective batch to keep), "auto" (the largest that fits) or None (the net's own)."""
+    data: dict[str, str] = dataclasses.field(default_factory=dict)
+    data_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    classes: int | None = None
+    max_iter: int | None = None
+    memory_cap: int | None = None
+    policy: Policy = dataclasses.field(default_factory=Policy)
+    start: str = "plan"
+    """"plan": the first attempt uses the planner's batch; "wanted": it tries the wanted batch as given first."""
+
+    def spec(self, device: str) -> dict[str, Any]:
+        """What the job row keeps (the prototxt texts are files in the job's folder)."""
+        return {
+            "device": device,
+            "batch": self.batch,
+            "data": self.data,
+            "data_shapes": {key: list(value) for key, value in self.data_shapes.items()},
+            "classes": self.classes,
+            "max_iter": self.max_iter,
+            "memory_cap": self.memory_cap,
+            "fallback": {**self.policy.to_dict(), "start": self.start},
+        }
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def parse_job_request(
+    body: Any, *, default_margin: float, default_attempts: int
+) -> tuple[JobRequest | None, dict[str, Any]]:
+    """The request, or None with {field: message} for everything wrong with it."""
+    if not isinstance(body, Mapping):
+        return None, {"body": "expected a JSON object"}
+    errors: dict[str, Any] = {}
+    for key in body:
+        if key not in FIELDS:
+            errors[str(key)] = f"unknown field (known: {', '.join(FIELDS)})"
+    values: dict[str, Any] = {}
+    for key in ("net", "solver"):
+        value = body.get(key)
+        if not isinstance(value, str) or not value.strip():
+            errors[key] = f"give the {key} prototxt text"
+        else:
+            values[key] = value
+    name = body.get("name")
+    if name is not None:
+        if not isinstance(name, str) or len(name) > MAX_NAME:
+            errors["name"] = f"must be text of at most {MAX_NAME} characters"
+        else:
+            values["name"] = name.strip() or None
+    device = body.get("device", "auto")
+    if device is None:
+        device = "auto"
+    if isinstance(device, bool) or not isinstance(device, (str, int)) or (isinstance(device, int) and device < 0):
+        errors["device"] = 'must be "auto", "cpu", a GPU UUID or a GPU index'
+    else:
+        values["device"] = device.strip() if isinstance(device, str) else device
+    batch = body.get("batch")
+    if batch is not None:
+        if batch == "auto" or _positive_int(batch):
+            values["batch"] = batch
+        else:
+            errors["batch"] = 'must be a positive integer or "auto"'
+    data = body.get("data")
+    if data is not None:
+        if not isinstance(data, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in data.items()
+        ):
+            errors["data"] = 'must map layer names (or "train"/"test") to data sources (paths)'
+        else:
+            values["data"] = dict(data)
+    shapes = body.get("data_shapes")
+    if shapes is not None:
+        if not isinstance(shapes, Mapping):
+            errors["data_shapes"] = "must map data tops to item shapes"
+        else:
+            parsed = {}
+            for top, shape in shapes.items():
+                if (
+                    not isinstance(shape, list)
+                    or not 0 < len(shape) <= MAX_DIMS
+                    or not all(_positive_int(d) for d in shape)
+                ):
+                    errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers"
+                else:
+                    parsed[str(top)] = tuple(shape)
+            values["data_shapes"] = parsed
+    for key in ("classes", "max_iter"):
+        value = body.get(key)
+        if value is not None:
+            if _positive_int(value):
+                values[key] = value
+            else:
+                errors[key] = "must be a positive integer"
+    cap = body.get("memory_cap")
+    if cap is not None:
+        if isinstance(cap, str):
+            try:
+                cap = parse_size(cap)
+            except ValueError as error:
+                errors["memory_cap"] = str(error)
+                cap = None
+        if cap is not None:
+            if _positive_int(cap) and cap >= 1 << 20:
+                values["memory_cap"] = cap
+            else:
+                errors["memory_cap"] = 'must be a number of bytes of at least 1 MiB, or a size such as "2GiB"'
+    policy, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
+    if errors:
+        return None, errors
+    return JobRequest(**values, policy=policy, start=start), {}
+
+
+def _fallback(value: Any, errors: dict[str, Any], margin: float, attempts: int) -> tuple[Policy, str]:
+    fields: dict[str, Any] = {"safety_margin": margin, "max_attempts": attempts, "growth": DEFAULT_GROWTH}
+    start = "plan"
+    if value is None:
+        return Policy(**fields), start
+    if not isinstance(value, Mapping):
+        errors["fallback"] = "must be an object"
+        return Policy(**fields), start
+    problems: dict[str, str] = {}
+    for key, item in value.items():
+        if key == "start":
+            if item in STARTS:
+                start = item
+            else:
+                problems[key] = f"must be one of {', '.join(STARTS)}"
+        elif key == "max_attempts":
+            if _positive_int(item) and item <= 100:
+                fields[key] = item
+            else:
+                problems[key] = "must be a whole number from 1 to 100"
+        elif key in ("safety_margin", "growth"):
+            if not isinstance(item, bool) and isinstance(item, (int, float)) and 0 <= item < 1:
+                fields[key] = float(item)
+            else:
+                problems[key] = "must be a fraction in [0, 1)"
+        else:
+            problems[str(key)] = f"unknown field (known: {', '.join(FALLBACK_FIELDS)})"
+    if problems:
+        errors["fallback"] = problems
+    return Policy(**fields), start

@@ -1,0 +1,163 @@
+"""jobs.definition: nothing a job reads is outside the dataset folders, nothing it writes is outside its folder,
+and the generated prototxts carry the attempt's batch, iter_size and test plan."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
+
+from digits_memplugin.core.errors import NetError
+from digits_memplugin.core.prototxt import parse_net, parse_solver
+from digits_memplugin.jobs.definition import load_definition, set_batch, write_attempt
+from digits_memplugin.pycaffe_shapes import pycaffe_oracle
+
+pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
+
+HDF5_NET = """
+name: "h5"
+layer { name: "data" type: "HDF5Data" top: "data" top: "label" include { phase: TRAIN }
+  hdf5_data_param { source: "train_h5.txt" batch_size: 10 } }
+layer { name: "data" type: "HDF5Data" top: "data" top: "label" include { phase: TEST }
+  hdf5_data_param { source: "test_h5.txt" batch_size: 5 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+HDF5_SOLVER = 'test_iter: 3 test_interval: 10 base_lr: 0.01 lr_policy: "fixed" max_iter: 20'
+
+
+def load(folder: Path, roots: list[Path], net: str = LENET, solver: str = SHORT_SOLVER, **kwargs: object):  # type: ignore[no-untyped-def]
+    folder.mkdir(exist_ok=True)
+    return load_definition(net, solver, folder=folder, roots=roots, **kwargs)  # type: ignore[arg-type]
+
+
+def error_of(folder: Path, roots: list[Path], net: str, **kwargs: object) -> NetError:
+    with pytest.raises(NetError) as raised:
+        load(folder, roots, net, **kwargs)
+    return raised.value
+
+
+def test_sources_resolve_inside_the_roots_and_phases_take_their_data(tmp_path: Path, datasets: Path) -> None:
+    definition = load(tmp_path / "job", [datasets], data=LENET_DATA)
+    train, test = definition.training.train.param.layer[0], definition.training.train.param.layer[1]
+    assert train.data_param.source == str(datasets / "mnist_train_lmdb")
+    assert test.data_param.source == str(datasets / "mnist_test_lmdb")
+    assert definition.net_batch == 64 and definition.test_batch == 100
+    assert {spec.shape for spec in definition.data_shapes.values()} == {(1, 28, 28)}  # read from the LMDBs
+    assert definition.threads == 4  # a prefetch thread and a reader per Data layer, train and test
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("/etc", "outside the dataset folders"),
+        ("../../etc", "outside the dataset folders"),
+        ("no_such_lmdb", "does not exist"),
+    ],
+)
+def test_sources_outside_the_roots_or_missing_are_refused(
+    tmp_path: Path, datasets: Path, source: str, expected: str
+) -> None:
+    error = error_of(tmp_path / "job", [datasets], LENET, data={"train": source, "test": "mnist_test_lmdb"})
+    assert expected in error.message
+    assert (error.layer, error.field) == ("mnist", "data_param.source")
+
+
+def test_a_symlink_out_of_the_roots_is_refused(tmp_path: Path, datasets: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.symlink(outside, datasets / "link_lmdb")
+    error = error_of(tmp_path / "job", [datasets], LENET, data={"train": "link_lmdb", "test": "mnist_test_lmdb"})
+    assert "outside the dataset folders" in error.message
+
+
+def test_the_same_reader_in_both_nets_is_refused_before_it_deadlocks(tmp_path: Path, datasets: Path) -> None:
+    error = error_of(tmp_path / "job", [datasets], LENET, data={"train": "mnist_train_lmdb", "test": "mnist_train_lmdb"})
+    assert "deadlocks" in error.message
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "expected"),
+    [
+        ('layer { name: "py" type: "Python" bottom: "ip2" top: "py" python_param { module: "os" layer: "x" } }',
+         "type", "Python layers"),
+        ('layer { name: "w" type: "WindowData" top: "w" window_data_param { source: "x" } }', "type", "WindowData"),
+        (('layer { name: "ig" type: "InfogainLoss" bottom: "ip2" bottom: "label" top: "ig" '
+          'infogain_loss_param { source: "/etc/passwd" } }'), "infogain_loss_param.source", "outside"),
+    ],
+)
+def test_layers_that_run_code_or_read_elsewhere_are_refused(
+    tmp_path: Path, datasets: Path, extra: str, field: str, expected: str
+) -> None:
+    error = error_of(tmp_path / "job", [datasets], LENET + extra, data=LENET_DATA)
+    assert error.field == field and expected in error.message
+
+
+def test_outputs_are_kept_in_the_job_folder(tmp_path: Path, datasets: Path) -> None:
+    writer = 'layer { name: "out" type: "HDF5Output" bottom: "ip2" bottom: "label" hdf5_output_param { file_name: "%s" } }'
+    folder = tmp_path / "job"
+    # HDF5Output has no estimator rule: pycaffe gives its shapes, as in the server (MEMPLUGIN_PYCAFFE_FALLBACK).
+    definition = load(folder, [datasets], LENET + writer % "preds.h5", data=LENET_DATA, oracle=pycaffe_oracle)
+    out = next(layer for layer in definition.training.train.param.layer if layer.type == "HDF5Output")
+    assert out.hdf5_output_param.file_name == str((folder / "outputs" / "preds.h5").resolve())
+    for escaping in ("../../escape.h5", "/tmp/escape.h5"):  # outputs/../.. is the job folder's parent
+        error = error_of(folder, [datasets], LENET + writer % escaping, data=LENET_DATA)
+        assert "outside the job's folder" in error.message
+
+
+def test_hdf5_list_files_are_rewritten_with_each_file_checked(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "h5").mkdir(parents=True)
+    for name, rows in (("train", 40), ("test", 15)):
+        with h5py.File(root / "h5" / f"{name}.h5", "w") as h5:
+            h5["data"] = np.zeros((rows, 4), dtype=np.float32)
+            h5["label"] = np.zeros((rows,), dtype=np.float32)
+        (root / f"{name}_h5.txt").write_text(f"h5/{name}.h5\n")  # relative to the list file's folder
+    folder = tmp_path / "job"
+    definition = load(folder, [root], HDF5_NET, HDF5_SOLVER)
+    source = definition.training.train.param.layer[0].hdf5_data_param.source
+    assert Path(source).parent == folder / "data"
+    assert Path(source).read_text() == f"{(root / 'h5' / 'train.h5').resolve()}\n"
+    (root / "test_h5.txt").write_text("../../../etc/passwd\n")
+    error = error_of(tmp_path / "job2", [root], HDF5_NET, solver=HDF5_SOLVER)
+    assert "outside the dataset folders" in error.message
+
+
+def test_data_overrides_must_name_something(tmp_path: Path, datasets: Path) -> None:
+    error = error_of(tmp_path / "job", [datasets], LENET, data={**LENET_DATA, "nosuchlayer": "x"})
+    assert error.field == "data" and "nosuchlayer" in error.message
+
+
+def test_no_dataset_roots_means_no_data(tmp_path: Path) -> None:
+    error = error_of(tmp_path / "job", [], LENET, data=LENET_DATA)
+    assert "no dataset folders are configured" in error.message
+
+
+def test_the_attempt_files_carry_the_plan(tmp_path: Path, datasets: Path) -> None:
+    folder = tmp_path / "job"
+    definition = load(folder, [datasets], data=LENET_DATA, max_iter=30)
+    files = write_attempt(definition, folder, "attempts/2", batch_size=21, iter_size=3, test_batch=50, gpu=None)
+    solver = parse_solver((folder / files.solver).read_text())
+    assert (solver.iter_size, solver.max_iter, list(solver.test_iter)) == (3, 30, [4])  # 2 x 100 items / 50
+    assert solver.train_net == "attempts/2/train.prototxt" and list(solver.test_net) == ["attempts/2/test0.prototxt"]
+    assert solver.snapshot_prefix == "snapshots/lenet" and solver.snapshot == 0
+    assert solver.solver_mode == 0  # CPU
+    train = parse_net((folder / "attempts/2/train.prototxt").read_text())
+    test = parse_net((folder / "attempts/2/test0.prototxt").read_text())
+    batches = {(layer.include[0].phase, layer.data_param.batch_size) for layer in train.layer[:2]}
+    assert batches == {(0, 21), (1, 100)}  # only the TRAIN layer changed in the train net
+    assert {(layer.include[0].phase, layer.data_param.batch_size) for layer in test.layer[:2]} == {(0, 64), (1, 50)}
+
+
+def test_set_batch_follows_the_state(tmp_path: Path) -> None:
+    net = parse_net(HDF5_NET)
+    from digits_memplugin.core.net import net_state
+
+    set_batch(net, net_state(net, "TEST"), "net.prototxt", 7)
+    assert [layer.hdf5_data_param.batch_size for layer in net.layer[:2]] == [10, 7]
+    assert text_format.MessageToString(net)
