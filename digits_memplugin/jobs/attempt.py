@@ -1,0 +1,217 @@
+"""One attempt as a child process: started in its own process group, its JSON records and Caffe's log followed
+live, stopped with SIGTERM then SIGKILL, and classified once it has ended (core.oom).
+
+Written with the standard library's threading, subprocess and time: under the gevent server they are
+monkey-patched, so the reads and waits here yield to the hub instead of blocking it; in tests and in the CLI they
+are plain threads. Caffe's log is followed by reading its file (the child writes it directly, so a server that
+dies leaves the whole log behind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from ..core.oom import Outcome, classify
+
+LOG_TAIL_BYTES = 256 * 1024
+"""How much of the end of Caffe's log the classification reads."""
+POLL_SECONDS = 0.2
+MAX_LINE = 4096
+"""A log line longer than this is cut in the events (the file keeps it whole)."""
+
+RecordCallback = Callable[[dict[str, Any]], None]
+LogCallback = Callable[[list[str]], None]
+
+
+@dataclasses.dataclass
+class AttemptResult:
+    """How the child ended and what it reported."""
+
+    returncode: int
+    outcome: Outcome
+    records: int
+    last_iteration: int | None
+    peak_bytes: int | None
+    finished: bool
+    error: dict[str, Any] | None
+
+
+class AttemptProcess:
+    """The child of one attempt. `start`, then `wait` (blocking; run it in the manager's task), `cancel` from any
+    task. Records go to `on_record` and new complete log lines to `on_log`, both from the waiting task."""
+
+    def __init__(
+        self,
+        folder: Path,
+        spec_file: str,
+        log_file: str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        on_record: RecordCallback | None = None,
+        on_log: LogCallback | None = None,
+        grace_seconds: float = 5.0,
+    ) -> None:
+        self.folder = folder
+        self.spec_file = spec_file
+        self.log_path = folder / log_file
+        self.environment = dict(environment or {})
+        self.on_record = on_record or (lambda record: None)
+        self.on_log = on_log or (lambda lines: None)
+        self.grace_seconds = grace_seconds
+        self.process: subprocess.Popen[str] | None = None
+        self._cancel_at: float | None = None
+        self._killed = False
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: dict[str, Any] | None = None
+        self._records = 0
+        self._last_iteration: int | None = None
+        self._peak: int | None = None
+        self._log_offset = 0
+        self._partial = b""
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel_at is not None
+
+    def start(self) -> int:
+        """Start the child; its stderr (Python's own errors before the runner takes over) goes to the log too."""
+        env = {**os.environ, "GLOG_logtostderr": "1", "GLOG_minloglevel": "0", **self.environment}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "digits_memplugin.jobs.runner", self.spec_file],
+                cwd=self.folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # its own process group: cancel stops Caffe's threads and anything it starts
+            )
+        return self.process.pid
+
+    def cancel(self) -> None:
+        """Ask the child to stop (SIGTERM to its process group); `wait` sends SIGKILL after the grace period."""
+        with self._lock:
+            if self._cancel_at is None:
+                self._cancel_at = time.monotonic()
+                self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Stop the child at once (SIGKILL to its process group), e.g. when the server shuts down."""
+        with self._lock:
+            if self._cancel_at is None:
+                self._cancel_at = time.monotonic()
+            self._signal(signal.SIGKILL)
+            self._killed = True
+
+    def _signal(self, number: int) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, number)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> AttemptResult:
+        """Follow the child until it ends; then classify how it ended."""
+        process = self.process
+        if process is None or process.stdout is None:
+            raise RuntimeError("the attempt was not started")
+        reader = threading.Thread(target=self._read_records, args=(process.stdout,), daemon=True)
+        reader.start()
+        while process.poll() is None:
+            self._follow_log()
+            with self._lock:
+                overdue = (
+                    self._cancel_at is not None
+                    and not self._killed
+                    and time.monotonic() - self._cancel_at > self.grace_seconds
+                )
+                if overdue:
+                    self._signal(signal.SIGKILL)
+                    self._killed = True
+            time.sleep(POLL_SECONDS)
+        reader.join(timeout=30)
+        # The group may still hold processes the child started; nothing of an ended attempt may keep running.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while self._follow_log(final=True):
+            pass
+        returncode = process.returncode
+        outcome = classify(
+            returncode, self._log_tail(), cancelled=self.cancelled, finished=self._finished, runner_error=self._error
+        )
+        return AttemptResult(
+            returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error
+        )
+
+    def _read_records(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not ours (a library printing to stdout); the log has the rest
+            if not isinstance(record, dict):
+                continue
+            self._records += 1
+            event = record.get("event")
+            if event == "finished":
+                self._finished = True
+            elif event == "error":
+                self._error = {"type": record.get("type"), "message": record.get("message")}
+            if isinstance(record.get("iteration"), int):
+                self._last_iteration = record["iteration"]
+            memory = record.get("memory_bytes")
+            if isinstance(memory, int):
+                self._peak = memory if self._peak is None else max(self._peak, memory)
+            self.on_record(record)
+        stream.close()
+
+    def _follow_log(self, final: bool = False) -> bool:
+        """Hand the log lines written since the last look to `on_log` (complete lines; the rest at the end).
+        True when there may be more to read."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                chunk = log.read(1 << 20)
+        except OSError:
+            return False
+        if not chunk and not (final and self._partial):
+            return False
+        self._log_offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if final and self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        if lines:
+            self.on_log([line.decode("utf-8", errors="replace")[:MAX_LINE] for line in lines])
+        return bool(chunk)
+
+    def _log_tail(self) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(0, size - LOG_TAIL_BYTES))
+                return log.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,250 @@
+"""The training child: one attempt of a job, driving pycaffe's solver step by step and reporting as JSON lines.
+
+Usage: ``python -m digits_memplugin.jobs.runner ATTEMPT_JSON`` with the job's folder as working directory.
+
+The server never runs Caffe itself: Caffe aborts the whole process on out-of-memory. Here the runner
+
+* sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
+* dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
+* applies the attempt's memory cap to itself with RLIMIT_DATA, measured from its own footprint once pycaffe and
+  BLAS are loaded, so the cap is what Caffe's buffers may take. RLIMIT_DATA (not RLIMIT_AS) because malloc then
+  fails cleanly and Caffe's CHECK reports "host allocation of size N failed", while address-space reservations
+  (LMDB's read-only map, glibc's arena reserves) do not count;
+* disables the solver's own testing and snapshots in the generated solver and does both itself, so that every
+  test result and snapshot is reported: test nets share the train net's weights, forward test_iter times, outputs
+  averaged as Solver::Test does; snapshots through Solver::Snapshot with the prefix inside the job's folder;
+* reports the learning rate from Caffe's formulas (core.schedule), which pycaffe does not expose.
+
+Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
+started, constructed, test, iteration, snapshot, finished, error. Exit status 0 after "finished", 3 after "error".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+THREAD_STACK_BYTES = 512 * 1024
+"""Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
+address space by default, which RLIMIT_DATA counts; Caffe's threads need a few KiB."""
+MAX_LISTED_VALUES = 16
+"""Outputs with more elements are reported by their mean, not element by element."""
+PR_SET_PDEATHSIG = 1
+
+
+class Reporter:
+    """Writes each record to stdout (the manager reads it live) and to the attempt's progress file."""
+
+    def __init__(self, stream: TextIO, progress: Path) -> None:
+        self._stream = stream
+        self._file = progress.open("a", encoding="utf-8")
+        self._started = time.monotonic()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": time.time(), "seconds": round(time.monotonic() - self._started, 3), **fields}
+        line = json.dumps(record, allow_nan=False, default=_number) + "\n"
+        self._file.write(line)
+        self._file.flush()
+        self._stream.write(line)
+        self._stream.flush()
+
+
+def _number(value: Any) -> Any:
+    return float(value)
+
+
+def data_bytes() -> int:
+    """This process's data segment (VmData): what RLIMIT_DATA limits."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmData line")
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this process when the server that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def redirect_stderr(log: Path) -> None:
+    """fd 2 (glog, C++ terminate messages, Python tracebacks) appends to the attempt's caffe.log."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+
+
+def warm_up_blas() -> None:
+    """Run one tiny sgemm in Caffe's BLAS so that its buffers (OpenBLAS maps a large one at the first call) are in
+    the baseline rather than counted against the cap."""
+    try:
+        blas = ctypes.CDLL("libopenblas.so.0")
+    except OSError:
+        try:
+            blas = ctypes.CDLL("libcblas.so.3")
+        except OSError:
+            return
+    values = (ctypes.c_float * 4)(1.0, 2.0, 3.0, 4.0)
+    result = (ctypes.c_float * 4)()
+    row_major, no_trans = 101, 111
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    blas.cblas_sgemm(row_major, no_trans, no_trans, 2, 2, 2, one, values, 2, values, 2, zero, result, 2)
+
+
+def small_thread_stacks(size: int = THREAD_STACK_BYTES) -> None:
+    """Make threads started from now on (Caffe's) reserve `size` bytes of stack instead of RLIMIT_STACK."""
+    libc = ctypes.CDLL(None)
+    attr = ctypes.create_string_buffer(256)  # larger than pthread_attr_t on every glibc target
+    if libc.pthread_attr_init(attr) == 0 and libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) == 0:
+        libc.pthread_setattr_default_np(attr)
+        libc.pthread_attr_destroy(attr)
+
+
+def output_value(values: Any) -> Any:
+    """A blob's values for a record: a number, a short list, or the mean of a long one."""
+    flat = values.ravel()
+    if flat.size == 1:
+        return float(flat[0])
+    if flat.size <= MAX_LISTED_VALUES:
+        return [float(v) for v in flat]
+    return {"mean": float(flat.mean()), "count": int(flat.size)}
+
+
+def weighted_loss(sums: Mapping[str, Any], weights: Mapping[str, float]) -> float | None:
+    """Sum of loss_weight x output over the outputs that carry a loss weight (Net::Forward's loss)."""
+    total, any_loss = 0.0, False
+    for name, values in sums.items():
+        weight = weights.get(name, 0.0)
+        if weight:
+            total += weight * float(values.sum())
+            any_loss = True
+    return total if any_loss else None
+
+
+def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
+    """Solver::TestAll: each test net shares the train net's weights, runs test_iter forward passes, and its
+    outputs are averaged over them."""
+    for index, net in enumerate(solver.test_nets):
+        net.share_with(solver.net)
+        sums: dict[str, Any] = {}
+        iterations = test_iters[index]
+        for _ in range(iterations):
+            outputs = net.forward()
+            for name, values in outputs.items():
+                sums[name] = values.astype("float64") if name not in sums else sums[name] + values
+        means = {name: total / iterations for name, total in sums.items()}
+        report(
+            "test",
+            iteration=solver.iter,
+            net=index,
+            outputs={name: output_value(values) for name, values in means.items()},
+            loss=weighted_loss(means, net.blob_loss_weights),
+        )
+
+
+def snapshot(solver: Any, spec: Mapping[str, Any], report: Reporter) -> None:
+    solver.snapshot()
+    prefix = spec["snapshot_prefix"]
+    h5 = ".h5" if spec.get("snapshot_format") == "HDF5" else ""
+    report(
+        "snapshot",
+        iteration=solver.iter,
+        model=f"{prefix}_iter_{solver.iter}.caffemodel{h5}",
+        state=f"{prefix}_iter_{solver.iter}.solverstate{h5}",
+    )
+
+
+def train(spec: Mapping[str, Any], report: Reporter) -> None:
+    """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would."""
+    from ..core.schedule import LearningRate
+
+    schedule = LearningRate(**{**spec["schedule"], "stepvalues": tuple(spec["schedule"]["stepvalues"])})
+    import caffe
+
+    device = spec["device"]
+    if device["kind"] == "gpu":
+        caffe.set_device(int(device["cuda_index"]))
+        caffe.set_mode_gpu()
+    else:
+        caffe.set_mode_cpu()
+    warm_up_blas()
+    small_thread_stacks()
+    baseline = data_bytes()
+    cap = spec.get("memory_cap")
+    if cap:
+        resource.setrlimit(resource.RLIMIT_DATA, (baseline + int(cap), baseline + int(cap)))
+    report("started", pid=os.getpid(), baseline_bytes=baseline, memory_cap=cap, resumed_from=spec.get("resume"))
+
+    solver = caffe.get_solver(spec["solver"])
+    if spec.get("resume"):
+        solver.restore(spec["resume"])
+    report("constructed", iteration=solver.iter, memory_bytes=data_bytes() - baseline)
+
+    max_iter, test_interval = int(spec["max_iter"]), int(spec["test_interval"])
+    test_iters = [int(n) for n in spec["test_iter"]]
+    every = int(spec["snapshot"])
+    weights = solver.net.blob_loss_weights
+    outputs = list(solver.net.outputs)
+    while solver.iter < max_iter:
+        iteration = solver.iter
+        if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec["test_initialization"]):
+            run_tests(solver, test_iters, report)
+        rate = schedule.rate(iteration)
+        solver.step(1)
+        values = {name: solver.net.blobs[name].data for name in outputs}
+        report(
+            "iteration",
+            iteration=solver.iter,
+            lr=rate,
+            loss=weighted_loss(values, weights),
+            outputs={name: output_value(v) for name, v in values.items()},
+            memory_bytes=data_bytes() - baseline,
+        )
+        if every and solver.iter % every == 0:
+            snapshot(solver, spec, report)
+    if spec["snapshot_after_train"] and (not every or solver.iter % every != 0):
+        snapshot(solver, spec, report)
+    if test_interval and solver.iter % test_interval == 0:
+        run_tests(solver, test_iters, report)
+    report("finished", iteration=solver.iter, memory_bytes=data_bytes() - baseline)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m digits_memplugin.jobs.runner ATTEMPT_JSON", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    die_with_parent()
+    redirect_stderr(Path(spec["log"]))
+    report = Reporter(sys.stdout, Path(spec["progress"]))
+    try:
+        train(spec, report)
+    except MemoryError as error:
+        # pycaffe turns std::bad_alloc into MemoryError; the manager classifies this record as out-of-memory.
+        report("error", type="MemoryError", message=str(error) or "out of memory")
+        return 3
+    except BrokenPipeError:
+        return 4  # the server is gone; nobody reads the progress any more
+    except Exception as error:  # noqa: BLE001 - reported to the manager, and the traceback kept in caffe.log
+        traceback.print_exc()
+        report("error", type=type(error).__name__, message=str(error))
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
