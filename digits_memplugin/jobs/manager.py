@@ -1,0 +1,831 @@
+"""The job manager: a queue of training jobs, placed on devices where their plan fits, each trained by attempts in
+child processes, with the out-of-memory fallback between attempts.
+
+Embedded and gevent-friendly: it runs inside the web server (or the `train` command) with no server of its own.
+Its tasks are started through `spawn` (socketio.start_background_task in the web app, a thread otherwise) and use
+only threading, subprocess and time, which gevent's monkey-patching makes cooperative; device reads go through
+the plugin's DeviceReader (gevent's threadpool under the gevent server). It knows nothing of Flask or socketio:
+it reports through `on_event(name, payload)`, which the web layer binds to socketio rooms.
+
+Events (payloads are what the REST API returns):
+    job           the job document (GET /jobs/<id> without attempts), on every change of state or plan
+    job_attempt   {"job_id", **attempt} when an attempt starts and when it ends
+    job_progress  {"job_id", "attempt", **record} for each runner record (iteration, test, snapshot, ...)
+    job_log       {"job_id", "attempt", "lines": [...]} new lines of Caffe's log
+    job_deleted   {"id"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from ..core.errors import NetError
+from ..core.fallback import DEFAULT_MAX_ATTEMPTS, DEFAULT_SAFETY_MARGIN, Decision, Failure, Policy, decide
+from ..core.layers.base import ENGINE_CPU, ENGINE_CUDNN
+from ..core.net import ShapeOracle
+from ..core.oom import CANCELLED as OUTCOME_CANCELLED
+from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
+from ..core.oom import OUT_OF_MEMORY, SUCCESS
+from ..core.planner import BatchPlan, usable_bytes
+from ..devices import CPU_KEY, GPU, DeviceList, DeviceReader, DeviceSelectionError, child_cuda_environment
+from ..errors import MemPluginError
+from .attempt import AttemptProcess, AttemptResult
+from .definition import SOLVER_SOURCE, JobDefinition, load_definition, snapshot_prefix, test_iters, write_attempt
+from .placement import Limit, candidates, limit_for, normalise_device
+from .records import (
+    ACTIVE_STATES,
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINAL_STATES,
+    INTERRUPTED,
+    QUEUED,
+    RUNNING,
+    Attempt,
+    Job,
+)
+from .request import JobRequest
+from .runner import THREAD_STACK_BYTES
+from .store import JobStore
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[str, dict[str, Any]], None]
+Spawn = Callable[[Callable[[], None]], Any]
+
+STORE_FILE = "jobs.sqlite"
+LOCK_FILE = "jobs.lock"
+JOBS_FOLDER = "jobs"
+RUNNER_MODULE = "digits_memplugin.jobs.runner"
+INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
+
+
+def start_thread(target: Callable[[], None]) -> threading.Thread:
+    """The default `spawn`: a daemon thread (a greenlet once gevent has monkey-patched threading)."""
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+class JobError(MemPluginError):
+    """A request about a job that cannot be done; the message says why."""
+
+
+class JobNotFound(JobError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r}")
+
+
+class JobStateError(JobError):
+    """The job is not in a state that allows this (delete while running, resume a finished job...)."""
+
+
+class JobValidationError(JobError):
+    """A submission that cannot become a job: `errors` maps fields to messages (the API's 400 body)."""
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("; ".join(f"{key}: {value}" for key, value in errors.items()))
+        self.errors = errors
+
+
+class DataFolderInUse(JobError):
+    """Another manager (a server, a `train` command) holds the data folder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    data_dir: Path
+    dataset_roots: tuple[Path, ...]
+    jobs_per_gpu: int = 1
+    jobs_per_cpu: int = 1
+    cpu_memory_cap: int | None = None
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    gpu_engine: str = ENGINE_CUDNN
+    poll_seconds: float = 1.0
+    """How often waiting jobs are placed again and GPU memory of running attempts is sampled."""
+    grace_seconds: float = 5.0
+    """Between SIGTERM and SIGKILL when an attempt is cancelled."""
+    store_progress_seconds: float = 1.0
+    """Iteration records are written to the store at most this often per job (tests and snapshots always)."""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ManagerConfig:
+        roots = settings.dataset_roots or (settings.data_dir / "datasets",)
+        return cls(
+            data_dir=settings.data_dir,
+            dataset_roots=tuple(roots),
+            jobs_per_gpu=settings.jobs_per_gpu,
+            jobs_per_cpu=settings.jobs_per_cpu,
+            cpu_memory_cap=settings.cpu_memory_cap,
+            safety_margin=settings.job_safety_margin,
+            max_attempts=settings.job_max_attempts,
+            gpu_engine=settings.gpu_engine,
+        )
+
+
+@dataclasses.dataclass
+class _Running:
+    """A job placed on a device: its slot, and its current attempt once started."""
+
+    job_id: str
+    device: str
+    kind: str
+    process: AttemptProcess | None = None
+    attempt: int | None = None
+    estimated: int = 0
+    peak: int | None = None
+    cancel: bool = False
+    task: Any = None
+    last_stored: float = 0.0
+    progress: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class JobManager:
+    """Jobs of one data folder. `start` before use, `stop` when done (both idempotent)."""
+
+    def __init__(
+        self,
+        config: ManagerConfig,
+        devices: DeviceReader,
+        *,
+        on_event: EventCallback | None = None,
+        spawn: Spawn = start_thread,
+        oracle: ShapeOracle | None = None,
+    ) -> None:
+        self.config = config
+        self.devices = devices
+        self.on_event = on_event or (lambda name, payload: None)
+        self.spawn = spawn
+        self.oracle = oracle
+        self.jobs_root = config.data_dir / JOBS_FOLDER
+        self._store: JobStore | None = None
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._started = False
+        self._scheduler: Any = None
+        self._running: dict[str, _Running] = {}
+        self._definitions: dict[str, JobDefinition] = {}
+        self._lock_file: IO[str] | None = None
+        self._finished = threading.Condition(self._lock)
+
+    # --- life cycle ---------------------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            raise JobError("the job manager has not been started")
+        return self._store
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> None:
+        """Take the data folder, mark what a previous process left running as interrupted, start scheduling."""
+        with self._lock:
+            if self._started:
+                return
+            self.config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.jobs_root.mkdir(exist_ok=True)
+            self._lock_file = self._take_folder()
+            self._store = JobStore(self.config.data_dir / STORE_FILE)
+            for attempt in self._store.mark_interrupted(INTERRUPTED_MESSAGE):
+                self._kill_leftover(attempt)
+            self._stopping = False
+            self._started = True
+            self._scheduler = self.spawn(self._loop)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop scheduling, kill running attempts (their jobs become interrupted, resumable), release the folder."""
+        with self._lock:
+            if not self._started:
+                return
+            self._stopping = True
+            running = list(self._running.values())
+            for entry in running:
+                if entry.process is not None:
+                    entry.process.kill()
+            self._wake.set()
+        deadline = time.monotonic() + timeout
+        for task in [self._scheduler, *(entry.task for entry in running)]:
+            if task is not None and hasattr(task, "join"):
+                task.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._started = False
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
+
+    def _take_folder(self) -> IO[str]:
+        handle = (self.config.data_dir / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            handle.close()
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                raise DataFolderInUse(
+                    f"another server or train command is using the data folder {self.config.data_dir}"
+                ) from None
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        return handle
+
+    def _kill_leftover(self, attempt: Attempt) -> None:
+        """A runner the previous server left (its death signal normally took it along): killed, never adopted."""
+        if attempt.pid is None:
+            return
+        try:
+            cmdline = Path(f"/proc/{attempt.pid}/cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(f"/proc/{attempt.pid}/cwd"))
+        except OSError:
+            return
+        if RUNNER_MODULE.encode() in cmdline and cwd == (self.jobs_root / attempt.job_id).resolve():
+            log.warning("killing training process %d left by a previous server (job %s)", attempt.pid, attempt.job_id)
+            try:
+                os.killpg(attempt.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _emit(self, name: str, payload: dict[str, Any]) -> None:
+        try:
+            self.on_event(name, payload)
+        except Exception:
+            log.exception("the %s event listener failed", name)
+
+    def _emit_job(self, job: Job) -> None:
+        self._emit("job", job.to_json())
+
+    # --- requests -----------------------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> Job:
+        """Check the request against the devices and the dataset folders, store the job, queue it."""
+        devices = self.devices.read()
+        try:
+            device = normalise_device(request.device, devices)
+        except ValueError as error:
+            raise JobValidationError({"device": str(error)}) from None
+        if request.memory_cap is not None and device not in (CPU_KEY,) and not (device == "auto" and not devices.gpus):
+            raise JobValidationError({"memory_cap": "a memory cap applies to CPU jobs only (device \"cpu\")"})
+        job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        folder = self.jobs_root / job_id
+        folder.mkdir(parents=True)
+        try:
+            (folder / "net.prototxt").write_text(request.net, encoding="utf-8")
+            (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
+            spec = request.spec(device)
+            definition = self._load(folder, spec)
+        except NetError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise JobValidationError({_error_field(error): error.to_dict()}) from None
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        now = time.time()
+        name = request.name or (definition.training.train.param.name or "job")
+        job = Job(
+            id=job_id, name=name, status=QUEUED, created_at=now, updated_at=now, folder=job_id, spec=spec,
+            max_iter=definition.max_iter, message="waiting for a device",
+        )
+        with self._lock:
+            self.store.add_job(job)
+            self._definitions[job_id] = definition
+        stored = self.get(job_id)
+        self._emit_job(stored)
+        self._wake.set()
+        return stored
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def list_jobs(self) -> list[Job]:
+        return self.store.list_jobs()
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        self.get(job_id)
+        return self.store.attempts(job_id)
+
+    def document(self, job_id: str) -> dict[str, Any]:
+        """GET /jobs/<id>: the job with its attempts."""
+        job = self.get(job_id)
+        return {**job.to_json(), "attempts": [attempt.to_json() for attempt in self.store.attempts(job_id)]}
+
+    def folder(self, job_id: str) -> Path:
+        return self.jobs_root / self.get(job_id).folder
+
+    def log_path(self, job_id: str, attempt: int | None = None) -> Path:
+        """Caffe's log of an attempt (the latest by default)."""
+        attempts = self.attempts(job_id)
+        if not attempts:
+            raise JobStateError("the job has not started an attempt yet, so there is no log")
+        chosen = attempts[-1] if attempt is None else next((a for a in attempts if a.number == attempt), None)
+        if chosen is None:
+            raise JobNotFound(f"{job_id} attempt {attempt}")
+        return self.folder(job_id) / chosen.log
+
+    def cancel(self, job_id: str) -> Job:
+        """A queued job is cancelled at once; a running one once its child has stopped (SIGTERM, then SIGKILL)."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.status == QUEUED:
+                job = self.store.update_job(job_id, status=CANCELLED, finished_at=time.time(), message="cancelled")
+                self._finished.notify_all()
+            elif job.status == RUNNING and job_id in self._running:
+                entry = self._running[job_id]
+                entry.cancel = True
+                if entry.process is not None:
+                    entry.process.cancel()
+                job = self.store.update_job(job_id, message="cancelling")
+            else:
+                raise JobStateError(f"the job is {job.status}; only queued or running jobs can be cancelled")
+        self._emit_job(job)
+        return job
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job that is not running, with its folder."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.status == RUNNING:
+                raise JobStateError("the job is running; cancel it first")
+            self.store.delete_job(job_id)
+            self._definitions.pop(job_id, None)
+        shutil.rmtree(self.jobs_root / job.folder, ignore_errors=True)
+        self._emit("job_deleted", {"id": job_id})
+
+    def resume(self, job_id: str) -> Job:
+        """Queue an interrupted, cancelled or failed job again; it continues from its last snapshot if it has one."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.status not in (INTERRUPTED, CANCELLED, FAILED):
+                raise JobStateError(f"the job is {job.status}; only interrupted, cancelled or failed jobs resume")
+            where = f"from iteration {job.snapshot['iteration']}" if job.snapshot else "from the start (no snapshot)"
+            job = self.store.update_job(job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}")
+        self._emit_job(job)
+        self._wake.set()
+        return job
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job is done, failed or cancelled (or interrupted by a stop); the job as it ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._finished:
+            while True:
+                job = self.get(job_id)
+                if job.status in FINAL_STATES or (job.status == INTERRUPTED and job_id not in self._running):
+                    return job
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return job
+                self._finished.wait(0.5 if remaining is None else min(0.5, remaining))
+
+    # --- scheduling ---------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                busy = bool(self._running)
+            self._wake.wait(self.config.poll_seconds if busy or self._queued() else None)
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._schedule()
+            except Exception:
+                log.exception("scheduling failed")
+
+    def _queued(self) -> bool:
+        return bool(self._store is not None and self._store.list_jobs([QUEUED]))
+
+    def _schedule(self) -> None:
+        devices = self.devices.read()
+        self._sample_gpu_memory(devices)
+        for job in self.store.list_jobs([QUEUED]):
+            if self._stopping:
+                return
+            self._try_place(job, devices)
+
+    def _sample_gpu_memory(self, devices: DeviceList) -> None:
+        """Peak GPU memory of running attempts, from NVML's process list (the runner cannot see it in CUDA)."""
+        with self._lock:
+            entries = [entry for entry in self._running.values() if entry.kind == GPU and entry.process]
+        for entry in entries:
+            device = devices.get(entry.device)
+            pid = entry.process.pid if entry.process else None
+            for process in (device.processes or ()) if device else ():
+                if process.pid == pid and process.used_memory is not None:
+                    entry.peak = max(entry.peak or 0, process.used_memory)
+
+    def _try_place(self, job: Job, devices: DeviceList) -> None:
+        try:
+            definition = self._definition(job)
+        except NetError as error:
+            self._finish(job.id, FAILED, f"the job's definition cannot be used any more: {error}")
+            return
+        choices, reason = candidates(job.spec["device"], devices)
+        engine_for = {GPU: self.config.gpu_engine, CPU_KEY: ENGINE_CPU}
+        best: tuple[int, Limit, Decision] | None = None
+        waits: list[str] = []
+        never: list[str] = []
+        with self._lock:
+            busy = {key: sum(1 for e in self._running.values() if e.device == key) for key in {d.key for d in choices}}
+            for order, device in enumerate(choices):
+                slots = self.config.jobs_per_gpu if device.kind == GPU else self.config.jobs_per_cpu
+                label = _label(device)
+                if busy[device.key] >= slots:
+                    waits.append(f"{label} is busy")
+                    continue
+                limit = limit_for(
+                    device, reserved=self._reserved(device.key), cap=self._cap(job), cap_overhead=_stacks(definition)
+                )
+                if limit is None:
+                    waits.append(f"the memory of {label} is unknown")
+                    continue
+                engine = engine_for[GPU if device.kind == GPU else CPU_KEY]
+                decision = self._decide(job, definition, engine, limit.limit_bytes, [], 0)
+                if decision.plan is not None:
+                    rank = decision.plan.iter_size * 1000 + order
+                    if best is None or rank < best[0]:
+                        best = (rank, limit, decision)
+                    continue
+                empty = self._decide(job, definition, engine, limit.capacity_bytes, [], 0)
+                (waits if empty.plan is not None else never).append(f"{label}: {decision.message}")
+            if best is not None:
+                _, limit, decision = best
+                entry = _Running(job.id, limit.device.key, GPU if limit.device.kind == GPU else CPU_KEY)
+                entry.estimated = decision.estimated_bytes or 0
+                self._running[job.id] = entry
+                self.store.update_job(job.id, status=RUNNING, device=limit.device.key, message=decision.message)
+                entry.task = self.spawn(lambda: self._run_job(job.id))
+                return
+        if choices and len(never) == len(choices):
+            self._finish(job.id, FAILED, "does not fit even when nothing else runs; " + "; ".join(never))
+            return
+        message = "waiting for a device: " + "; ".join(waits + never) if (waits or never) else f"waiting: {reason}"
+        if message != job.message:
+            self._emit_job(self.store.update_job(job.id, message=message))
+
+    def _reserved(self, device_key: str, exclude: str | None = None) -> int:
+        """Memory our running attempts on the device were planned to take and have not taken yet."""
+        return sum(
+            max(0, entry.estimated - (entry.peak or 0))
+            for entry in self._running.values()
+            if entry.device == device_key and entry.job_id != exclude
+        )
+
+    def _cap(self, job: Job) -> int | None:
+        caps = [cap for cap in (job.spec.get("memory_cap"), self.config.cpu_memory_cap) if cap is not None]
+        return min(caps) if caps else None
+
+    def _definition(self, job: Job) -> JobDefinition:
+        definition = self._definitions.get(job.id)
+        if definition is None:
+            definition = self._load(self.jobs_root / job.folder, job.spec)
+            self._definitions[job.id] = definition
+        return definition
+
+    def _load(self, folder: Path, spec: dict[str, Any]) -> JobDefinition:
+        return load_definition(
+            (folder / "net.prototxt").read_text(encoding="utf-8"),
+            (folder / SOLVER_SOURCE).read_text(encoding="utf-8"),
+            folder=folder,
+            roots=self.config.dataset_roots,
+            data=spec.get("data") or {},
+            data_shapes={key: tuple(value) for key, value in (spec.get("data_shapes") or {}).items()},
+            classes=spec.get("classes"),
+            max_iter=spec.get("max_iter"),
+            oracle=self.oracle,
+        )
+
+    def _wanted(self, job: Job, definition: JobDefinition) -> int | None:
+        """The effective batch to keep: fixed once training has started; else as asked (None: auto)."""
+        if job.effective_batch is not None and job.iteration > 0:
+            return job.effective_batch
+        requested = job.spec.get("batch")
+        if requested == "auto":
+            return None
+        return int(requested) if requested is not None else definition.net_batch
+
+    def _decide(
+        self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: list[Failure], made: int
+    ) -> Decision:
+        estimator = definition.estimator(engine, self.oracle)
+        fallback = job.spec.get("fallback") or {}
+        policy = Policy(
+            safety_margin=fallback.get("safety_margin", self.config.safety_margin),
+            growth=fallback.get("growth", Policy().growth),
+            max_attempts=fallback.get("max_attempts", self.config.max_attempts),
+        )
+
+        def footprint(batch: int, test_batch: int | None) -> int:
+            return estimator.report(batch, test_batch)[0].total_bytes
+
+        return decide(
+            policy, footprint, self._wanted(job, definition), limit, failures, attempts_made=made,
+            test_batch=definition.test_batch, test_iter=definition.test_iter,
+        )
+
+    # --- one job ------------------------------------------------------------------------------------------------
+
+    def _run_job(self, job_id: str) -> None:
+        try:
+            self._attempts(job_id)
+        except Exception as error:
+            log.exception("job %s failed in the manager", job_id)
+            self._finish(job_id, FAILED, f"internal error: {error}")
+        finally:
+            with self._lock:
+                self._running.pop(job_id, None)
+                self._finished.notify_all()
+            self._wake.set()
+
+    def _attempts(self, job_id: str) -> None:
+        job = self.get(job_id)
+        entry = self._running[job_id]
+        definition = self._definition(job)
+        engine = self.config.gpu_engine if entry.kind == GPU else ENGINE_CPU
+        earlier = [a for a in self.store.attempts(job_id) if a.device == entry.device]
+        failures = [_failure(a) for a in earlier if a.status == OUT_OF_MEMORY and a.limit_bytes is not None]
+        made = 0
+        job = self.store.update_job(job_id, started_at=job.started_at or time.time())
+        self._emit_job(job)
+        while True:
+            with self._lock:
+                if entry.cancel or self._stopping:
+                    status = INTERRUPTED if self._stopping else CANCELLED
+                    self._finish(job_id, status, INTERRUPTED_MESSAGE if self._stopping else "cancelled")
+                    return
+            devices = self.devices.read()
+            device = devices.get(entry.device)
+            with self._lock:
+                reserved = self._reserved(entry.device, exclude=job_id)
+            limit = None if device is None else limit_for(
+                device, reserved=reserved, cap=self._cap(job), cap_overhead=_stacks(definition)
+            )
+            if device is None or limit is None:
+                self._finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
+                return
+            job = self.get(job_id)
+            decision = self._decide(job, definition, engine, limit.limit_bytes, failures, made)
+            if decision.stop or decision.plan is None:
+                prefix = "out of memory: " if failures else ""
+                self._finish(job_id, FAILED, prefix + decision.message)
+                return
+            plan, message = decision.plan, decision.message
+            wanted = self._wanted(job, definition)
+            if made == 0 and not failures and job.spec.get("fallback", {}).get("start") == "wanted" and wanted:
+                cost = definition.estimator(engine, self.oracle).report(wanted, None)[0].total_bytes
+                budget = usable_bytes(limit.limit_bytes, decision_margin(job, self.config))
+                plan = BatchPlan(wanted, 1, cost <= budget, cost, wanted)
+                message = f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
+            result, attempt = self._run_attempt(job, definition, entry, limit, plan, decision, message)
+            made += 1
+            status = result.outcome.status
+            if status == SUCCESS:
+                self._finish(job_id, DONE, f"training finished at iteration {result.last_iteration}")
+                return
+            if status == OUTCOME_INTERRUPTED:
+                self._finish(job_id, INTERRUPTED, INTERRUPTED_MESSAGE)
+                return
+            if status == OUTCOME_CANCELLED:
+                self._finish(job_id, CANCELLED, "cancelled")
+                return
+            if status != OUT_OF_MEMORY:
+                self._finish(job_id, FAILED, result.outcome.message)
+                return
+            failures.append(self._failure_after(attempt, limit, result))
+
+    def _failure_after(self, attempt: Attempt, limit: Limit, result: AttemptResult) -> Failure:
+        """What the failed attempt tells, with its limit lowered to what the device had free once it ended
+        (another process may have taken memory meanwhile); a cap stays the cap."""
+        overhead = limit.overhead_bytes
+        effective = limit.cap_bytes - overhead if limit.cap_bytes is not None else limit.limit_bytes
+        if limit.cap_bytes is None:
+            device = self.devices.read().get(limit.device.key)
+            if device is not None and device.memory_free is not None:
+                effective = min(effective, device.memory_free)
+        record = result.outcome.out_of_memory
+        failure = Failure(
+            batch_size=attempt.batch_size,
+            test_batch_size=attempt.test_batch_size,
+            limit_bytes=effective,
+            requested_bytes=None if record is None else record.requested_bytes,
+            free_bytes=None if record is None else record.free_bytes,
+            used_bytes=None if result.peak_bytes is None else max(0, result.peak_bytes - overhead),
+        )
+        self.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective)
+        return failure
+
+    def _run_attempt(
+        self, job: Job, definition: JobDefinition, entry: _Running, limit: Limit, plan: BatchPlan,
+        decision: Decision, message: str,
+    ) -> tuple[AttemptResult, Attempt]:
+        folder = self.jobs_root / job.folder
+        number = len(self.store.attempts(job.id)) + 1
+        attempt_dir = f"attempts/{number}"
+        test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
+        environment: dict[str, str] = {}
+        device: dict[str, Any] = {"kind": "cpu"}
+        if entry.kind == GPU:
+            try:
+                child = child_cuda_environment([entry.device], self.devices.read().gpus)
+            except DeviceSelectionError as error:
+                raise JobError(str(error)) from None
+            environment.update(child.environment)
+            device = {"kind": "gpu", "uuid": entry.device, "cuda_index": child.cuda_index[entry.device]}
+        else:
+            environment["CUDA_VISIBLE_DEVICES"] = ""
+            if limit.cap_bytes is not None:
+                environment["OPENBLAS_NUM_THREADS"] = "1"  # more BLAS threads each map their own buffer
+        log_file = f"{attempt_dir}/caffe.log"
+        iters = test_iters(definition, test_batch)
+        files = write_attempt(
+            definition, folder, attempt_dir, batch_size=plan.batch_size, iter_size=plan.iter_size,
+            test_batch=test_batch, gpu=device.get("cuda_index"),
+        )
+        resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
+        solver = definition.solver
+        spec = {
+            "job_id": job.id,
+            "attempt": number,
+            "solver": files.solver,
+            "log": log_file,
+            "progress": f"{attempt_dir}/progress.jsonl",
+            "device": device,
+            "batch_size": plan.batch_size,
+            "iter_size": plan.iter_size,
+            "resume": resume,
+            "memory_cap": limit.cap_bytes,
+            "max_iter": definition.max_iter,
+            "test_interval": int(solver.test_interval) if definition.training.tests else 0,
+            "test_iter": iters,
+            "test_initialization": bool(solver.test_initialization),
+            "snapshot": int(solver.snapshot),
+            "snapshot_after_train": bool(solver.snapshot_after_train),
+            "snapshot_prefix": snapshot_prefix(solver),
+            "snapshot_format": "HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
+            "schedule": definition.schedule.to_dict(),
+        }
+        (folder / attempt_dir / "attempt.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        attempt = self.store.add_attempt(
+            Attempt(
+                job_id=job.id, number=number, status=RUNNING, device=entry.device, batch_size=plan.batch_size,
+                iter_size=plan.iter_size, started_at=time.time(), log=log_file,
+                test_batch_size=test_batch or definition.test_batch, test_iter=iters[0] if iters else None,
+                resumed_from=resume, start_iteration=job.snapshot["iteration"] if resume and job.snapshot else 0,
+                limit_bytes=limit.limit_bytes, estimated_bytes=plan.bytes, correction=decision.correction,
+            )
+        )
+        updated = self.store.update_job(
+            job.id, batch_size=plan.batch_size, iter_size=plan.iter_size, test_batch_size=attempt.test_batch_size,
+            test_iter=attempt.test_iter, message=f"attempt {number}: {message}",
+            iteration=attempt.start_iteration,
+        )
+        self._emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        self._emit_job(updated)
+
+        process = AttemptProcess(
+            folder, f"{attempt_dir}/attempt.json", log_file, environment=environment,
+            on_record=lambda record: self._on_record(job.id, number, record),
+            on_log=lambda lines: self._emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
+            grace_seconds=self.config.grace_seconds,
+        )
+        with self._lock:
+            entry.process, entry.attempt, entry.estimated, entry.peak = process, number, plan.bytes or 0, None
+            entry.progress = {"train": None, "test": []}
+            stopping, cancel = self._stopping, entry.cancel
+            pid = process.start()
+            if stopping:
+                process.kill()
+            elif cancel:
+                process.cancel()
+        self.store.update_attempt(job.id, number, pid=pid)
+        result = process.wait()
+        outcome = result.outcome
+        if self._stopping and outcome.status == OUTCOME_CANCELLED:
+            outcome = dataclasses.replace(outcome, status=OUTCOME_INTERRUPTED, message=INTERRUPTED_MESSAGE)
+            result = dataclasses.replace(result, outcome=outcome)
+        peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
+        with self._lock:
+            self._store_progress(job.id, entry, force=True)
+        attempt = self.store.update_attempt(
+            job.id, number, status=outcome.status, finished_at=time.time(), exit_code=outcome.exit_code,
+            signal=outcome.signal, message=outcome.message,
+            out_of_memory=None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
+            peak_bytes=None if peak < 0 else peak, end_iteration=result.last_iteration,
+        )
+        result = dataclasses.replace(result, peak_bytes=attempt.peak_bytes)
+        self._emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        return result, attempt
+
+    def _on_record(self, job_id: str, number: int, record: dict[str, Any]) -> None:
+        """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job."""
+        self._emit("job_progress", {"job_id": job_id, "attempt": number, **record})
+        event = record.get("event")
+        with self._lock:
+            entry = self._running.get(job_id)
+            if entry is None:
+                return
+            if event == "iteration":
+                entry.progress["train"] = record
+                self._store_progress(job_id, entry, first=record.get("iteration") == 1)
+            elif event == "test":
+                tests = entry.progress.setdefault("test", [])
+                while len(tests) <= int(record.get("net", 0)):
+                    tests.append(None)
+                tests[int(record.get("net", 0))] = record
+                self._store_progress(job_id, entry, force=True)
+            elif event == "snapshot":
+                snapshot = {key: record[key] for key in ("iteration", "model", "state")}
+                self._emit_job(self.store.update_job(job_id, snapshot=snapshot))
+
+    def _store_progress(self, job_id: str, entry: _Running, force: bool = False, first: bool = False) -> None:
+        """Keep the latest progress on the job row, at most once per `store_progress_seconds` for iterations."""
+        now = time.monotonic()
+        if not (force or first) and now - entry.last_stored < self.config.store_progress_seconds:
+            return
+        entry.last_stored = now
+        train = entry.progress.get("train")
+        fields: dict[str, Any] = {"progress": entry.progress}
+        if train is not None:
+            fields["iteration"] = int(train["iteration"])
+            job = self.store.get_job(job_id)
+            if job is not None and job.effective_batch is None and job.batch_size and job.iter_size:
+                fields["effective_batch"] = job.batch_size * job.iter_size
+        self.store.update_job(job_id, **fields)
+
+    def _finish(self, job_id: str, status: str, message: str) -> None:
+        with self._lock:
+            job = self.store.update_job(
+                job_id, status=status, message=message,
+                finished_at=time.time() if status in FINAL_STATES else None,
+            )
+            self._finished.notify_all()
+        self._emit_job(job)
+
+
+def decision_margin(job: Job, config: ManagerConfig) -> float:
+    return float((job.spec.get("fallback") or {}).get("safety_margin", config.safety_margin))
+
+
+def _failure(attempt: Attempt) -> Failure:
+    """An earlier out-of-memory attempt (before a restart or a resume), as the policy reads it."""
+    record = attempt.out_of_memory or {}
+    return Failure(
+        batch_size=attempt.batch_size,
+        test_batch_size=attempt.test_batch_size,
+        limit_bytes=int(attempt.limit_bytes or 0),
+        requested_bytes=record.get("requested_bytes"),
+        free_bytes=record.get("free_bytes"),
+        used_bytes=attempt.peak_bytes,
+    )
+
+
+def _stacks(definition: JobDefinition) -> int:
+    """Address space the runner's capped child reserves for Caffe's thread stacks."""
+    return definition.threads * THREAD_STACK_BYTES
+
+
+def _label(device: Any) -> str:
+    return "the CPU" if device.kind != GPU else f"GPU {device.index}"
+
+
+def _error_field(error: NetError) -> str:
+    if error.field == "data" or (error.field or "").startswith("data_shapes"):
+        return "data"
+    if error.source == SOLVER_SOURCE or (error.source or "").startswith(SOLVER_SOURCE):
+        return "solver"
+    return "net"
+
+
+__all__ = [
+    "ACTIVE_STATES",
+    "DataFolderInUse",
+    "JobError",
+    "JobManager",
+    "JobNotFound",
+    "JobStateError",
+    "JobValidationError",
+    "ManagerConfig",
+]

@@ -1,0 +1,141 @@
+"""At most N progress and log events per second per job, without losing the last of them.
+
+A LeNet attempt reports hundreds of iterations a second and Caffe writes hundreds of log lines while it builds a
+net; browsers need a few updates a second. Iteration records beyond the rate are coalesced (the latest is sent
+when the interval has passed), log lines are batched (all of them, in order, in the next event). Everything else
+(job states, attempts, test results, snapshots) goes out at once, after whatever was pending for that job, so
+the order a client sees is the order things happened. A background task sends what is pending once its
+interval is over, and ends when nothing is pending.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+Emit = Callable[[str, dict[str, Any]], None]
+Spawn = Callable[[Callable[[], None]], Any]
+Sleep = Callable[[float], None]
+
+PROGRESS = "job_progress"
+LOG = "job_log"
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.progress: dict[str, Any] | None = None
+        self.log: dict[str, Any] | None = None
+        self.sent_progress = 0.0
+        self.sent_log = 0.0
+
+
+class EventThrottle:
+    """Wraps an emit function; call it with every event of the job manager."""
+
+    def __init__(
+        self, emit: Emit, per_second: float, *, spawn: Spawn | None = None, sleep: Sleep = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if per_second <= 0:
+            raise ValueError(f"per_second must be positive, got {per_second}")
+        self._emit = emit
+        self.interval = 1.0 / per_second
+        self._spawn = spawn or _thread
+        self._sleep = sleep
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Pending] = {}
+        self._flushing = False
+
+    def __call__(self, name: str, payload: dict[str, Any]) -> None:
+        job_id = str(payload.get("job_id") or payload.get("id") or "")
+        out: list[tuple[str, dict[str, Any]]] = []
+        with self._lock:
+            pending = self._jobs.setdefault(job_id, _Pending())
+            now = self._clock()
+            if name == PROGRESS and payload.get("event") == "iteration":
+                if now - pending.sent_progress >= self.interval and pending.progress is None:
+                    pending.sent_progress = now
+                    out.append((name, payload))
+                else:
+                    pending.progress = payload
+                    self._ensure_flusher()
+            elif name == LOG:
+                if pending.log is None or pending.log.get("attempt") != payload.get("attempt"):
+                    out += self._take_log(pending)
+                    pending.log = {**payload, "lines": list(payload.get("lines", []))}
+                else:
+                    pending.log["lines"].extend(payload.get("lines", []))
+                if now - pending.sent_log >= self.interval:
+                    pending.sent_log = now
+                    out += self._take_log(pending)
+                else:
+                    self._ensure_flusher()
+            else:
+                out += self._take_all(pending, now)
+                out.append((name, payload))
+                if name == "job_deleted":
+                    self._jobs.pop(job_id, None)
+        for event in out:
+            self._emit(*event)
+
+    def flush(self) -> None:
+        """Send everything pending now."""
+        with self._lock:
+            now = self._clock()
+            out = [event for pending in self._jobs.values() for event in self._take_all(pending, now)]
+        for event in out:
+            self._emit(*event)
+
+    def _take_log(self, pending: _Pending) -> list[tuple[str, dict[str, Any]]]:
+        if pending.log is None or not pending.log["lines"]:
+            pending.log = None
+            return []
+        event = (LOG, pending.log)
+        pending.log = None
+        return [event]
+
+    def _take_all(self, pending: _Pending, now: float) -> list[tuple[str, dict[str, Any]]]:
+        out = self._take_log(pending)
+        if pending.progress is not None:
+            out.append((PROGRESS, pending.progress))
+            pending.progress = None
+            pending.sent_progress = now
+        return out
+
+    def _ensure_flusher(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            self._spawn(self._run)
+
+    def _run(self) -> None:
+        while True:
+            self._sleep(self.interval)
+            out: list[tuple[str, dict[str, Any]]] = []
+            with self._lock:
+                now = self._clock()
+                for pending in self._jobs.values():
+                    if pending.progress is not None and now - pending.sent_progress >= self.interval:
+                        out.append((PROGRESS, pending.progress))
+                        pending.progress = None
+                        pending.sent_progress = now
+                    if pending.log is not None and now - pending.sent_log >= self.interval:
+                        pending.sent_log = now
+                        out += self._take_log(pending)
+                if not any(p.progress is not None or p.log is not None for p in self._jobs.values()):
+                    self._flushing = False
+                    idle = True
+                else:
+                    idle = False
+            for event in out:
+                self._emit(*event)
+            if idle:
+                return
+
+
+def _thread(target: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,130 @@
+"""Shared by the job tests: synthetic MNIST-shaped LMDBs (written like measure/runner.py writes them), LeNet with a
+short solver, and a job manager on a temporary data folder that is always stopped. Its own tests check the data.
+
+Other test modules import from here (tests/ is on sys.path, as for conftest).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import ZOO
+
+from digits_memplugin.core.proto import caffe_pb2
+from digits_memplugin.datasets import lmdb_item
+from digits_memplugin.devices import DeviceReader
+from digits_memplugin.jobs.manager import JobManager, ManagerConfig
+from digits_memplugin.jobs.records import Job
+from digits_memplugin.jobs.request import JobRequest, parse_job_request
+
+MIB = 1 << 20
+LENET = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()
+LENET_SOLVER = (ZOO / "caffe_lenet" / "lenet_solver.prototxt").read_text()
+# The zoo's LeNet solver with a quick test pass (2 x 100 items) and frequent snapshots; max_iter comes per job.
+SHORT_SOLVER = LENET_SOLVER.replace("test_iter: 100", "test_iter: 2").replace("snapshot: 5000", "snapshot: 2")
+LENET_DATA = {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb"}
+
+
+def write_lmdb(path: Path, records: int = 16, shape: tuple[int, int, int] = (1, 28, 28), smaller_after: int | None = None) -> Path:
+    """An LMDB of uint8 Datums with labels 0..9; from record `smaller_after` on, items are 8 pixels smaller (a
+    corrupt dataset: Caffe's transformer aborts on it, a failure that is not out-of-memory)."""
+    import lmdb
+
+    rng = np.random.default_rng(0)
+    env = lmdb.open(str(path), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index in range(records):
+            channels, height, width = shape
+            if smaller_after is not None and index >= smaller_after:
+                height, width = height - 8, width - 8
+            datum = caffe_pb2.Datum(label=index % 10, channels=channels, height=height, width=width)
+            datum.data = rng.integers(0, 255, size=channels * height * width, dtype=np.uint8).tobytes()
+            txn.put(f"{index:08d}".encode(), datum.SerializeToString())
+    env.close()
+    return path
+
+
+@pytest.fixture
+def datasets(tmp_path: Path) -> Path:
+    """A dataset root with MNIST-shaped train and test LMDBs."""
+    root = tmp_path / "datasets"
+    root.mkdir()
+    write_lmdb(root / "mnist_train_lmdb")
+    write_lmdb(root / "mnist_test_lmdb", records=8)
+    return root
+
+
+ManagerFactory = Callable[..., JobManager]
+
+
+@pytest.fixture
+def make_manager(tmp_path: Path, datasets: Path) -> Iterator[ManagerFactory]:
+    """Job managers on tmp_path/data reading `datasets`; every one is stopped after the test."""
+    managers: list[JobManager] = []
+
+    def make(events: list[tuple[str, dict[str, Any]]] | None = None, **config: Any) -> JobManager:
+        settings: dict[str, Any] = {"data_dir": tmp_path / "data", "dataset_roots": (datasets,), "poll_seconds": 0.2}
+        settings.update(config)
+        manager = JobManager(
+            ManagerConfig(**settings),
+            DeviceReader(),
+            on_event=(lambda name, payload: events.append((name, payload))) if events is not None else None,
+        )
+        managers.append(manager)
+        manager.start()
+        return manager
+
+    yield make
+    for manager in managers:
+        manager.stop()
+
+
+def lenet_request(**fields: Any) -> JobRequest:
+    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4, **fields}
+    request, errors = parse_job_request(body, default_margin=0.05, default_attempts=5)
+    assert request is not None, errors
+    return request
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "the condition") -> Any:
+    """Poll `predicate` until it returns something true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def runner_pid(manager: JobManager, job: Job, attempt: int = 1) -> int:
+    """The training child's pid, as the runner itself reported it."""
+    import json
+
+    progress = manager.folder(job.id) / "attempts" / str(attempt) / "progress.jsonl"
+    first = wait_for(lambda: progress.is_file() and progress.read_text().splitlines(), what="the runner to start")
+    return int(json.loads(first[0])["pid"])
+
+
+def test_synthetic_lmdbs_have_mnist_items(datasets: Path) -> None:
+    spec = lmdb_item(datasets / "mnist_train_lmdb", "mnist")
+    assert spec.shape == (1, 28, 28) and spec.stored_itemsize == 1
+
+
+def test_the_short_solver_only_changes_the_test_pass_and_snapshots() -> None:
+    assert "test_iter: 2" in SHORT_SOLVER and "snapshot: 2" in SHORT_SOLVER
+    assert SHORT_SOLVER.replace("test_iter: 2", "test_iter: 100").replace("snapshot: 2", "snapshot: 5000") == LENET_SOLVER

@@ -1,0 +1,131 @@
+"""jobs.throttle: progress and log events limited per job and per second, the latest never lost, order kept.
+
+A fake clock and a flusher that the test runs by hand make every case exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from digits_memplugin.jobs.throttle import EventThrottle
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    def __init__(self, per_second: float = 4.0) -> None:
+        self.clock = Clock()
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.flushers: list[Callable[[], None]] = []
+        self.throttle = EventThrottle(
+            lambda name, payload: self.sent.append((name, payload)), per_second,
+            spawn=self.flushers.append, sleep=self.advance, clock=self.clock,
+        )
+
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    def iteration(self, n: int, job: str = "a") -> None:
+        self.throttle("job_progress", {"job_id": job, "attempt": 1, "event": "iteration", "iteration": n})
+
+    def run_flusher(self) -> None:
+        """One flusher task, run to its end (it sleeps by advancing the clock)."""
+        self.flushers.pop(0)()
+
+
+def iterations(sent: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    return [p["iteration"] for name, p in sent if name == "job_progress" and p["event"] == "iteration"]
+
+
+def test_iterations_beyond_the_rate_are_coalesced_and_the_latest_is_sent() -> None:
+    h = Harness(per_second=4.0)
+    for n in range(1, 101):  # a burst within one instant
+        h.iteration(n)
+    assert iterations(h.sent) == [1]
+    assert len(h.flushers) == 1
+    h.run_flusher()
+    assert iterations(h.sent) == [1, 100]  # the latest one, after one interval
+    assert h.flushers == []  # the flusher ended: nothing pending
+
+
+def test_at_most_n_per_second_over_a_steady_stream_in_real_time() -> None:
+    """Real threads and clock: 20 events a second allowed, 1000 offered a second for a second; the last arrives."""
+    import threading
+    import time
+
+    sent: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def emit(name: str, payload: dict[str, Any]) -> None:
+        with lock:
+            sent.append((time.monotonic(), payload["iteration"]))
+
+    throttle = EventThrottle(emit, 20.0)
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < 1.0:
+        n += 1
+        throttle("job_progress", {"job_id": "a", "event": "iteration", "iteration": n})
+        time.sleep(0.001)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (not sent or sent[-1][1] != n):
+        time.sleep(0.01)
+    with lock:
+        times = [t for t, _ in sent]
+        assert sent[-1][1] == n  # the latest is never lost
+    elapsed = times[-1] - times[0]
+    assert len(times) <= 20 * elapsed + 2
+    assert n > 200 and len(times) < n / 5  # it really throttled
+
+
+def test_other_events_flush_what_is_pending_first_so_order_is_kept() -> None:
+    h = Harness()
+    h.iteration(1)
+    h.iteration(2)
+    h.throttle("job_progress", {"job_id": "a", "attempt": 1, "event": "snapshot", "iteration": 2})
+    h.throttle("job", {"id": "a", "status": "done"})
+    assert [(name, p.get("event") or p.get("status")) for name, p in h.sent] == [
+        ("job_progress", "iteration"), ("job_progress", "iteration"), ("job_progress", "snapshot"), ("job", "done"),
+    ]
+    assert iterations(h.sent) == [1, 2]
+
+
+def test_log_lines_are_batched_never_dropped() -> None:
+    h = Harness()
+    for n in range(50):
+        h.throttle("job_log", {"job_id": "a", "attempt": 1, "lines": [f"line {n}"]})
+    h.run_flusher()
+    lines = [line for name, p in h.sent if name == "job_log" for line in p["lines"]]
+    assert lines == [f"line {n}" for n in range(50)]
+    assert len([name for name, _ in h.sent if name == "job_log"]) == 2
+
+
+def test_jobs_are_throttled_separately() -> None:
+    h = Harness()
+    h.iteration(1, job="a")
+    h.iteration(1, job="b")
+    assert [(p["job_id"], p["iteration"]) for _, p in h.sent] == [("a", 1), ("b", 1)]
+
+
+def test_flush_sends_everything_pending() -> None:
+    h = Harness()
+    h.iteration(1)
+    h.iteration(2)
+    h.throttle("job_log", {"job_id": "a", "attempt": 1, "lines": ["x"]})
+    h.throttle("job_log", {"job_id": "a", "attempt": 1, "lines": ["y"]})
+    h.throttle.flush()
+    assert iterations(h.sent) == [1, 2]
+    assert [line for name, p in h.sent if name == "job_log" for line in p["lines"]] == ["x", "y"]
+
+
+def test_the_rate_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        EventThrottle(lambda name, payload: None, 0)
