@@ -1,0 +1,94 @@
+"""jobs.runner, the training child: what it reports is what Caffe itself computes (test outputs averaged like
+Solver::Test, the loss of each iteration, the learning rate), and under a memory cap Caffe really fails to
+allocate and aborts with the CHECK the classifier knows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_jobs_fixtures import MIB, SHORT_SOLVER, ManagerFactory, lenet_request
+
+from digits_memplugin.core import oom
+from digits_memplugin.core.prototxt import parse_solver
+from digits_memplugin.jobs.manager import JobManager
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["test_jobs_fixtures"]
+
+SEEDED = "random_seed: 7\n"
+
+
+def records(manager: JobManager, job_id: str, attempt: int) -> list[dict[str, Any]]:
+    path = manager.folder(job_id) / "attempts" / str(attempt) / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def caffe_own_run(folder: Path, solver_file: str, iterations: int) -> str:
+    """The attempt's generated solver run by pycaffe alone, with Caffe's own testing and display on."""
+    solver = parse_solver((folder / solver_file).read_text())
+    solver.test_interval = 1000
+    solver.test_initialization = True
+    solver.display = 1
+    (folder / "caffe_own_solver.prototxt").write_text(str(solver))
+    script = f"import caffe; caffe.set_mode_cpu(); caffe.get_solver('caffe_own_solver.prototxt').step({iterations})"
+    env = {**os.environ, "GLOG_logtostderr": "1", "GLOG_minloglevel": "0", "OPENBLAS_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    return result.stderr
+
+
+def test_reports_match_caffes_own_test_loss_and_learning_rate(make_manager: ManagerFactory) -> None:
+    manager = make_manager()
+    request = dataclasses.replace(lenet_request(max_iter=3), solver=SEEDED + SHORT_SOLVER)  # the same weights twice
+    job = manager.wait(manager.submit(request).id, timeout=120)
+    assert job.status == "done"
+    got = records(manager, job.id, 1)
+    assert [r["event"] for r in got][:3] == ["started", "constructed", "test"]
+    assert got[-1]["event"] == "finished"
+
+    log = caffe_own_run(manager.folder(job.id), "attempts/1/solver.prototxt", 3)
+    # Solver::Test at iteration 0: "Test net output #0: accuracy = 0.5" then "#1: loss = 2.3 (* 1 = 2.3 loss)".
+    caffe_test = dict(re.findall(r"Test net output #\d+: (\w+) = ([-\d.e]+)", log)[:2])
+    first_test = next(r for r in got if r["event"] == "test")
+    assert first_test["iteration"] == 0
+    for name, value in caffe_test.items():
+        assert first_test["outputs"][name] == pytest.approx(float(value), rel=1e-4, abs=1e-6)
+    # Solver::Step with display 1: "Iteration 0, loss = X" (iter_size 1: the loss of that iteration).
+    caffe_losses = [float(x) for x in re.findall(r"Iteration \d+(?: \(.*?\))?, loss = ([-\d.e]+)", log)]
+    ours = [r for r in got if r["event"] == "iteration"]
+    assert [r["iteration"] for r in ours] == [1, 2, 3]
+    assert [r["loss"] for r in ours] == pytest.approx(caffe_losses[:3], rel=1e-4)
+    caffe_rates = [float(x) for x in re.findall(r"Iteration \d+, lr = ([-\d.e]+)", log)]
+    assert [r["lr"] for r in ours] == pytest.approx(caffe_rates[:3], rel=2e-5)
+    memory = [r["memory_bytes"] for r in got if "memory_bytes" in r]
+    assert 0 < memory[0] < max(memory)  # the first iteration allocates activations, diffs and history
+    assert manager.attempts(job.id)[0].peak_bytes == max(memory)
+    snapshot = next(r for r in got if r["event"] == "snapshot")
+    assert (manager.folder(job.id) / snapshot["state"]).is_file()
+    assert snapshot["state"].startswith("snapshots/")  # inside the job's folder
+
+
+def test_under_a_cap_caffe_really_fails_to_allocate(make_manager: ManagerFactory) -> None:
+    manager = make_manager(cpu_memory_cap=40 * MIB)
+    job = manager.wait(
+        manager.submit(lenet_request(batch=400, fallback={"start": "wanted", "max_attempts": 1})).id, timeout=120
+    )
+    (attempt,) = manager.attempts(job.id)
+    log = (manager.folder(job.id) / attempt.log).read_text()
+    fatal = oom.fatal_line(log)
+    assert fatal is not None and "host allocation of size" in fatal
+    outcome = oom.classify(-signal.SIGABRT, log)
+    assert outcome.status == oom.OUT_OF_MEMORY and outcome.out_of_memory is not None
+    assert attempt.status == "out_of_memory" and attempt.signal == "SIGABRT"
+    started = records(manager, job.id, 1)[0]
+    assert started["memory_cap"] == 40 * MIB and started["baseline_bytes"] > 0
