@@ -108,9 +108,14 @@ def save_without_blobs(net, out):
 
 def run(job):
     kind = job["kind"]
+    if "memory_limit" in job:
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (job["memory_limit"], job["memory_limit"]))
     if kind == "net":
         net = caffe.Net(job["path"], getattr(caffe, job["phase"]), level=job["level"], stages=job["stages"])
-        return {"layers": names(net)}
+        return {"layers": names(net), "blobs": {name: list(blob.shape) for name, blob in net.blobs.items()}}
+    if kind == "types":
+        return {"types": list(caffe.layer_type_list())}
     if kind == "solver":
         solver = caffe.get_solver(job["path"])
         return {"train": names(solver.net), "tests": [names(net) for net in solver.test_nets]}

@@ -219,6 +219,16 @@ def test_solver_inline_nets_are_limited_one_by_one() -> None:
     assert (raised.value.source, raised.value.line) == ("s.prototxt", 5)
 
 
+def test_error_messages_survive_odd_locations() -> None:
+    """str() of an error must never raise, whatever a caller put in its location fields."""
+    error = NetError("bad", source=5, line=3, column=None, layer=7, field=0)  # type: ignore[arg-type]
+    assert str(error) == "5:3: layer 7: bad"
+    assert str(NetError("bad", line=3, column=4)) == "bad"  # no source: no location to show
+    assert str(NetError("bad", layer="l", layer_type="Pooling", field="pooling_param.pad")) == (
+        "layer 'l' (Pooling): pooling_param.pad: bad"
+    )
+
+
 def test_all_errors_are_the_projects_own() -> None:
     assert issubclass(PrototxtSyntaxError, NetError) and issubclass(NetError, MemPluginError)
 

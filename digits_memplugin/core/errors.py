@@ -34,9 +34,10 @@ class NetError(MemPluginError, ValueError):
         self.field = field
 
     def __str__(self) -> str:
+        # f-strings throughout: a caller that passed a non-str source must still get a message, not a TypeError.
         where = ""
         if self.source is not None:
-            where = self.source
+            where = f"{self.source}"
             if self.line is not None:
                 where += f":{self.line}"
                 if self.column is not None:
