@@ -86,16 +86,30 @@ def test_at_most_n_per_second_over_a_steady_stream_in_real_time() -> None:
     assert n > 200 and len(times) < n / 5  # it really throttled
 
 
-def test_other_events_flush_what_is_pending_first_so_order_is_kept() -> None:
+def test_attempt_events_send_what_is_pending_first() -> None:
     h = Harness()
     h.iteration(1)
     h.iteration(2)
-    h.throttle("job_progress", {"job_id": "a", "attempt": 1, "event": "snapshot", "iteration": 2})
-    h.throttle("job", {"id": "a", "status": "done"})
-    assert [(name, p.get("event") or p.get("status")) for name, p in h.sent] == [
-        ("job_progress", "iteration"), ("job_progress", "iteration"), ("job_progress", "snapshot"), ("job", "done"),
+    h.throttle("job_log", {"job_id": "a", "attempt": 1, "lines": ["one"]})
+    h.throttle("job_log", {"job_id": "a", "attempt": 1, "lines": ["two"]})
+    h.throttle("job_attempt", {"job_id": "a", "number": 1, "status": "success"})
+    assert [(name, p.get("event") or p.get("lines") or p.get("status")) for name, p in h.sent] == [
+        ("job_progress", "iteration"), ("job_log", ["one"]), ("job_log", ["two"]), ("job_progress", "iteration"),
+        ("job_attempt", "success"),
     ]
-    assert iterations(h.sent) == [1, 2]
+
+
+def test_other_events_go_out_at_once_and_do_not_break_the_rate() -> None:
+    h = Harness()
+    for n in range(1, 11):
+        h.iteration(n)
+        h.throttle("job_progress", {"job_id": "a", "attempt": 1, "event": "snapshot", "iteration": n})
+        h.throttle("job", {"id": "a", "status": "running"})
+    assert iterations(h.sent) == [1]  # snapshots and job states do not release the coalesced iterations
+    assert len([name for name, p in h.sent if name == "job_progress" and p["event"] == "snapshot"]) == 10
+    assert len([name for name, _ in h.sent if name == "job"]) == 10
+    h.run_flusher()
+    assert iterations(h.sent) == [1, 10]
 
 
 def test_log_lines_are_batched_never_dropped() -> None:

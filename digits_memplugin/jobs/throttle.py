@@ -1,10 +1,11 @@
-"""At most N progress and log events per second per job, without losing the last of them.
+"""At most N iteration and log events per second per job, without losing the last of them.
 
 A LeNet attempt reports hundreds of iterations a second and Caffe writes hundreds of log lines while it builds a
 net; browsers need a few updates a second. Iteration records beyond the rate are coalesced (the latest is sent
 when the interval has passed), log lines are batched (all of them, in order, in the next event). Everything else
-(job states, attempts, test results, snapshots) goes out at once, after whatever was pending for that job, so
-the order a client sees is the order things happened. A background task sends what is pending once its
+(job states, test results, snapshots) goes out at once. An attempt's `job_attempt` event (its start or its end)
+and `job_deleted` first send whatever was pending for that job, so a client has an attempt's last iteration
+and log lines before the event that says the attempt ended. A background task sends what is pending once its
 interval is over, and ends when nothing is pending.
 """
 
@@ -21,6 +22,8 @@ Sleep = Callable[[float], None]
 
 PROGRESS = "job_progress"
 LOG = "job_log"
+FLUSHING = frozenset({"job_attempt", "job_deleted"})
+"""Events that first send what is pending for their job."""
 
 
 class _Pending:
@@ -74,7 +77,8 @@ class EventThrottle:
                 else:
                     self._ensure_flusher()
             else:
-                out += self._take_all(pending, now)
+                if name in FLUSHING:
+                    out += self._take_all(pending, now)
                 out.append((name, payload))
                 if name == "job_deleted":
                     self._jobs.pop(job_id, None)
