@@ -297,7 +297,7 @@ class JobManager:
             definition = self._load(folder, spec)
         except NetError as error:
             shutil.rmtree(folder, ignore_errors=True)
-            raise JobValidationError({_error_field(error): error.to_dict()}) from None
+            raise JobValidationError({_error_field(error, request.data): error.to_dict()}) from None
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -811,8 +811,15 @@ def _label(device: Any) -> str:
     return "the CPU" if device.kind != GPU else f"GPU {device.index}"
 
 
-def _error_field(error: NetError) -> str:
+SOURCE_FIELDS = ("data_param.source", "hdf5_data_param.source", "image_data_param.source")
+
+
+def _error_field(error: NetError, data: dict[str, str]) -> str:
+    """The request field an error belongs to: a source the request's `data` gave is the data's fault."""
     if error.field == "data" or (error.field or "").startswith("data_shapes"):
+        return "data"
+    overridden = error.layer in data or any(key.lower() in ("train", "test") for key in data)
+    if error.field in SOURCE_FIELDS and overridden:
         return "data"
     if error.source == SOLVER_SOURCE or (error.source or "").startswith(SOLVER_SOURCE):
         return "solver"
