@@ -13,9 +13,11 @@ from flask import Flask
 from flask_socketio import SocketIO
 
 from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
+from .jobs.manager import JobManager, ManagerConfig
+from .jobs.throttle import EventThrottle
 from .settings import Settings
 from .web.blueprint import create_blueprint
-from .web.namespace import DevicePusher, MemPluginNamespace
+from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
 
 EXTENSION_KEY = "memplugin"
 
@@ -30,6 +32,19 @@ class MemPlugin:
     """Reads the devices; under gevent through its threadpool, so NVML never blocks the hub."""
     device_pusher: DevicePusher
     """Pushes the `devices` event to the socketio clients that subscribed, while there are any."""
+    jobs: JobManager
+    """Training jobs of this app. Started at its first use (`started_jobs`), so an app that never trains runs
+    nothing in the background; `close` stops it and the training children with it."""
+
+    def started_jobs(self) -> JobManager:
+        """The job manager, started if it was not yet (which marks jobs a killed server left as interrupted)."""
+        if not self.jobs.started:
+            self.jobs.start()
+        return self.jobs
+
+    def close(self) -> None:
+        """Stop the background work of the plugin: running training attempts end as interrupted (resumable)."""
+        self.jobs.stop()
 
 
 def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> MemPlugin:
@@ -55,10 +70,30 @@ def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> Me
         socketio, settings.socketio_namespace, settings.devices_poll_seconds, lambda: reader.read().to_json()
     )
 
+    throttle = EventThrottle(
+        job_event_emitter(socketio, settings.socketio_namespace),
+        settings.job_events_per_second,
+        spawn=socketio.start_background_task,
+        sleep=socketio.sleep,
+    )
+    jobs = JobManager(
+        ManagerConfig.from_settings(settings), reader, on_event=throttle, spawn=socketio.start_background_task,
+        oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None,
+    )
+
     app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
-    plugin = MemPlugin(settings=settings, socketio=socketio, devices=reader, device_pusher=pusher)
+    plugin = MemPlugin(settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs)
     app.extensions[EXTENSION_KEY] = plugin
     return plugin
+
+
+def _pycaffe_oracle() -> Any:
+    """pycaffe's shapes for layer types the estimator has no rule for (optional module)."""
+    try:
+        from .pycaffe_shapes import pycaffe_oracle
+    except ImportError:  # pragma: no cover - the fallback module is optional
+        return None
+    return pycaffe_oracle
 
 
 def get_plugin(app: Flask) -> MemPlugin:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import api, api_devices, api_estimate, pages
+from . import api, api_devices, api_estimate, api_jobs, pages
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -22,4 +22,5 @@ def create_blueprint() -> Blueprint:
     api.register(blueprint)
     api_devices.register(blueprint)
     api_estimate.register(blueprint)
+    api_jobs.register(blueprint)
     return blueprint

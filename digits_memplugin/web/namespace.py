@@ -4,6 +4,12 @@ Devices: a client emits ``subscribe_devices`` and gets a ``devices`` event at on
 MEMPLUGIN_DEVICES_POLL_SECONDS while it stays subscribed; ``unsubscribe_devices`` or a disconnect ends that. The
 payload is the document ``GET <prefix>/api/devices`` returns. NVML is read once per tick for all subscribers, and
 not at all while nobody is subscribed.
+
+Jobs: ``subscribe_jobs`` joins the room ``jobs`` (every job's ``job`` and ``job_deleted`` events, and the
+``job_attempt`` events) and answers with a ``jobs`` event, the document GET <prefix>/api/jobs returns;
+``subscribe_job`` with ``{"id": ...}`` joins ``job:<id>`` (that job's events, ``job_progress`` and ``job_log``
+included) and answers with a ``job`` event, the document GET <prefix>/api/jobs/<id> returns. The job manager's
+events reach the rooms through `job_event_emitter`, after the throttle (jobs/throttle.py).
 """
 
 from __future__ import annotations
@@ -19,6 +25,32 @@ from .. import __version__
 
 DEVICES_EVENT = "devices"
 DEVICES_ROOM = "devices"
+JOBS_ROOM = "jobs"
+# Which rooms each job manager event goes to: the list's room, and the job's own room.
+JOB_EVENT_ROOMS = {
+    "job": (True, True),
+    "job_deleted": (True, True),
+    "job_attempt": (True, True),
+    "job_progress": (False, True),
+    "job_log": (False, True),
+}
+
+
+def job_room(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def job_event_emitter(socketio: SocketIO, namespace: str) -> Callable[[str, dict[str, Any]], None]:
+    """The job manager's `on_event`, turned into socketio emits to the `jobs` room and the job's own room."""
+
+    def emit_job_event(name: str, payload: dict[str, Any]) -> None:
+        to_list, to_job = JOB_EVENT_ROOMS.get(name, (False, True))
+        job_id = str(payload.get("job_id") or payload.get("id") or "")
+        rooms = ([JOBS_ROOM] if to_list else []) + ([job_room(job_id)] if to_job and job_id else [])
+        if rooms:
+            socketio.emit(name, payload, to=rooms, namespace=namespace)
+
+    return emit_job_event
 
 
 class DevicePusher:
@@ -98,6 +130,34 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
     def on_unsubscribe_devices(self, data: Any = None) -> None:
         leave_room(DEVICES_ROOM)
         _pusher().discard(request.sid)  # type: ignore[attr-defined]
+
+    def on_subscribe_jobs(self, data: Any = None) -> None:
+        """Join the `jobs` room; the current list comes at once as a `jobs` event."""
+        join_room(JOBS_ROOM)
+        manager = current_app.extensions["memplugin"].started_jobs()
+        emit("jobs", {"jobs": [job.to_json() for job in manager.list_jobs()]})
+
+    def on_unsubscribe_jobs(self, data: Any = None) -> None:
+        leave_room(JOBS_ROOM)
+
+    def on_subscribe_job(self, data: Any = None) -> None:
+        """Join the room of one job ({"id": ...}); its document comes at once as a `job` event."""
+        from ..jobs.manager import JobNotFound
+
+        job_id = data.get("id") if isinstance(data, dict) else None
+        manager = current_app.extensions["memplugin"].started_jobs()
+        try:
+            document = manager.document(str(job_id))
+        except JobNotFound as error:
+            emit("job_error", {"id": job_id, "error": str(error)})
+            return
+        join_room(job_room(str(job_id)))
+        emit("job", document)
+
+    def on_unsubscribe_job(self, data: Any = None) -> None:
+        job_id = data.get("id") if isinstance(data, dict) else None
+        if job_id is not None:
+            leave_room(job_room(str(job_id)))
 
 
 def _pusher() -> DevicePusher:

@@ -1,0 +1,232 @@
+"""REST under /memplugin/api/jobs and the job events on the socketio namespace, on the app in threading mode with
+real training children (LeNet on synthetic MNIST LMDBs, a few iterations)."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
+
+from digits_memplugin import create_app
+from digits_memplugin.extension import get_plugin
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["test_jobs_fixtures"]
+
+API = "/memplugin/api/jobs"
+NS = "/memplugin"
+
+
+@pytest.fixture
+def jobs_app(data_dir: Path, datasets: Path) -> Iterator[Flask]:
+    app = create_app(
+        {
+            "MEMPLUGIN_DATA_DIR": data_dir,
+            "MEMPLUGIN_ASYNC_MODE": "threading",
+            "MEMPLUGIN_DATASET_ROOTS": [str(datasets)],
+            "MEMPLUGIN_JOB_EVENTS_PER_SECOND": 2,
+            "TESTING": True,
+        }
+    )
+    yield app
+    get_plugin(app).close()
+
+
+@pytest.fixture
+def api(jobs_app: Flask) -> FlaskClient:
+    return jobs_app.test_client()
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4, **fields}
+
+
+def finished(api: FlaskClient, job_id: str, timeout: float = 120) -> dict[str, Any]:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (doc := api.get(f"{API}/{job_id}").get_json())["status"] in ("done", "failed", "cancelled") and doc,
+        timeout=timeout,
+        what=f"job {job_id} to finish",
+    )
+
+
+def test_submit_list_show_and_train_to_the_end(api: FlaskClient) -> None:
+    response = api.post(API, json=body(name="lenet quick"))
+    assert response.status_code == 201, response.get_json()
+    job = response.get_json()
+    assert response.headers["Location"] == f"{API}/{job['id']}"
+    assert (job["name"], job["status"], job["device"]) == ("lenet quick", "queued", {"requested": "cpu", "assigned": None})
+    assert job["batch"]["requested"] is None and job["max_iter"] == 4
+    assert [j["id"] for j in api.get(API).get_json()["jobs"]] == [job["id"]]
+
+    doc = finished(api, job["id"])
+    assert doc["status"] == "done", doc
+    assert doc["iteration"] == 4 and doc["device"]["assigned"] == "cpu"
+    assert doc["batch"]["batch_size"] == 64 and doc["batch"]["effective"] == 64
+    assert doc["progress"]["train"]["iteration"] == 4 and doc["progress"]["test"][0]["event"] == "test"
+    (attempt,) = doc["attempts"]
+    assert set(attempt) >= {
+        "number", "status", "device", "batch_size", "iter_size", "effective_batch", "test_batch_size", "test_iter",
+        "resumed_from", "start_iteration", "end_iteration", "limit_bytes", "estimated_bytes", "peak_bytes",
+        "started_at", "finished_at", "duration", "exit_code", "signal", "message", "out_of_memory", "log",
+    }
+    assert attempt["status"] == "success" and attempt["exit_code"] == 0
+
+
+def test_validation_errors_are_400_with_every_field(api: FlaskClient) -> None:
+    response = api.post(API, json={"solver": SHORT_SOLVER, "batch": 0, "frobnicate": True})
+    assert response.status_code == 400
+    errors = response.get_json()["errors"]
+    assert set(errors) == {"net", "batch", "frobnicate"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "key", "expected"),
+    [
+        ({"data": {"train": "/etc", "test": "mnist_test_lmdb"}}, "data", "outside the dataset folders"),
+        ({"data": {"train": "missing_lmdb", "test": "mnist_test_lmdb"}}, "data", "does not exist"),
+        ({"net": LENET + 'layer { name: "p" type: "Python" bottom: "ip2" top: "p" python_param { module: "os" } }'},
+         "net", "Python layers"),
+        ({"solver": SHORT_SOLVER.replace('"inv"', '"cosine"')}, "solver", "unknown learning rate policy"),
+        ({"device": "GPU-0000"}, "device", "no GPU has UUID"),
+        ({"memory_cap": "1GiB", "device": "GPU-0000"}, "device", "no GPU"),
+    ],
+)
+def test_definitions_that_cannot_run_are_400_with_the_reason(
+    api: FlaskClient, fields: dict[str, Any], key: str, expected: str
+) -> None:
+    response = api.post(API, json=body(**fields))
+    assert response.status_code == 400
+    error = response.get_json()["errors"][key]
+    assert expected in (error["message"] if isinstance(error, dict) else error)
+    assert api.get(API).get_json()["jobs"] == []
+
+
+def test_multipart_with_prototxt_files(api: FlaskClient) -> None:
+    response = api.post(
+        API,
+        data={
+            "net": (io.BytesIO(LENET.encode()), "lenet_train_test.prototxt"),
+            "solver": (io.BytesIO(SHORT_SOLVER.encode()), "lenet_solver.prototxt"),
+            "data": '{"train": "mnist_train_lmdb", "test": "mnist_test_lmdb"}',
+            "device": "cpu",
+            "batch": "32",
+            "max_iter": "2",
+        },
+        content_type="multipart/form-data",
+    )
+    assert response.status_code == 201, response.get_json()
+    doc = finished(api, response.get_json()["id"])
+    assert doc["status"] == "done" and doc["batch"]["batch_size"] == 32
+
+
+def test_bad_bodies_are_json_errors_never_tracebacks(api: FlaskClient) -> None:
+    for response in (
+        api.post(API, data="{not json", content_type="application/json"),
+        api.post(API, data="plain", content_type="text/plain"),
+        api.post(API, data={"data": "{broken"}, content_type="multipart/form-data"),
+    ):
+        assert response.status_code == 400
+        document = response.get_json()
+        assert document is not None and "Traceback" not in response.text
+        assert "error" in document or "errors" in document
+
+
+def test_unknown_jobs_are_404_json(api: FlaskClient) -> None:
+    for response in (
+        api.get(f"{API}/nope"),
+        api.post(f"{API}/nope/cancel"),
+        api.post(f"{API}/nope/resume"),
+        api.delete(f"{API}/nope"),
+        api.get(f"{API}/nope/log"),
+    ):
+        assert response.status_code == 404
+        assert response.get_json()["error"] == "no job 'nope'"
+
+
+def test_cancel_delete_resume_and_the_log(api: FlaskClient) -> None:
+    job = api.post(API, json=body(max_iter=100_000)).get_json()
+    wait_for(lambda: api.get(f"{API}/{job['id']}").get_json()["iteration"] > 0, what="training")
+    refused = api.delete(f"{API}/{job['id']}")
+    assert refused.status_code == 409 and "running" in refused.get_json()["error"]
+
+    log = api.get(f"{API}/{job['id']}/log")
+    assert log.status_code == 200 and log.mimetype == "text/plain"
+    assert "Solver scaffolding done" in log.text
+    assert len(api.get(f"{API}/{job['id']}/log?tail=2").text.splitlines()) == 2
+    assert api.get(f"{API}/{job['id']}/log?attempt=9").status_code == 404
+    assert api.get(f"{API}/{job['id']}/log?tail=x").status_code == 400
+
+    assert api.post(f"{API}/{job['id']}/cancel").status_code == 200
+    doc = finished(api, job["id"])
+    assert doc["status"] == "cancelled" and doc["attempts"][0]["status"] == "cancelled"
+    again = api.post(f"{API}/{job['id']}/cancel")
+    assert again.status_code == 409 and again.get_json()["status"] == 409
+
+    resumed = api.post(f"{API}/{job['id']}/resume")
+    assert resumed.status_code == 200 and resumed.get_json()["status"] == "queued"
+    wait_for(lambda: len(api.get(f"{API}/{job['id']}").get_json()["attempts"]) == 2, what="a second attempt")
+    api.post(f"{API}/{job['id']}/cancel")
+    finished(api, job["id"])
+    assert api.delete(f"{API}/{job['id']}").status_code == 204
+    assert api.get(f"{API}/{job['id']}").status_code == 404
+
+
+def test_a_done_job_cannot_resume(api: FlaskClient) -> None:
+    job = api.post(API, json=body(max_iter=1)).get_json()
+    finished(api, job["id"])
+    response = api.post(f"{API}/{job['id']}/resume")
+    assert response.status_code == 409
+
+
+def events_of(client: Any, name: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in client.get_received(NS) if name is None or e["name"] == name]
+
+
+def test_socketio_rooms_carry_the_api_documents_throttled(jobs_app: Flask, api: FlaskClient) -> None:
+    socketio = get_plugin(jobs_app).socketio
+    watcher, bystander = socketio.test_client(jobs_app, namespace=NS), socketio.test_client(jobs_app, namespace=NS)
+    for client in (watcher, bystander):
+        client.get_received(NS)
+    watcher.emit("subscribe_jobs", namespace=NS)
+    (listing,) = events_of(watcher, "jobs")
+    assert listing["args"][0] == {"jobs": []}
+
+    job = api.post(API, json=body(max_iter=30)).get_json()
+    watcher.emit("subscribe_job", {"id": job["id"]}, namespace=NS)
+    received: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    def done() -> bool:
+        received.extend(events_of(watcher))
+        return any(e["name"] == "job" and e["args"][0]["status"] == "done" for e in received)
+
+    wait_for(done, timeout=120, what="the done event")
+    elapsed = time.monotonic() - started
+    names = {e["name"] for e in received}
+    assert {"job", "job_attempt", "job_progress", "job_log"} <= names
+    last_job = [e["args"][0] for e in received if e["name"] == "job"][-1]
+    document = api.get(f"{API}/{job['id']}").get_json()
+    assert last_job == {key: value for key, value in document.items() if key != "attempts"}  # what GET returns
+    attempts = [e["args"][0] for e in received if e["name"] == "job_attempt"]
+    assert attempts[-1] == {"job_id": job["id"], **document["attempts"][-1]}
+    iterations = [e["args"][0]["iteration"] for e in received if e["name"] == "job_progress"
+                  and e["args"][0]["event"] == "iteration"]
+    assert iterations[-1] == 30  # the latest is never dropped
+    assert len(iterations) <= 2 * elapsed + 2  # MEMPLUGIN_JOB_EVENTS_PER_SECOND = 2
+    lines = [line for e in received if e["name"] == "job_log" for line in e["args"][0]["lines"]]
+    assert any("Solver scaffolding done" in line for line in lines)
+    assert not [e for e in events_of(bystander) if e["name"].startswith("job")]  # not subscribed: nothing
+
+
+def test_subscribing_to_an_unknown_job_says_so(jobs_app: Flask) -> None:
+    client = get_plugin(jobs_app).socketio.test_client(jobs_app, namespace=NS)
+    client.emit("subscribe_job", {"id": "nope"}, namespace=NS)
+    (error,) = events_of(client, "job_error")
+    assert error["args"][0] == {"id": "nope", "error": "no job 'nope'"}
