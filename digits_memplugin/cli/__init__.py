@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from .._version import __version__
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("serve", "estimate", "devices")
+COMMANDS = ("serve", "estimate", "train", "devices")
 
 
 def build_parser() -> argparse.ArgumentParser:

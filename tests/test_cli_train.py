@@ -1,0 +1,83 @@
+"""`digits-memplugin train`: one job in the foreground with the job manager, progress printed, the out-of-memory
+fallback for real, Ctrl-C cancelling, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_jobs_fixtures import LENET, SHORT_SOLVER, wait_for
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["test_jobs_fixtures"]
+
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+
+
+@pytest.fixture
+def files(tmp_path: Path, datasets: Path) -> list[str]:
+    (tmp_path / "net.prototxt").write_text(LENET)
+    (tmp_path / "solver.prototxt").write_text(SHORT_SOLVER)
+    return [
+        str(tmp_path / "net.prototxt"), str(tmp_path / "solver.prototxt"),
+        "--data-dir", str(tmp_path / "data"), "--dataset-root", str(datasets),
+        "--data", "train=mnist_train_lmdb", "--data", "test=mnist_test_lmdb", "--device", "cpu",
+    ]
+
+
+def train(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, "train", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_help_documents_the_flags() -> None:
+    result = subprocess.run([SCRIPT, "train", "--help"], capture_output=True, text=True, timeout=60, check=True)
+    for flag in ("--device", "--batch", "--memory-cap", "--data-dir", "--dataset-root", "--start", "--json"):
+        assert flag in result.stdout
+    overview = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "train" in overview.stdout
+
+
+def test_out_of_memory_then_success_printed_as_it_goes(files: list[str]) -> None:
+    result = train(*files, "--batch", "512", "--memory-cap", "64MiB", "--start", "wanted", "--max-iter", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("attempt 1 on cpu: batch 512 x iter_size 1 = 512: out_of_memory: host memory ran out")
+               for line in lines)
+    second = [line for line in lines if line.startswith("attempt 2 on cpu") and "success" in line]
+    assert second and "iter_size 1 " not in second[0]
+    assert any(line.startswith("  test net 0 at iteration 0:") for line in lines)
+    assert lines[-1] == "done: training finished at iteration 3"
+
+
+def test_json_prints_the_job_document(files: list[str]) -> None:
+    result = train(*files, "--max-iter", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout[result.stdout.index("{\n"):])
+    assert document["status"] == "done" and document["attempts"][0]["status"] == "success"
+
+
+def test_ctrl_c_cancels_the_job(files: list[str]) -> None:
+    process = subprocess.Popen(
+        [SCRIPT, "train", *files, "--max-iter", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    seen: list[str] = []
+    wait_for(lambda: seen.append(process.stdout.readline()) or "iteration" in seen[-1], what="training output")  # type: ignore[union-attr]
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert "cancelling..." in out and out.rstrip().endswith("cancelled: cancelled")
+
+
+def test_errors_are_one_line_without_traceback(files: list[str], tmp_path: Path) -> None:
+    missing = train(str(tmp_path / "nope.prototxt"), files[1])
+    assert missing.returncode == 2 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
+    outside = train(*files, "--data", "train=/etc")
+    assert outside.returncode == 2
+    assert "outside the dataset folders" in outside.stderr and "Traceback" not in outside.stderr
+    failing = train(*files, "--memory-cap", "8MiB")  # not even the test net fits
+    assert failing.returncode == 1 and "does not fit even when nothing else runs" in failing.stdout
