@@ -31,7 +31,7 @@ from test_core_netstate import run_pycaffe
 
 
 def strategies() -> dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], None]]]:
-    found = {
+    found: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], None]]] = {
         "raw": (fuzz.RAW_TEXT, fuzz.check_text),
         "soup": (fuzz.TOKEN_SOUP, fuzz.check_text),
         "nets": (fuzz.random_request(), fuzz.check_request),

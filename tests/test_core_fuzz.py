@@ -574,7 +574,7 @@ def random_request(draw: st.DrawFn) -> dict[str, Any]:
 
 def zoo_nets() -> list[tuple[str, str, dict[str, Any]]]:
     """(name, text, data shapes) of every zoo net this Caffe can parse, with shapes for its data layers."""
-    nets = []
+    nets: list[tuple[str, str, dict[str, Any]]] = []
     if not ZOO.is_dir():
         return nets
     for path in sorted(ZOO.glob("*/*.prototxt")):

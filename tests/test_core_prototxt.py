@@ -138,7 +138,7 @@ def test_non_utf8_bytes_are_refused_with_their_position() -> None:
 
 def test_utf8_bytes_are_accepted() -> None:
     assert parse_net('name: "café"'.encode()).name == "café"
-    assert parse_net(bytearray(b'name: "x"')).name == "x"
+    assert parse_net(bytearray(b'name: "x"')).name == "x"  # type: ignore[arg-type]
 
 
 def test_a_byte_order_mark_is_refused_clearly() -> None:

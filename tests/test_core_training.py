@@ -129,6 +129,11 @@ def caffe_nets(folder: Path) -> dict[str, dict[str, Any]]:
     return dict(zip(names, results))
 
 
+def stages(state: Any) -> list[str]:
+    """A NetDefinition's state as a list of stages (None: no state given)."""
+    return [] if state is None else list(state.stage)
+
+
 def kept(net: Net) -> list[str]:
     return [layer.name for layer in net.layers if layer.type != "Split"]
 
@@ -168,7 +173,7 @@ def test_solvers_caffe_refuses_are_net_errors(folder: Path, caffe_nets: dict[str
 def test_test_states_and_iters_are_recorded(folder: Path) -> None:
     definition = ours(folder, "explicit-then-generic")
     assert definition.test_iters == [1, 1, 1]
-    assert [list(test.state.stage) for test in definition.tests] == [["b"], [], ["a"]]
+    assert [stages(test.state) for test in definition.tests] == [["b"], [], ["a"]]
     assert [test.source for test in definition.tests] == [
         "explicit-then-generic.solver (test_net_param #0)", "staged.prototxt", "staged.prototxt"
     ]
@@ -180,8 +185,9 @@ def test_generic_instances_keep_their_own_states(folder: Path) -> None:
     definition = ours(folder, "net-file-two-instances")
     first, second = definition.tests
     assert first is not second and first is not definition.train
-    assert [list(first.state.stage), list(second.state.stage), second.state.level] == [["b"], ["a"], 2]
-    assert list(definition.train.state.stage) == ["a"]
+    assert second.state is not None
+    assert [stages(first.state), stages(second.state), second.state.level] == [["b"], ["a"], 2]
+    assert stages(definition.train.state) == ["a"]
 
 
 # ------------------------------------------------------------------------------------------ files a solver names
@@ -234,8 +240,8 @@ def test_a_net_alone_with_digits_stages_gets_digits_states() -> None:
     if text is None:
         pytest.skip("the zoo is not available")
     definition = training_definition(text)
-    assert list(definition.train.state.stage) == ["train"]
-    assert [list(test.state.stage) for test in definition.tests] == [["val"]]
+    assert stages(definition.train.state) == ["train"]
+    assert [stages(test.state) for test in definition.tests] == [["val"]]
     assert definition.test_iters == [1]
 
 
