@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from digits_memplugin.core.errors import NetError
+from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.training import training_definition
 from digits_memplugin.files import confined_loader
 
@@ -211,6 +212,14 @@ def test_training_definition_reads_net_files_through_the_loader(tree: Path) -> N
 def test_training_definition_refuses_a_net_path_that_escapes(tree: Path) -> None:
     with pytest.raises(NetError, match="outside the solver's folder"):
         training_definition(solver_text=solver_text(net="../secret.prototxt"), load=confined_loader(tree))
+
+
+def test_estimate_refuses_a_solver_whose_net_escapes(tree: Path) -> None:
+    request = EstimateRequest(solver=solver_text(net="../secret.prototxt"))
+    with pytest.raises(NetError, match="'../secret.prototxt' is outside the solver's folder"):
+        estimate(request, load=confined_loader(tree))
+    document = estimate(EstimateRequest(solver=solver_text(net="train_val.prototxt")), load=confined_loader(tree))
+    assert document["total_bytes"] > 0
 
 
 @pytest.mark.xfail(
