@@ -142,3 +142,82 @@ def test_get_is_not_allowed(client: FlaskClient) -> None:
     response = client.get("/memplugin/api/estimate")
     assert response.status_code == 405
     assert response.mimetype == "application/json"
+
+
+def test_plans_for_every_device_from_one_estimate(data_dir: Any) -> None:
+    app = create_app(
+        {"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "MEMPLUGIN_SIMULATE_GPUS": "8GiB,1GiB"}
+    )
+    client = app.test_client()
+    devices = client.get("/memplugin/api/devices").get_json()["devices"]
+    doc = post(client, {"net": LENET, "data_shapes": SHAPES, "engine": "gpu", "batch": 64, "devices": "all"}).get_json()
+    assert set(doc["plans"]) == {device["key"] for device in devices}
+    for device in devices:
+        plan = doc["plans"][device["key"]]
+        assert plan["free_bytes"] == device["memory_free"]
+        alone = post(client, {"net": LENET, "data_shapes": SHAPES, "engine": "gpu", "batch": 64,
+                              "free_bytes": device["memory_free"]}).get_json()
+        assert plan["max_batch_size"] == alone["max_batch_size"]
+        assert plan["plan"] == alone["plan"]
+    small, large = sorted((doc["plans"][d["key"]] for d in devices if d["kind"] == "gpu"),
+                          key=lambda p: p["free_bytes"])
+    assert small["max_batch_size"] < large["max_batch_size"]
+    listed = post(client, {"net": LENET, "data_shapes": SHAPES, "devices": [devices[0]["key"], "nope"]})
+    assert listed.status_code == 400 and "nope" in listed.get_json()["errors"]["devices"]
+
+
+def test_curve_points_and_linear_model(client: FlaskClient) -> None:
+    doc = post(client, {"net": LENET, "data_shapes": SHAPES, "curve_batches": [64, 1, 16, 10**6]}).get_json()
+    points = {point["batch"]: point for point in doc["curve"]}
+    assert sorted(points) == [1, 16, 64, 10**6]
+    model = doc["linear_model"]
+    for batch in (1, 16, 64):
+        expected = post(client, {"net": LENET, "data_shapes": SHAPES, "batch": batch}).get_json()["total_bytes"]
+        assert points[batch]["total_bytes"] == expected
+        assert model["fixed_bytes"] + model["bytes_per_item"] * batch == expected
+    # a million MNIST images in one blob is over Caffe's INT_MAX elements: reported per point, not a failure
+    assert points[10**6]["total_bytes"] is None and "INT_MAX" in points[10**6]["error"]
+    bad = post(client, {"net": LENET, "data_shapes": SHAPES, "curve_batches": list(range(1, 100))})
+    assert bad.status_code == 400 and "curve_batches" in bad.get_json()["errors"]
+
+
+def test_max_batch_caps_the_plan_but_keeps_the_effective_batch(client: FlaskClient) -> None:
+    body = {"net": LENET, "data_shapes": SHAPES, "batch": 256, "free_bytes": 10 * 1024**3, "max_batch": 100}
+    doc = post(client, body).get_json()
+    assert doc["max_batch_size"] == 100
+    assert doc["plan"]["batch_size"] <= 100
+    assert doc["plan"]["batch_size"] * doc["plan"]["iter_size"] >= 256
+
+
+def test_a_wildcard_shape_serves_any_data_top_name(client: FlaskClient) -> None:
+    renamed = LENET.replace('top: "data"', 'top: "pixels"').replace('bottom: "data"', 'bottom: "pixels"')
+    by_name = post(client, {"net": LENET, "data_shapes": SHAPES}).get_json()
+    wildcard = post(client, {"net": renamed, "data_shapes": {"*": [1, 28, 28]}}).get_json()
+    assert wildcard["total_bytes"] == by_name["total_bytes"]
+
+
+def test_read_datasets_only_inside_the_dataset_roots(data_dir: Any, tmp_path: Any) -> None:
+    import lmdb
+    import numpy as np
+
+    from digits_memplugin.core.proto import caffe_pb2
+
+    roots = tmp_path / "datasets"
+    roots.mkdir()
+    for name in ("train", "val"):
+        env = lmdb.open(str(roots / name), map_size=1 << 24)
+        with env.begin(write=True) as txn:
+            datum = caffe_pb2.Datum(channels=1, height=28, width=28, data=np.zeros(784, np.uint8).tobytes())
+            txn.put(b"0", datum.SerializeToString())
+        env.close()
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(roots)]})
+    client = app.test_client()
+    inside = LENET.replace("examples/mnist/mnist_train_lmdb", str(roots / "train")).replace(
+        "examples/mnist/mnist_test_lmdb", str(roots / "val"))
+    doc = post(client, {"net": inside, "read_datasets": True}).get_json()
+    assert doc["total_bytes"] == post(client, {"net": LENET, "data_shapes": SHAPES}).get_json()["total_bytes"]
+    outside = LENET.replace("examples/mnist/mnist_train_lmdb", "/etc")
+    refused = post(client, {"net": outside, "read_datasets": True})
+    assert refused.status_code == 400
+    assert "outside the dataset folders" in refused.get_json()["errors"]["read_datasets"]["message"]

@@ -12,14 +12,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import NetError
+from .errors import NetError, ShapeError
 from .layers.base import ENGINE_CPU, ENGINES
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
+MAX_CURVE_POINTS = 32
 DEFAULT_SAFETY_MARGIN = 0.10
 """Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
 
@@ -42,6 +43,12 @@ class EstimateRequest:
     classes: int | None = None
     """Number of classes for DIGITS standard networks (InnerProduct layers without num_output)."""
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+    budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Free memory of several devices by key: a plan for each, from one estimate (the form's memory panel)."""
+    curve_batches: tuple[int, ...] = ()
+    """Batch sizes to report the footprint at (the panel's chart of memory against batch size)."""
+    max_batch: int | None = None
+    """Largest batch the planner may choose (the dataset's size, say); None: no limit but Caffe's own."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -56,6 +63,20 @@ class EstimateRequest:
             raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
         if not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0:
             raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch <= 0
+        ):
+            raise NetError(f"max_batch must be a positive integer, got {self.max_batch!r}", field="max_batch")
+        for key, free in self.budgets.items():
+            if not isinstance(free, int) or isinstance(free, bool) or free < 0:
+                raise NetError(f"free memory of {key!r} must be a non-negative integer, got {free!r}", field="budgets")
+        if len(self.curve_batches) > MAX_CURVE_POINTS or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BATCH for b in self.curve_batches
+        ):
+            raise NetError(
+                f"curve_batches must be at most {MAX_CURVE_POINTS} batch sizes from 1 to {MAX_BATCH}",
+                field="curve_batches",
+            )
 
 
 class Estimator:
@@ -148,16 +169,62 @@ def estimate(
         "usable_bytes": None,
         "safety_margin": request.safety_margin,
     }
-    if request.free_bytes is None or batch is None:
-        return document
-
-    budget = usable_bytes(request.free_bytes, request.safety_margin)
-    document["usable_bytes"] = budget
-    plan, largest, test_plan = plan_job(estimator, batch, test_batch, definition, budget)
-    document["max_batch_size"] = largest
-    document["plan"] = plan.to_dict()
-    document["test_plan"] = test_plan
+    if request.curve_batches:
+        document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
+        document["linear_model"] = _linear_model(estimator, request.test_batch)
+    limit = request.max_batch or MAX_BATCH
+    if batch is not None and request.free_bytes is not None:
+        document.update(_device_plan(estimator, definition, batch, test_batch, request.free_bytes,
+                                     request.safety_margin, limit))
+    if batch is not None and request.budgets:
+        document["plans"] = {
+            key: _device_plan(estimator, definition, batch, test_batch, free, request.safety_margin, limit)
+            for key, free in request.budgets.items()
+        }
     return document
+
+
+def _device_plan(
+    estimator: Estimator,
+    definition: TrainingDefinition,
+    batch: int,
+    test_batch: int | None,
+    free_bytes: int,
+    safety_margin: float,
+    limit: int,
+) -> dict[str, Any]:
+    budget = usable_bytes(free_bytes, safety_margin)
+    plan, largest, test_plan = plan_job(estimator, batch, test_batch, definition, budget, limit)
+    return {
+        "free_bytes": free_bytes,
+        "usable_bytes": budget,
+        "max_batch_size": largest,
+        "plan": plan.to_dict(),
+        "test_plan": test_plan,
+    }
+
+
+def _curve(estimator: Estimator, batches: tuple[int, ...], test_batch: int | None) -> list[dict[str, Any]]:
+    """The footprint at each batch; a batch Caffe cannot build (a blob over INT_MAX elements) says why."""
+    points = []
+    for batch in sorted(set(batches)):
+        try:
+            points.append({"batch": batch, "total_bytes": estimator.report(batch, test_batch)[0].total_bytes,
+                           "error": None})
+        except ShapeError as error:
+            points.append({"batch": batch, "total_bytes": None, "error": str(error)})
+    return points
+
+
+def _linear_model(estimator: Estimator, test_batch: int | None) -> dict[str, int] | None:
+    """total(batch) ~ fixed_bytes + bytes_per_item * batch, from batches 1 and 2 (exact for almost every net;
+    the planner checks its answers against full estimates)."""
+    try:
+        one = estimator.report(1, test_batch)[0].total_bytes
+        two = estimator.report(2, test_batch)[0].total_bytes
+    except ShapeError:
+        return None
+    return {"fixed_bytes": 2 * one - two, "bytes_per_item": two - one}
 
 
 def plan_job(
@@ -166,24 +233,25 @@ def plan_job(
     test_batch: int | None,
     definition: TrainingDefinition,
     budget: int,
+    limit: int = MAX_BATCH,
 ) -> tuple[BatchPlan, int, dict[str, int] | None]:
     """Plan the train batch with the test nets at their batch; when not even batch 1 fits beside them, shrink the
-    test batch too (raising test_iter so a test pass still covers as many items)."""
+    test batch too (raising test_iter so a test pass still covers as many items). No batch above `limit`."""
     curve = estimator.curve(None)
-    largest = max_batch(curve, budget)
+    largest = max_batch(curve, budget, limit)
     if largest > 0 or test_batch is None:
-        return plan_batch(curve, wanted, budget), largest, None
+        return plan_batch(curve, wanted, budget, limit), largest, None
     test_curve = MemoryCurve(lambda tb: estimator.report(1, tb)[0].total_bytes)
     fitting_test = max_batch(test_curve, budget, limit=test_batch)
     if fitting_test == 0:
-        return plan_batch(curve, wanted, budget), 0, None
+        return plan_batch(curve, wanted, budget, limit), 0, None
     curve = estimator.curve(fitting_test)
     test_iter = definition.test_iters[0] if definition.test_iters else 1
     test_plan = {
         "batch_size": fitting_test,
         "test_iter": math.ceil(test_iter * test_batch / fitting_test),
     }
-    return plan_batch(curve, wanted, budget), max_batch(curve, budget), test_plan
+    return plan_batch(curve, wanted, budget, limit), max_batch(curve, budget, limit), test_plan
 
 
 def _solver_type(definition: TrainingDefinition) -> str:

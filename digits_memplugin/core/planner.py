@@ -100,8 +100,8 @@ def _bisect(curve: MemoryCurve, budget: int, limit: int) -> int:
     return lo
 
 
-def plan_batch(curve: MemoryCurve, wanted: int, budget: int) -> BatchPlan:
-    """The plan for `wanted` items per update within `budget` bytes.
+def plan_batch(curve: MemoryCurve, wanted: int, budget: int, limit: int = MAX_BATCH) -> BatchPlan:
+    """The plan for `wanted` items per update within `budget` bytes, no pass larger than `limit` items.
 
     When `wanted` fits it is used as is. Otherwise iter_size grows to the fewest passes whose batch fits, and the
     batch is the smallest that still covers `wanted` (batch_size * iter_size >= wanted); Caffe divides the
@@ -109,9 +109,9 @@ def plan_batch(curve: MemoryCurve, wanted: int, budget: int) -> BatchPlan:
     """
     if wanted <= 0:
         raise ValueError(f"the wanted batch must be positive, got {wanted}")
-    if curve(wanted) <= budget:
+    if wanted <= limit and curve(wanted) <= budget:
         return BatchPlan(wanted, 1, True, int(curve(wanted)), wanted)
-    largest = max_batch(curve, budget, limit=wanted)
+    largest = max_batch(curve, budget, limit=min(wanted, limit))
     if largest == 0:
         cost = curve(1)
         return BatchPlan(1, wanted, False, int(cost) if math.isfinite(cost) else None, wanted)

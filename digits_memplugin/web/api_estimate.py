@@ -3,12 +3,17 @@
     {"net": "...", "solver": "...", "batch": 64, "engine": "gpu-cudnn", "free_bytes": 8589934592,
      "device": "GPU-...", "data_shapes": {"data": [3, 256, 256]}, "classes": 10, "safety_margin": 0.1}
 
-Only `net` (or a solver with an inline net) is required. `device` takes the free memory from that device.
+Only `net` (or a solver with an inline net) is required. `device` takes the free memory from that device;
+`devices` (a list of keys, or "all") adds `plans`, one per device, from the same estimate. `curve_batches` adds the
+footprint at those batch sizes (`curve`) and a linear model of it. `max_batch` caps the planned batch.
+`data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's first top) to its item shape;
+`read_datasets: true` reads the shapes from the datasets the net names, inside MEMPLUGIN_DATASET_ROOTS.
 Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
@@ -28,9 +33,13 @@ FIELDS = {
     "engine": str,
     "free_bytes": int,
     "device": str,
+    "devices": (list, str),
     "safety_margin": (int, float),
     "data_shapes": dict,
     "classes": int,
+    "curve_batches": list,
+    "max_batch": int,
+    "read_datasets": bool,
 }
 MAX_DIMS = 8
 
@@ -52,7 +61,7 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
         if key not in body or body[key] is None:
             continue
         value = body[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             errors[key] = f"must be {names}, got {type(value).__name__}"
             continue
@@ -89,15 +98,43 @@ def post_estimate() -> ResponseReturnValue:
         return _validation_error(errors)
 
     device_key = values.pop("device", None)
+    device_keys = values.pop("devices", None)
+    device_errors: dict[str, str] = {}
+    if device_key is not None or device_keys is not None:
+        listed = plugin.devices.read()
     if device_key is not None:
         if "free_bytes" in values:
             return _validation_error({"device": "give either device or free_bytes, not both"})
-        device = plugin.devices.read().get(device_key)
+        device = listed.get(device_key)
         if device is None:
             return _validation_error({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
         if device.error or device.memory_free is None:
             return _validation_error({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
         values["free_bytes"] = device.memory_free
+    if device_keys is not None:
+        if device_keys == "all":
+            device_keys = [device.key for device in listed.devices]
+        elif not isinstance(device_keys, list) or not all(isinstance(key, str) for key in device_keys):
+            return _validation_error({"devices": 'must be a list of device keys or "all"'})
+        budgets: dict[str, int] = {}
+        for key in device_keys:
+            device = listed.get(key)
+            if device is None:
+                return _validation_error({"devices": f"no device {key!r} (see {API_PATH}/devices)"})
+            if device.error or device.memory_free is None:
+                device_errors[key] = f"free memory unknown: {device.error or 'n/a'}"
+            else:
+                budgets[key] = device.memory_free
+        values["budgets"] = budgets
+    if "curve_batches" in values:
+        values["curve_batches"] = tuple(values["curve_batches"])
+    if values.pop("read_datasets", False):
+        roots = plugin.settings.dataset_roots or (plugin.settings.data_dir / "datasets",)
+        try:
+            found = _dataset_shapes(values.get("net"), roots)
+        except NetError as error:
+            return _validation_error({"read_datasets": error.to_dict()})
+        values["data_shapes"] = {**found, **values["data_shapes"]}
     try:
         estimate_request = EstimateRequest(**values)
         document = estimate(estimate_request, oracle=_oracle() if plugin.settings.pycaffe_fallback else None)
@@ -108,7 +145,22 @@ def post_estimate() -> ResponseReturnValue:
         return _validation_error({key: error.to_dict()})
     if device_key is not None:
         document["device"] = device_key
+    if device_keys is not None:
+        document.setdefault("plans", {})
+        for key, message in device_errors.items():
+            document["plans"][key] = {"error": message}
     return jsonify(document)
+
+
+def _dataset_shapes(net_text: str | None, roots: Any) -> dict[str, DataSpec]:
+    """Item shapes from the datasets the net names, opened only inside the dataset roots."""
+    from ..core.prototxt import parse_net
+    from ..datasets import shapes_from_sources
+
+    if net_text is None:
+        return {}
+    roots = list(roots)
+    return shapes_from_sources([parse_net(net_text)], Path(roots[0]), allowed=roots)
 
 
 def _oracle() -> Any:

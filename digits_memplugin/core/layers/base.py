@@ -129,8 +129,12 @@ class LayerContext:
 
     def data_shape(self, top: str) -> Shape | None:
         """A shape given by the caller for this layer's top: by ``PHASE:layer/top`` (TRAIN and TEST data layers
-        often share a name but read different datasets), ``layer/top``, or the top's name."""
-        for key in (f"{self.phase}:{self.name}/{top}", f"{self.name}/{top}", top):
+        often share a name but read different datasets), ``layer/top``, the top's name, or ``*`` for the first
+        top of every data layer (the image, whatever the net calls it)."""
+        keys = [f"{self.phase}:{self.name}/{top}", f"{self.name}/{top}", top]
+        if len(self.param.top) and top == self.param.top[0]:
+            keys.append("*")
+        for key in keys:
             if key in self.data_shapes:
                 return self.data_shapes[key]
         return None
