@@ -53,8 +53,9 @@ class Settings:
     cpu_memory_cap: int | None = None
     """Bytes a CPU training attempt may allocate (enforced on the child with RLIMIT_DATA); None: the memory
     available (MemAvailable, or the cgroup's limit). Accepts sizes such as "8GiB"."""
-    job_safety_margin: float = 0.05
-    """Fraction of a device's free memory training jobs keep back (the fallback recovers from what it misses)."""
+    job_safety_margin: float | None = None
+    """Fraction of a device's free memory training jobs keep back (the fallback recovers from what it misses);
+    None: 3% on the CPU, where the estimate is held to what Caffe allocates, 5% on GPUs."""
     job_max_attempts: int = 5
     """Attempts a training job gets before out-of-memory failures end it."""
     gpu_engine: str = "gpu-cudnn"
@@ -143,6 +144,8 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f"{key} must be a number of bytes of at least 1 MiB (or a size like '8GiB'), got {value!r}")
         return value
     if field.name == "job_safety_margin":
+        if value is None:
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
             raise ConfigError(f"{key} must be a fraction in [0, 1), got {value!r}")
         return float(value)

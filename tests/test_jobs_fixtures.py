@@ -86,7 +86,7 @@ def make_manager(tmp_path: Path, datasets: Path) -> Iterator[ManagerFactory]:
 
 def lenet_request(**fields: Any) -> JobRequest:
     body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4, **fields}
-    request, errors = parse_job_request(body, default_margin=0.05, default_attempts=5)
+    request, errors = parse_job_request(body, default_attempts=5)
     assert request is not None, errors
     return request
 

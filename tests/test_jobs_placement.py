@@ -80,14 +80,14 @@ def test_cpu_limit_is_the_cap_less_stacks_when_one_is_set(device_list: devices.D
 
 
 def parse(**body: Any) -> tuple[Any, dict[str, Any]]:
-    return parse_job_request({"net": "n", "solver": "s", **body}, default_margin=0.05, default_attempts=5)
+    return parse_job_request({"net": "n", "solver": "s", **body}, default_attempts=5)
 
 
 def test_a_minimal_request_takes_the_defaults() -> None:
     request, errors = parse()
     assert errors == {}
     assert (request.device, request.batch, request.start) == ("auto", None, "plan")
-    assert (request.policy.safety_margin, request.policy.max_attempts) == (0.05, 5)
+    assert (request.safety_margin, request.policy.max_attempts) == (None, 5)  # the margin: the device's default
 
 
 @pytest.mark.parametrize(
@@ -119,9 +119,11 @@ def test_sizes_and_fallback_fields_are_read() -> None:
     assert request.memory_cap == 2 * GIB and request.batch == "auto"
     assert (request.start, request.policy.max_attempts, request.policy.growth) == ("wanted", 3, 0.2)
     assert request.spec("cpu")["fallback"] == {
-        "safety_margin": 0.05, "growth": 0.2, "max_attempts": 3, "start": "wanted",
+        "safety_margin": None, "growth": 0.2, "max_attempts": 3, "start": "wanted",
     }
 
 
 def test_not_an_object_is_an_error() -> None:
-    assert parse_job_request([1], default_margin=0.05, default_attempts=5) == (None, {"body": "expected a JSON object"})
+    assert parse_job_request([1], default_attempts=5) == (None, {"body": "expected a JSON object"})
+    request, _ = parse(fallback={"safety_margin": 0.2})
+    assert request.safety_margin == 0.2

@@ -50,7 +50,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--classes", type=positive_int, help="classes, for DIGITS networks that leave num_output unset")
     parser.add_argument("--memory-cap", type=size, metavar="B", help="memory cap of a CPU job, e.g. 2GiB")
     parser.add_argument("--max-attempts", type=positive_int, help="attempts before giving up (default: 5)")
-    parser.add_argument("--safety-margin", type=float, help="fraction of free memory kept back (default: 0.05)")
+    parser.add_argument(
+        "--safety-margin", type=float, help="fraction of free memory kept back (default: 0.03 on the CPU, 0.05 on GPUs)"
+    )
     parser.add_argument(
         "--start", choices=("plan", "wanted"), default="plan",
         help='first attempt at the planned batch (default) or at the wanted batch as given ("wanted")',
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.safety_margin is not None:
         fallback["safety_margin"] = args.safety_margin
     body["fallback"] = fallback
-    request, errors = parse_job_request(body, default_margin=0.05, default_attempts=5)
+    request, errors = parse_job_request(body, default_attempts=5)
     if request is None:
         raise CommandError(_errors(errors))
 

@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.errors import NetError
-from ..core.fallback import DEFAULT_MAX_ATTEMPTS, DEFAULT_SAFETY_MARGIN, Decision, Failure, Policy, decide
+from ..core.fallback import (
+    CPU_SAFETY_MARGIN,
+    DEFAULT_MAX_ATTEMPTS,
+    GPU_SAFETY_MARGIN,
+    Decision,
+    Failure,
+    Policy,
+    decide,
+)
 from ..core.layers.base import ENGINE_CPU, ENGINE_CUDNN
 from ..core.net import ShapeOracle
 from ..core.oom import CANCELLED as OUTCOME_CANCELLED
@@ -112,7 +120,8 @@ class ManagerConfig:
     jobs_per_gpu: int = 1
     jobs_per_cpu: int = 1
     cpu_memory_cap: int | None = None
-    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    cpu_safety_margin: float = CPU_SAFETY_MARGIN
+    gpu_safety_margin: float = GPU_SAFETY_MARGIN
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     gpu_engine: str = ENGINE_CUDNN
     poll_seconds: float = 1.0
@@ -131,7 +140,8 @@ class ManagerConfig:
             jobs_per_gpu=settings.jobs_per_gpu,
             jobs_per_cpu=settings.jobs_per_cpu,
             cpu_memory_cap=settings.cpu_memory_cap,
-            safety_margin=settings.job_safety_margin,
+            cpu_safety_margin=_first(settings.job_safety_margin, CPU_SAFETY_MARGIN),
+            gpu_safety_margin=_first(settings.job_safety_margin, GPU_SAFETY_MARGIN),
             max_attempts=settings.job_max_attempts,
             gpu_engine=settings.gpu_engine,
         )
@@ -518,6 +528,13 @@ class JobManager:
             oracle=self.oracle,
         )
 
+    def _margin(self, job: Job, engine: str) -> float:
+        """The request's safety margin, or the default of the device kind."""
+        given = (job.spec.get("fallback") or {}).get("safety_margin")
+        if given is not None:
+            return float(given)
+        return self.config.cpu_safety_margin if engine == ENGINE_CPU else self.config.gpu_safety_margin
+
     def _wanted(self, job: Job, definition: JobDefinition) -> int | None:
         """The effective batch to keep: fixed once training has started; else as asked (None: auto)."""
         if job.effective_batch is not None and job.iteration > 0:
@@ -533,7 +550,7 @@ class JobManager:
         estimator = definition.estimator(engine, self.oracle)
         fallback = job.spec.get("fallback") or {}
         policy = Policy(
-            safety_margin=fallback.get("safety_margin", self.config.safety_margin),
+            safety_margin=self._margin(job, engine),
             growth=fallback.get("growth", Policy().growth),
             max_attempts=fallback.get("max_attempts", self.config.max_attempts),
         )
@@ -596,7 +613,7 @@ class JobManager:
             wanted = self._wanted(job, definition)
             if made == 0 and not failures and job.spec.get("fallback", {}).get("start") == "wanted" and wanted:
                 cost = definition.estimator(engine, self.oracle).report(wanted, None)[0].total_bytes
-                budget = usable_bytes(limit.limit_bytes, decision_margin(job, self.config))
+                budget = usable_bytes(limit.limit_bytes, self._margin(job, engine))
                 plan = BatchPlan(wanted, 1, cost <= budget, cost, wanted)
                 message = f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
             result, attempt = self._run_attempt(job, definition, entry, limit, plan, decision, message)
@@ -785,8 +802,8 @@ class JobManager:
         self._emit_job(job)
 
 
-def decision_margin(job: Job, config: ManagerConfig) -> float:
-    return float((job.spec.get("fallback") or {}).get("safety_margin", config.safety_margin))
+def _first(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _failure(attempt: Attempt) -> Failure:

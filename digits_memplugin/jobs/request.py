@@ -6,7 +6,10 @@
      "data": {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb", "<layer>": "<source>"},
      "data_shapes": {"data": [3, 224, 224]}, "classes": 10, "max_iter": 1000,
      "memory_cap": 2147483648 | "2GiB",                       # CPU jobs only
-     "fallback": {"max_attempts": 5, "safety_margin": 0.05, "growth": 0.1, "start": "plan" | "wanted"}}
+     "fallback": {"max_attempts": 5, "safety_margin": 0.03, "growth": 0.1, "start": "plan" | "wanted"}}
+
+A fallback field left out takes the server's default (a safety margin left out: the device kind's, known only
+once the job is placed).
 
 Validation errors are collected per field ({"batch": "must be a positive integer or \"auto\""}), so the REST API
 answers 400 with all of them at once.
@@ -46,6 +49,8 @@ class JobRequest:
     max_iter: int | None = None
     memory_cap: int | None = None
     policy: Policy = dataclasses.field(default_factory=Policy)
+    safety_margin: float | None = None
+    """The margin the request asked for; None: the default of the device the job is placed on."""
     start: str = "plan"
     """"plan": the first attempt uses the planner's batch; "wanted": it tries the wanted batch as given first."""
 
@@ -59,7 +64,7 @@ class JobRequest:
             "classes": self.classes,
             "max_iter": self.max_iter,
             "memory_cap": self.memory_cap,
-            "fallback": {**self.policy.to_dict(), "start": self.start},
+            "fallback": {**self.policy.to_dict(), "safety_margin": self.safety_margin, "start": self.start},
         }
 
 
@@ -68,7 +73,7 @@ def _positive_int(value: Any) -> bool:
 
 
 def parse_job_request(
-    body: Any, *, default_margin: float, default_attempts: int
+    body: Any, *, default_attempts: int, default_margin: float | None = None
 ) -> tuple[JobRequest | None, dict[str, Any]]:
     """The request, or None with {field: message} for everything wrong with it."""
     if not isinstance(body, Mapping):
@@ -147,20 +152,22 @@ def parse_job_request(
                 values["memory_cap"] = cap
             else:
                 errors["memory_cap"] = 'must be a number of bytes of at least 1 MiB, or a size such as "2GiB"'
-    policy, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
+    policy, margin, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
     if errors:
         return None, errors
-    return JobRequest(**values, policy=policy, start=start), {}
+    return JobRequest(**values, policy=policy, safety_margin=margin, start=start), {}
 
 
-def _fallback(value: Any, errors: dict[str, Any], margin: float, attempts: int) -> tuple[Policy, str]:
-    fields: dict[str, Any] = {"safety_margin": margin, "max_attempts": attempts, "growth": DEFAULT_GROWTH}
+def _fallback(
+    value: Any, errors: dict[str, Any], margin: float | None, attempts: int
+) -> tuple[Policy, float | None, str]:
+    fields: dict[str, Any] = {"max_attempts": attempts, "growth": DEFAULT_GROWTH}
     start = "plan"
     if value is None:
-        return Policy(**fields), start
+        return Policy(**fields), margin, start
     if not isinstance(value, Mapping):
         errors["fallback"] = "must be an object"
-        return Policy(**fields), start
+        return Policy(**fields), margin, start
     problems: dict[str, str] = {}
     for key, item in value.items():
         if key == "start":
@@ -175,11 +182,14 @@ def _fallback(value: Any, errors: dict[str, Any], margin: float, attempts: int) 
                 problems[key] = "must be a whole number from 1 to 100"
         elif key in ("safety_margin", "growth"):
             if not isinstance(item, bool) and isinstance(item, (int, float)) and 0 <= item < 1:
-                fields[key] = float(item)
+                if key == "safety_margin":
+                    margin = float(item)
+                else:
+                    fields[key] = float(item)
             else:
                 problems[key] = "must be a fraction in [0, 1)"
         else:
             problems[str(key)] = f"unknown field (known: {', '.join(FALLBACK_FIELDS)})"
     if problems:
         errors["fallback"] = problems
-    return Policy(**fields), start
+    return Policy(**fields), margin, start

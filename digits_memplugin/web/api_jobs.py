@@ -108,7 +108,7 @@ def create_job() -> ResponseReturnValue:
     except _Invalid as invalid:
         return jsonify(errors=invalid.errors), 400
     job_request, errors = parse_job_request(
-        body, default_margin=settings.job_safety_margin, default_attempts=settings.job_max_attempts
+        body, default_attempts=settings.job_max_attempts
     )
     if job_request is None:
         return jsonify(errors=errors), 400
