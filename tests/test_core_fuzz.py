@@ -204,8 +204,8 @@ def test_int_max_elements_exactly_is_allowed_like_caffe() -> None:
     assert estimate(EstimateRequest(net=input_net(INT32_MAX, 1, 1, 1)))["total_bytes"] > 4 * INT32_MAX
 
 
-KNOWN_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
-    # name -> (net text, request fields, "file:function" of the bug)
+FIXED_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
+    # name -> (net text, request fields, "file:function" where the fuzzers found it; each is refused now)
     "data-shape-str": (DATA_ONLY, {"data_shapes": {"data": "abc"}}, "core/layers/data.py:_spec (TypeError)"),
     "data-shape-int": (DATA_ONLY, {"data_shapes": {"data": 5}}, "core/layers/data.py:_spec (TypeError)"),
     "data-shape-float": (
@@ -291,8 +291,8 @@ KNOWN_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-OVERSTRICT_BUGS: dict[str, tuple[str, str]] = {
-    # name -> (net text Caffe builds, "file:function" of the bug)
+FIXED_OVERSTRICT: dict[str, tuple[str, str]] = {
+    # name -> (net text Caffe builds, "file:function" where the fuzzers found it refused; each is estimated now)
     "in-place-top-changing-shape": (
         input_net(2, 3, 4, 4, extra='layer { name: "am" type: "ArgMax" bottom: "data" top: "data" }\n'),
         (
@@ -303,25 +303,24 @@ OVERSTRICT_BUGS: dict[str, tuple[str, str]] = {
 }
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=where)) for name, (_, where) in OVERSTRICT_BUGS.items()],
-)
-def test_known_overstrict_bugs_estimate(name: str) -> None:
-    assert estimate(EstimateRequest(net=OVERSTRICT_BUGS[name][0]))["total_bytes"] > 0
+@pytest.mark.parametrize("name", list(FIXED_OVERSTRICT))
+def test_nets_caffe_builds_are_estimated(name: str) -> None:
+    assert estimate(EstimateRequest(net=FIXED_OVERSTRICT[name][0]))["total_bytes"] > 0
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=where)) for name, (_, _, where) in KNOWN_BUGS.items()],
-)
-def test_known_bugs_give_a_net_error(name: str) -> None:
-    net, request, _ = KNOWN_BUGS[name]
-    try:
-        document = estimate(EstimateRequest(net=net, **request))
-    except NetError:
-        return
-    pytest.fail(f"estimated instead of refusing: total_bytes={document['total_bytes']!r}")
+def test_an_in_place_layer_that_grows_its_blob_counts_the_larger_buffer() -> None:
+    """ArgMax in place on (2, 3, 4, 4) reshapes the shared blob to (2, 1, 1): the blob keeps its 96 floats."""
+    document = estimate(EstimateRequest(net=FIXED_OVERSTRICT["in-place-top-changing-shape"][0]))
+    data = [layer for layer in document["layers"] if layer["name"] == "in"]
+    assert data and data[0]["categories"]["activations"] == 2 * 3 * 4 * 4 * 4 + 16
+
+
+@pytest.mark.parametrize("name", list(FIXED_BUGS))
+def test_inputs_the_fuzzers_found_are_refused_with_a_net_error(name: str) -> None:
+    net, request, _ = FIXED_BUGS[name]
+    with pytest.raises(NetError) as raised:
+        estimate(EstimateRequest(net=net, **request))
+    assert str(raised.value)
 
 
 # ============================================================================ the checks the fuzzers run
@@ -329,17 +328,14 @@ def test_known_bugs_give_a_net_error(name: str) -> None:
 TRIED: collections.Counter[str] = collections.Counter()
 """Inputs tried per target in this process, reported at the end of the module and by bench/fuzz.py."""
 
-KNOWN_ESCAPES: list[tuple[type[BaseException], str, str, str]] = [
-    (ValueError, "the wanted batch must be positive, got 0", "planner.py", "batch-zero-with-free-memory"),
-    (IndexError, "tuple index out of range", "layers/common.py", "argmax-scalar-bottom"),
-]
+KNOWN_ESCAPES: list[tuple[type[BaseException], str, str, str]] = []
 """Escapes the fuzzers found in code this suite does not own: (type, message fragment, file the innermost frame
-is in, KNOWN_BUGS reproducer). They are counted, not failed, so the fuzzers go on looking for new ones; each has
-a strict xfail above, which starts failing once the bug is fixed, and then its entry here goes too."""
+is in, reproducer name). They are counted, not failed, so the fuzzers go on looking for new ones; each gets a
+strict xfail reproducer until it is fixed. None are open."""
 
 
 def known_escape(error: BaseException) -> str | None:
-    """The KNOWN_BUGS name of an escape the fuzzers found before, or None for a new one."""
+    """The reproducer name of an escape the fuzzers found before, or None for a new one."""
     frames = traceback.extract_tb(error.__traceback__)
     innermost = frames[-1].filename if frames else ""
     for kind, fragment, where, bug in KNOWN_ESCAPES:
@@ -732,20 +728,10 @@ def too_big_for_caffe(text: str) -> bool:
     return sum(math.prod(param.shape) for param in net.params) > MAX_COMPARED_PARAMS
 
 
-KNOWN_DIFFERENCES = [
-    ("Check failed: shape[i] >= 0 (-", "dim-over-int-max-in-empty-blob"),
-    ("kMaxBlobAxes", "more-than-32-axes"),
-    ("Check failed: data_", "zero-size-blob"),
-    ("Cannot use legacy accessors on Blobs with > 4 axes", "prelu-over-4-axes"),
-    ("blob size exceeds INT_MAX", "empty-blob-over-int-max"),
-    ("Unknown filler name", "invalid-filler-type"),
-    ("Sparsity not supported by this Filler", "sparse-filler-not-gaussian"),
-]
-"""Caffe refuses, we build: (Caffe's CHECK message, KNOWN_BUGS reproducer). Counted, not failed (see KNOWN_ESCAPES)."""
-KNOWN_OVERSTRICT = [
-    ("would change shape from", "in-place-top-changing-shape"),
-]
-"""We refuse, Caffe builds: (our message, KNOWN_BUGS reproducer)."""
+KNOWN_DIFFERENCES: list[tuple[str, str]] = []
+"""Caffe refuses, we build: (Caffe's CHECK message, reproducer name). Counted, not failed. None are open."""
+KNOWN_OVERSTRICT: list[tuple[str, str]] = []
+"""We refuse, Caffe builds: (our message, reproducer name). None are open."""
 
 
 def differences_with_caffe(texts: list[str], folder: Path) -> list[dict[str, Any]]:

@@ -222,11 +222,6 @@ def test_estimate_refuses_a_solver_whose_net_escapes(tree: Path) -> None:
     assert document["total_bytes"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/training.py:training_definition.load_file does not tell the loader's errors which solver field "
-    "named the file (field stays None, source is not the solver)",
-)
 @pytest.mark.parametrize(
     ("fields", "field"),
     [

@@ -63,6 +63,17 @@ class EstimateRequest:
             raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
         if not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0:
             raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
+        if not isinstance(self.cuda_context_bytes, int) or isinstance(self.cuda_context_bytes, bool) or (
+            self.cuda_context_bytes < 0
+        ):
+            raise NetError(
+                f"cuda_context_bytes must be a non-negative integer, got {self.cuda_context_bytes!r}",
+                field="cuda_context_bytes",
+            )
+        if not isinstance(self.data_shapes, Mapping):
+            raise NetError(f"data_shapes must map data tops to shapes, got {self.data_shapes!r}", field="data_shapes")
+        if not isinstance(self.budgets, Mapping):
+            raise NetError(f"budgets must map device keys to bytes, got {self.budgets!r}", field="budgets")
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch <= 0
         ):

@@ -186,10 +186,12 @@ def net_memory(
                     touch_diff(blob_id)
 
     for blob_id, producer in data_owner.items():
-        result[producer].categories[ACTIVATIONS] += _allocation(net.blobs[blob_id].count * FLOAT_BYTES, options)
+        result[producer].categories[ACTIVATIONS] += _allocation(net.blobs[blob_id].capacity * FLOAT_BYTES, options)
     for blob_id in diff_touched:
         producer = net.blobs[blob_id].producer
-        result[producer].categories[ACTIVATION_DIFFS] += _allocation(net.blobs[blob_id].count * FLOAT_BYTES, options)
+        result[producer].categories[ACTIVATION_DIFFS] += _allocation(
+            net.blobs[blob_id].capacity * FLOAT_BYTES, options
+        )
 
     state_blobs = SOLVER_STATE_BLOBS[options.solver_type][ENGINE_GPU if options.on_gpu else ENGINE_CPU]
     if options.l1_regularization and (options.on_gpu or options.solver_type not in CPU_SOLVERS_USING_TEMP):

@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import NetError, ShapeError, UnsupportedLayerError
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
-from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN
+from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, check_layer_fillers
 from .proto import caffe_pb2
 
 PHASES = {PHASE_TRAIN: caffe_pb2.TRAIN, PHASE_TEST: caffe_pb2.TEST}
@@ -34,6 +34,8 @@ class Blob:
     diff_of: int | None = None
     """Id of the blob whose diff this one shares (Flatten, Reshape tops); None when it owns its diff."""
     need_backward: bool = False
+    capacity: int = 0
+    """Elements of its buffers: the largest count it had (an in-place layer may reshape it larger)."""
 
     @property
     def count(self) -> int:
@@ -74,6 +76,8 @@ class Layer:
     source_index: int | None = None
     line: int | None = None
     from_oracle: bool = False
+    top_counts: list[int] = dataclasses.field(default_factory=list)
+    """Each top's count right after this layer's set-up (what Caffe's "Memory required for data" adds up)."""
 
 
 @dataclasses.dataclass
@@ -90,7 +94,7 @@ class Net:
     @property
     def memory_required_for_data(self) -> int:
         """Caffe's "Memory required for data" log line: every top's count, in-place tops counted again."""
-        return sum(self.blobs[top].count for layer in self.layers for top in layer.tops) * FLOAT_BYTES
+        return sum(count for layer in self.layers for count in layer.top_counts) * FLOAT_BYTES
 
     def blob(self, name: str) -> Blob:
         for blob in reversed(self.blobs):
@@ -370,6 +374,8 @@ def build_net(
             except DeferToPycaffe as deferred:
                 rule = None
                 unsupported = f"{deferred}; only pycaffe can shape it" if str(deferred) else None
+            else:
+                check_layer_fillers(ctx)
         if setup is None:
             if oracle is None:
                 raise UnsupportedLayerError(
@@ -407,15 +413,14 @@ def build_net(
             if in_place:
                 blob_id = blob_by_name[name]
                 if blobs[blob_id].shape != shape:
-                    raise ctx.error(
-                        f"in-place top {name!r} would change shape from {list(blobs[blob_id].shape)} to {list(shape)}",
-                        field="top",
-                    )
+                    # The layer's Reshape reshapes the shared blob; its buffer grows when the count does.
+                    blobs[blob_id].capacity = max(blobs[blob_id].capacity, count_of(shape))
+                    blobs[blob_id].shape = shape
             else:
                 if top_index < named_tops and name in blob_by_name:
                     raise ctx.error(f"top blob {name!r} is produced by more than one layer", field="top")
                 blob_id = len(blobs)
-                blobs.append(Blob(id=blob_id, name=name, shape=shape, producer=layer_index))
+                blobs.append(Blob(id=blob_id, name=name, shape=shape, producer=layer_index, capacity=count_of(shape)))
                 if top_index < named_tops:
                     blob_by_name[name] = blob_id
             if top_index < named_tops:
@@ -454,6 +459,7 @@ def build_net(
         layer = Layer(
             index=layer_index, name=name_, type=type_, param=param, rule=rule, ctx=ctx, setup=setup,
             bottoms=bottom_ids, tops=top_ids, source_index=spec.orig, line=line, from_oracle=from_oracle,
+            top_counts=[count_of(shape) for shape in setup.tops],
         )
         need_backward = any(blobs[i].need_backward for i in bottom_ids)
         # Net::AppendBottom: propagate_down, when given, replaces the blob's own need for backward.
@@ -510,12 +516,28 @@ def build_net(
     return net
 
 
+MAX_BLOB_AXES = 32
+"""Caffe's kMaxBlobAxes."""
+
+
 def _check_blob_size(shape: Shape, ctx: LayerContext) -> None:
-    if any(dim < 0 for dim in shape):
-        raise ctx.error(f"would create a blob with a negative dimension {list(shape)}")
-    if count_of(shape) > INT_MAX:
+    """Blob::Reshape's CHECKs, in its order: at most 32 axes, each dimension a non-negative int, and the count
+    checked against INT_MAX dimension by dimension (a later 0 does not excuse an earlier overflow). A blob of 0
+    elements has no memory, and Caffe aborts (CHECK data_) the first time a layer touches it."""
+    if len(shape) > MAX_BLOB_AXES:
+        raise ctx.error(f"would create a blob of {len(shape)} axes; Caffe's limit is {MAX_BLOB_AXES}")
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise ctx.error(f"would create a blob with a negative dimension {list(shape)}")
+        if dim > INT_MAX or (count != 0 and dim > INT_MAX // count):
+            raise ctx.error(
+                f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)"
+            )
+        count *= dim
+    if count == 0:
         raise ctx.error(
-            f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)"
+            f"would create an empty blob {list(shape)}; Caffe aborts the first time a layer touches it (CHECK data_)"
         )
 
 

@@ -19,6 +19,7 @@ from .prototxt import DEFAULT_LIMITS, ParseLimits, parse_net, parse_solver
 from .sourcemap import layer_lines
 
 DIGITS_STAGES = {"train", "val", "deploy"}
+UINT32_MAX = 2**32 - 1
 
 Loader = Callable[[str], tuple[str, str]]
 """Reads a file a solver names: path -> (text, source name for messages). Raises NetError when not allowed."""
@@ -99,8 +100,9 @@ def _net_definition(text: str, source: str, limits: ParseLimits, state: Any | No
 def fill_num_classes(definition: TrainingDefinition, classes: int) -> None:
     """What DIGITS does before training a standard network: InnerProduct layers that leave num_output unset
     (the classifier) get the dataset's number of classes."""
-    if classes <= 0:
-        raise NetError(f"the number of classes must be positive, got {classes}")
+    if not isinstance(classes, int) or isinstance(classes, bool) or not 0 < classes <= UINT32_MAX:
+        raise NetError(f"the number of classes must be an integer from 1 to {UINT32_MAX}, got {classes!r}",
+                       field="classes")
     filled = False
     for net in (definition.train, *definition.tests):
         for layer in net.param.layer:
@@ -164,7 +166,11 @@ def training_definition(
                 source=solver_source,
                 field=field,
             )
-        text, source = load(path)
+        try:
+            text, source = load(path)
+        except NetError as error:
+            # The loader knows the file; the user knows the solver line that named it.
+            raise NetError(f"{field}: {error}", source=solver_source, field=field) from None
         return _net_definition(text, source, limits)
 
     # Solver::InitTrainNet: exactly one of net, net_param, train_net, train_net_param (the given net wins).

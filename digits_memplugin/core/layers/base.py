@@ -257,5 +257,55 @@ def legacy_dim(ctx: LayerContext, shape: Shape, index: int, what: str = "bottom"
     return shape[index] if index < len(shape) else 1
 
 
+FILLER_TYPES = ("constant", "gaussian", "positive_unitball", "uniform", "xavier", "msra", "bilinear")
+"""GetFiller's names (include/caffe/filler.hpp); any other aborts at set-up."""
+
+
+def check_filler(ctx: LayerContext, filler: Any, field: str) -> None:
+    """What GetFiller and the fillers CHECK when a layer fills a blob: a known type, and `sparse` only for the
+    gaussian filler."""
+    if filler.type not in FILLER_TYPES:
+        raise ctx.error(f"unknown filler type {filler.type!r} (Caffe knows {', '.join(FILLER_TYPES)})", field=field)
+    if filler.sparse != -1 and filler.type != "gaussian":
+        raise ctx.error(f"only the gaussian filler takes sparse; {filler.type!r} needs it unset (-1)", field=field)
+    if filler.sparse < -1:
+        raise ctx.error(f"sparse must be -1 or more, got {filler.sparse}", field=field)
+
+
+# The fillers each layer type runs at set-up: (its parameter message, the filler fields it reads). A bias filler
+# is read only when the layer has a bias; an unset filler is Caffe's default and always valid.
+LAYER_FILLERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Convolution": ("convolution_param", ("weight_filler", "bias_filler")),
+    "Deconvolution": ("convolution_param", ("weight_filler", "bias_filler")),
+    "InnerProduct": ("inner_product_param", ("weight_filler", "bias_filler")),
+    "Embed": ("embed_param", ("weight_filler", "bias_filler")),
+    "LSTM": ("recurrent_param", ("weight_filler", "bias_filler")),
+    "RNN": ("recurrent_param", ("weight_filler", "bias_filler")),
+    "PReLU": ("prelu_param", ("filler",)),
+    "Scale": ("scale_param", ("filler", "bias_filler")),
+    "Bias": ("bias_param", ("filler",)),
+}
+
+
+def check_layer_fillers(ctx: LayerContext) -> None:
+    """check_filler for every filler the layer really runs."""
+    if ctx.type == "DummyData":
+        for index, filler in enumerate(ctx.param.dummy_data_param.data_filler):
+            check_filler(ctx, filler, f"dummy_data_param.data_filler[{index}]")
+        return
+    if ctx.type not in LAYER_FILLERS:
+        return
+    message_name, fields = LAYER_FILLERS[ctx.type]
+    message = getattr(ctx.param, message_name)
+    for field in fields:
+        if not message.HasField(field):
+            continue
+        if field == "bias_filler" and hasattr(message, "bias_term") and not message.bias_term:
+            continue
+        if ctx.type in ("Scale", "Bias") and field == "filler" and len(ctx.bottoms) > 1:
+            continue  # the scale (or bias) is the second bottom: nothing is filled
+        check_filler(ctx, getattr(message, field), f"{message_name}.{field}")
+
+
 def optional(message: Any, field: str) -> Any:
     return getattr(message, field) if message.HasField(field) else None

@@ -450,6 +450,8 @@ class ArgMaxRule(LayerRule):
         p = ctx.param.argmax_param
         bottom = ctx.bottoms[0]
         k = ctx.positive(p.top_k, "argmax_param.top_k")
+        if not bottom:
+            raise ctx.error("the input has no axes to take the maximum over", field="bottom")
         if p.HasField("axis"):
             axis = ctx.canonical_axis(p.axis, len(bottom), "argmax_param.axis")
             if k > bottom[axis]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ENGINE_CPU, Buffer, Count, LayerContext, LayerRule, LayerSetup, count_of, layer_rule
+from .base import ENGINE_CPU, Buffer, Count, LayerContext, LayerRule, LayerSetup, count_of, layer_rule, legacy_dim
 
 
 @layer_rule(
@@ -57,6 +57,7 @@ class PReLURule(LayerRule):
         bottom = ctx.bottoms[0]
         if len(bottom) < 2:
             raise ctx.error(f"input must have at least 2 axes, got {list(bottom)}", field="bottom")
+        legacy_dim(ctx, bottom, 1)  # channels() is a legacy accessor: at most 4 axes
         shared = ctx.param.prelu_param.channel_shared
         return LayerSetup(tops=[bottom], params=[() if shared else (bottom[1],)])
 
