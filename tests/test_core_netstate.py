@@ -134,6 +134,8 @@ for index, job in enumerate(jobs):
         os.dup2(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         try:
             result = run(job)
+        except MemoryError:
+            result = {"fatal": "std::bad_alloc (MemoryError: the job's memory limit)"}
         except BaseException as error:
             result = {"error": repr(error)}
         with open(result_path, "w") as out:
