@@ -68,7 +68,7 @@ def test_a_server_killed_mid_job_finds_it_interrupted_and_resumes_it(tmp_path: P
     write_lmdb(data / "datasets" / "mnist_test_lmdb", records=8)
     first = serve(data, tmp_path / "first.log")
     servers.append(first)
-    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 100_000}
+    body: dict[str, Any] = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 100_000}
     created = requests.post(first.api("/jobs"), json=body, timeout=30)
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
@@ -110,7 +110,7 @@ def test_a_server_killed_mid_job_finds_it_interrupted_and_resumes_it(tmp_path: P
         assert attempt2["resumed_from"] == doc["snapshot"]["state"]
         assert attempt2["start_iteration"] == doc["snapshot"]["iteration"]
         deadline = time.monotonic() + 60
-        iterations = []
+        iterations: list[int] = []
         while time.monotonic() < deadline and not iterations:
             name, payload = received.get(timeout=30)
             if name == "job_progress" and payload["event"] == "iteration" and payload["attempt"] == 2:
@@ -118,11 +118,19 @@ def test_a_server_killed_mid_job_finds_it_interrupted_and_resumes_it(tmp_path: P
         assert iterations and iterations[0] > doc["snapshot"]["iteration"]  # went on from the snapshot
     finally:
         client.disconnect()
-    cancelled = requests.post(second.api(f"/jobs/{job_id}/cancel"), timeout=10)
-    assert cancelled.status_code == 200
-    wait_for(lambda: job_doc(second, job_id)["status"] == "cancelled", timeout=60, what="the cancel")
+    child = json.loads((data / "jobs" / job_id / "attempts" / "2" / "progress.jsonl").read_text().splitlines()[0])["pid"]
 
+    # A clean stop (SIGTERM) stops the job too, as interrupted, rather than leaving it "running" in the store.
     second.process.send_signal(signal.SIGTERM)
-    assert second.process.wait(timeout=30) == 0
-    for server in (first, second):
+    assert second.process.wait(timeout=60) == 0
+    assert not pid_alive(child)
+    third = serve(data, tmp_path / "third.log")
+    servers.append(third)
+    doc = job_doc(third, job_id)
+    assert doc["status"] == "interrupted" and [a["status"] for a in doc["attempts"]] == ["interrupted"] * 2
+    assert requests.delete(third.api(f"/jobs/{job_id}"), timeout=10).status_code == 204
+    assert not (data / "jobs" / job_id).exists()
+    third.process.send_signal(signal.SIGTERM)
+    assert third.process.wait(timeout=30) == 0
+    for server in servers:
         assert "Traceback" not in server.output.read_text()

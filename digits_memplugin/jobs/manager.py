@@ -17,6 +17,7 @@ Events (payloads are what the REST API returns):
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import errno
 import fcntl
@@ -219,6 +220,8 @@ class JobManager:
             self._stopping = False
             self._started = True
             self._scheduler = self.spawn(self._loop)
+            # A server that exits normally (SIGTERM) stops its jobs as interrupted rather than leaving them running.
+            atexit.register(self.stop)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop scheduling, kill running attempts (their jobs become interrupted, resumable), release the folder."""
@@ -235,6 +238,7 @@ class JobManager:
         for task in [self._scheduler, *(entry.task for entry in running)]:
             if task is not None and hasattr(task, "join"):
                 task.join(max(0.0, deadline - time.monotonic()))
+        atexit.unregister(self.stop)
         with self._lock:
             self._started = False
             if self._store is not None:
@@ -764,6 +768,9 @@ class JobManager:
             entry = self._running.get(job_id)
             if entry is None:
                 return
+            memory = record.get("memory_bytes")
+            if isinstance(memory, int):  # what the attempt holds already is no longer held back for it
+                entry.peak = max(entry.peak or 0, memory)
             if event == "iteration":
                 entry.progress["train"] = record
                 self._store_progress(job_id, entry, first=record.get("iteration") == 1)
