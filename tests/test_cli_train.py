@@ -65,8 +65,12 @@ def test_ctrl_c_cancels_the_job(files: list[str]) -> None:
         [SCRIPT, "train", *files, "--max-iter", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
-    seen: list[str] = []
-    wait_for(lambda: seen.append(process.stdout.readline()) or "iteration" in seen[-1], what="training output")  # type: ignore[union-attr]
+    stdout = process.stdout
+
+    def iterating() -> bool:
+        return "iteration" in stdout.readline()
+
+    wait_for(iterating, what="training output")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 1, err

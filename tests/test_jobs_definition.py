@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -14,7 +15,7 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
 
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.prototxt import parse_net, parse_solver
-from digits_memplugin.jobs.definition import load_definition, set_batch, write_attempt
+from digits_memplugin.jobs.definition import JobDefinition, load_definition, set_batch, write_attempt
 from digits_memplugin.pycaffe_shapes import pycaffe_oracle
 
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
@@ -31,12 +32,12 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 HDF5_SOLVER = 'test_iter: 3 test_interval: 10 base_lr: 0.01 lr_policy: "fixed" max_iter: 20'
 
 
-def load(folder: Path, roots: list[Path], net: str = LENET, solver: str = SHORT_SOLVER, **kwargs: object):  # type: ignore[no-untyped-def]
+def load(folder: Path, roots: list[Path], net: str = LENET, solver: str = SHORT_SOLVER, **kwargs: Any) -> JobDefinition:
     folder.mkdir(exist_ok=True)
-    return load_definition(net, solver, folder=folder, roots=roots, **kwargs)  # type: ignore[arg-type]
+    return load_definition(net, solver, folder=folder, roots=roots, **kwargs)
 
 
-def error_of(folder: Path, roots: list[Path], net: str, **kwargs: object) -> NetError:
+def error_of(folder: Path, roots: list[Path], net: str, **kwargs: Any) -> NetError:
     with pytest.raises(NetError) as raised:
         load(folder, roots, net, **kwargs)
     return raised.value
