@@ -760,6 +760,8 @@ KNOWN_OVERSTRICT: list[tuple[str, str]] = [
     ("dropout_ratio must be in [0, 1)", "intended: Caffe's own DCHECK"),
     # Caffe builds a net with an empty blob when no layer touches it at set-up, then aborts at the first forward.
     ("would create an empty blob", "intended: Caffe aborts at the first forward"),
+    # BVLC's EltwiseLayer::Reshape CHECKs equal bottom shapes; this pycaffe's tree has the CHECK commented out.
+    ("; they must match", "intended: BVLC checks Eltwise shapes"),
 ]
 """We refuse, Caffe builds: (our message, why). Counted, not failed."""
 
