@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -134,12 +135,14 @@ def estimate(
     limits: ParseLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
     """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input."""
-    definition = training_definition(
-        request.net, request.solver, net_source=request.net_source, solver_source=request.solver_source,
-        load=load, limits=limits,
-    )
-    if request.classes is not None:
-        fill_num_classes(definition, request.classes)
+    if load is None:
+        definition = _cached_definition(
+            request.net, request.solver, request.net_source, request.solver_source, limits, request.classes
+        )
+    else:
+        definition = _definition(
+            request.net, request.solver, request.net_source, request.solver_source, limits, request.classes, load
+        )
     options = MemoryOptions(
         engine=request.engine,
         solver_type=_solver_type(definition),
@@ -236,6 +239,38 @@ def _linear_model(estimator: Estimator, test_batch: int | None) -> dict[str, int
     except ShapeError:
         return None
     return {"fixed_bytes": 2 * one - two, "bytes_per_item": two - one}
+
+
+def _definition(
+    net: str | None,
+    solver: str | None,
+    net_source: str,
+    solver_source: str,
+    limits: ParseLimits,
+    classes: int | None,
+    load: Loader | None = None,
+) -> TrainingDefinition:
+    definition = training_definition(
+        net, solver, net_source=net_source, solver_source=solver_source, load=load, limits=limits
+    )
+    if classes is not None:
+        fill_num_classes(definition, classes)
+    return definition
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_definition(
+    net: str | None,
+    solver: str | None,
+    net_source: str,
+    solver_source: str,
+    limits: ParseLimits,
+    classes: int | None,
+) -> TrainingDefinition:
+    """Parsed, upgraded and prepared nets by their texts: the form re-estimates the same net at other batches and
+    for other devices many times, and parsing is most of the cost of a cold estimate. Nothing mutates a cached
+    definition afterwards (classes are filled in before it is cached); errors are not cached."""
+    return _definition(net, solver, net_source, solver_source, limits, classes)
 
 
 def plan_job(
