@@ -22,6 +22,7 @@ from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
 MAX_CURVE_POINTS = 32
+MAX_REMEMBERED_TOTALS = 512
 DEFAULT_SAFETY_MARGIN = 0.10
 """Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
 
@@ -106,15 +107,30 @@ class Estimator:
         self.data_shapes = dict(data_shapes)
         self.oracle = oracle
         self._reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
+        # Totals outlive this estimator: they are kept on the definition, per way of counting, so that estimating
+        # the same net again (another wanted batch, another device) reuses the planner's evaluations.
+        key = (options, repr(sorted(self.data_shapes.items())), id(oracle))
+        totals = definition.memo.setdefault(key, {})
+        if len(totals) > MAX_REMEMBERED_TOTALS:
+            totals.clear()
+        self._totals: dict[tuple[int | None, int | None], int] = totals
 
     def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
         key = (batch, test_batch)
         if key not in self._reports:
             self._reports[key] = self.definition.memory(self.options, batch, test_batch, self.data_shapes, self.oracle)
+            self._totals[key] = self._reports[key][0].total_bytes
         return self._reports[key]
 
+    def total(self, batch: int | None, test_batch: int | None = None) -> int:
+        """The peak at `batch`, from memory when this net was estimated at that batch before."""
+        key = (batch, test_batch)
+        if key not in self._totals:
+            self.report(batch, test_batch)
+        return self._totals[key]
+
     def curve(self, test_batch: int | None = None) -> MemoryCurve:
-        return MemoryCurve(lambda batch: self.report(batch, test_batch)[0].total_bytes)
+        return MemoryCurve(lambda batch: self.total(batch, test_batch))
 
 
 def net_batch(net: Net) -> int | None:
@@ -223,8 +239,7 @@ def _curve(estimator: Estimator, batches: tuple[int, ...], test_batch: int | Non
     points = []
     for batch in sorted(set(batches)):
         try:
-            points.append({"batch": batch, "total_bytes": estimator.report(batch, test_batch)[0].total_bytes,
-                           "error": None})
+            points.append({"batch": batch, "total_bytes": estimator.total(batch, test_batch), "error": None})
         except ShapeError as error:
             points.append({"batch": batch, "total_bytes": None, "error": str(error)})
     return points
@@ -234,8 +249,8 @@ def _linear_model(estimator: Estimator, test_batch: int | None) -> dict[str, int
     """total(batch) ~ fixed_bytes + bytes_per_item * batch, from batches 1 and 2 (exact for almost every net;
     the planner checks its answers against full estimates)."""
     try:
-        one = estimator.report(1, test_batch)[0].total_bytes
-        two = estimator.report(2, test_batch)[0].total_bytes
+        one = estimator.total(1, test_batch)
+        two = estimator.total(2, test_batch)
     except ShapeError:
         return None
     return {"fixed_bytes": 2 * one - two, "bytes_per_item": two - one}
@@ -287,7 +302,7 @@ def plan_job(
     largest = max_batch(curve, budget, limit)
     if largest > 0 or test_batch is None:
         return plan_batch(curve, wanted, budget, limit), largest, None
-    test_curve = MemoryCurve(lambda tb: estimator.report(1, tb)[0].total_bytes)
+    test_curve = MemoryCurve(lambda tb: estimator.total(1, tb))
     fitting_test = max_batch(test_curve, budget, limit=test_batch)
     if fitting_test == 0:
         return plan_batch(curve, wanted, budget, limit), 0, None

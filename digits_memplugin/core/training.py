@@ -57,6 +57,8 @@ class TrainingDefinition:
     test_iters: list[int] = dataclasses.field(default_factory=list)
     assumptions: list[str] = dataclasses.field(default_factory=list)
     solver: Any | None = None
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """Results callers may keep about these nets (the estimator's totals per batch); cleared when they change."""
 
     def build(
         self,
@@ -111,6 +113,7 @@ def fill_num_classes(definition: TrainingDefinition, classes: int) -> None:
                 filled = True
     for net in (definition.train, *definition.tests):
         net.forget_prepared()
+    definition.memo.clear()
     if filled:
         definition.assumptions.append(f"InnerProduct layers without num_output get the {classes} classes (as DIGITS does)")
 
