@@ -26,7 +26,7 @@ from report import replace_section
 from resnet import resnet_deploy
 from zoo_cases import ZOO, as_training_net
 
-from digits_memplugin.core.estimate import EstimateRequest, _cached_definition, estimate  # noqa: E402
+from digits_memplugin.core.estimate import EstimateRequest, _cached_definition, estimate
 
 GiB = 1024**3
 
