@@ -764,6 +764,7 @@ class JobManager:
         """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job."""
         self._emit("job_progress", {"job_id": job_id, "attempt": number, **record})
         event = record.get("event")
+        changed: Job | None = None
         with self._lock:
             entry = self._running.get(job_id)
             if entry is None:
@@ -782,7 +783,9 @@ class JobManager:
                 self._store_progress(job_id, entry, force=True)
             elif event == "snapshot":
                 snapshot = {key: record[key] for key in ("iteration", "model", "state")}
-                self._emit_job(self.store.update_job(job_id, snapshot=snapshot))
+                changed = self.store.update_job(job_id, snapshot=snapshot)
+        if changed is not None:  # listeners are called outside the lock: they may take their time
+            self._emit_job(changed)
 
     def _store_progress(self, job_id: str, entry: _Running, force: bool = False, first: bool = False) -> None:
         """Keep the latest progress on the job row, at most once per `store_progress_seconds` for iterations."""
