@@ -21,8 +21,8 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     python_requires=">=3.11",
-    packages=find_packages(include=["digits_memplugin", "digits_memplugin.*"])
-    + ["digits_memplugin.templates", "digits_memplugin.static"],
+    packages=[*find_packages(include=["digits_memplugin", "digits_memplugin.*"]),
+              "digits_memplugin.templates", "digits_memplugin.static"],
     package_dir={"digits_memplugin.templates": "templates", "digits_memplugin.static": "static"},
     package_data={
         "digits_memplugin.templates": ["**/*.html"],

@@ -174,7 +174,7 @@ def caffe_error(log: str, net_param: Any, returncode: int) -> NetError:
     unknown = _UNKNOWN_TYPE.search(message)
     if unknown:
         layer_type = unknown.group("type")
-        layer = next((l.name for l in net_param.layer if l.type == layer_type and l.name not in created), None)
+        layer = next((item.name for item in net_param.layer if item.type == layer_type and item.name not in created), None)
         return UnsupportedLayerError(
             f"this Caffe has no layer type {layer_type!r}", layer=layer, layer_type=layer_type, field="type"
         )

@@ -90,7 +90,7 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f"{key} must be a non-empty path, got {value!r}")
         return Path(value).absolute()
     if field.name in ("url_prefix", "socketio_namespace"):
-        if not isinstance(value, str) or not value.startswith("/") or value.endswith("/") and value != "/":
+        if not isinstance(value, str) or not value.startswith("/") or (value.endswith("/") and value != "/"):
             raise ConfigError(f"{key} must be a path starting with '/' and not ending with '/', got {value!r}")
         return value
     if field.name == "async_mode":

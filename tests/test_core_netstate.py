@@ -273,7 +273,7 @@ def caffe_kept_by_state(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[
     return {(phase, level, tuple(stages)): result["layers"] for (phase, level, stages), result in zip(STATES, results)}
 
 
-@pytest.mark.parametrize(("phase", "level", "stages"), STATES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("phase", "level", "stages"), STATES, ids=str)
 def test_filter_keeps_what_caffe_keeps(
     caffe_kept_by_state: dict[tuple[str, int, tuple[str, ...]], list[str]], phase: str, level: int, stages: list[str]
 ) -> None:

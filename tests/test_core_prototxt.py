@@ -300,7 +300,7 @@ def caffe_accepts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bool]:
     folder = tmp_path_factory.mktemp("parser")
     cases = {**PARSER_CASES, **{name: text for name, (text, _) in KNOWN_PARSER_DIFFERENCES.items()}}
     jobs = []
-    for index, (name, text) in enumerate(cases.items()):
+    for index, text in enumerate(cases.values()):
         (folder / f"case{index}.prototxt").write_text(INPUT + text)
         jobs.append({"kind": "net", "path": f"case{index}.prototxt", "phase": "TEST", "level": 0, "stages": []})
     results = run_pycaffe(jobs, folder)

@@ -39,7 +39,7 @@ def test_the_structures_match_the_bindings_layouts_and_versions() -> None:
     for ours, theirs in pairs:
         assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), ours.__name__
     assert fake_nvml.MEMORY_V2_VERSION == pynvml.nvmlMemory_v2 == 0x02000028
-    assert fake_nvml.TEMPERATURE_V1_VERSION == pynvml.nvmlTemperature_v1
+    assert pynvml.nvmlTemperature_v1 == fake_nvml.TEMPERATURE_V1_VERSION
 
 
 def test_calls_before_init_answer_uninitialized(install_nvml: Install, gpus: list[FakeGpu]) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import caffe
 import h5py
 import lmdb
 import numpy as np
 import pytest
-
-import caffe
 from caffe.proto import caffe_pb2
 
 pytestmark = pytest.mark.slow

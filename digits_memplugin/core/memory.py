@@ -116,7 +116,7 @@ class MemoryReport:
 
     @property
     def categories(self) -> dict[str, int]:
-        totals = {category: 0 for category in CATEGORIES}
+        totals = dict.fromkeys(CATEGORIES, 0)
         for layer in self.layers:
             for category, value in layer.categories.items():
                 totals[category] += value

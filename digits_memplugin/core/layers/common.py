@@ -146,7 +146,7 @@ class SplitRule(LayerRule):
         n = len(ctx.param.top)
         if ctx.param.bottom[0] in ctx.param.top:
             raise ctx.error("Split does not allow in-place computation", field="top")
-        return LayerSetup(tops=[ctx.bottoms[0]] * n, data_views={i: 0 for i in range(n)})
+        return LayerSetup(tops=[ctx.bottoms[0]] * n, data_views=dict.fromkeys(range(n), 0))
 
 
 def _not_in_place(ctx: LayerContext) -> None:
@@ -323,7 +323,7 @@ def _axes_blob_shape(ctx: LayerContext, bottom: Shape, axis_value: int, num_axes
         raise ctx.error("num_axes must be non-negative, or -1 to extend to the end of bottom[0]", field=f"{field}.num_axes")
     if num_axes >= 0 and len(bottom) < axis + num_axes:
         raise ctx.error(
-            f"the {field.split('_')[0]} blob's shape extends past bottom[0]'s shape {list(bottom)} from axis {axis}",
+            f"the {field.split('_', maxsplit=1)[0]} blob's shape extends past bottom[0]'s shape {list(bottom)} from axis {axis}",
             field=f"{field}.num_axes",
         )
     return tuple(bottom[axis:] if num_axes == -1 else bottom[axis : axis + num_axes])

@@ -141,7 +141,7 @@ class DataRule(PrefetchingDataRule):
             category=DATA_PREFETCH,
             host_only=True,
         )
-        return self.prefetch(setup) + [reader] + _mean_buffer(ctx, spec.shape)
+        return [*self.prefetch(setup), reader, *_mean_buffer(ctx, spec.shape)]
 
 
 @layer_rule("ImageData")

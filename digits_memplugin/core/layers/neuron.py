@@ -18,6 +18,9 @@ class NeuronRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         if ctx.type == "Log" and ctx.param.log_param.base <= 0 and ctx.param.log_param.base != -1:
             raise ctx.error("base must be strictly positive (or -1 for e)", field="log_param.base")
+        if ctx.type == "Log" and ctx.param.log_param.base == 1:
+            # LogLayer divides by log(base) and CHECKs the result is finite.
+            raise ctx.error("base 1 has log(base) = 0, which LogLayer divides by", field="log_param.base")
         if ctx.type == "Exp" and ctx.param.exp_param.base <= 0 and ctx.param.exp_param.base != -1:
             raise ctx.error("base must be strictly positive (or -1 for e)", field="exp_param.base")
         if ctx.type == "AbsVal" and ctx.param.top[0] == ctx.param.bottom[0]:
