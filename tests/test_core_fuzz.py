@@ -315,27 +315,12 @@ def test_an_in_place_layer_that_grows_its_blob_counts_the_larger_buffer() -> Non
     assert data and data[0]["categories"]["activations"] == 2 * 3 * 4 * 4 * 4 + 16
 
 
-OPEN_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
-    # name -> (net text, request fields, "file:function" of the bug): found, not fixed yet
-    "log-base-one": (
-        input_net(2, 3, extra='layer { name: "log" type: "Log" bottom: "data" top: "log" log_param { base: 1 } }\n'),
-        {},
-        "core/layers/neuron.py:NeuronRule.setup (LogLayer CHECKs that 1/log(base) is finite: base 1 is refused)",
-    ),
-}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=where)) for name, (_, _, where) in OPEN_BUGS.items()],
+FIXED_BUGS["log-base-one"] = (
+    input_net(2, 3, extra='layer { name: "log" type: "Log" bottom: "data" top: "log" log_param { base: 1 } }\n'),
+    {},
+    "core/layers/neuron.py:NeuronRule.setup (LogLayer CHECKs that 1/log(base) is finite: base 1 is refused)",
 )
-def test_open_bugs_give_a_net_error(name: str) -> None:
-    net, request, _ = OPEN_BUGS[name]
-    try:
-        document = estimate(EstimateRequest(net=net, **request))
-    except NetError:
-        return
-    pytest.fail(f"estimated instead of refusing: total_bytes={document['total_bytes']!r}")
+# A new finding gets a strict-xfail reproducer here until it is fixed, then joins FIXED_BUGS. None are open.
 
 
 @pytest.mark.parametrize("name", list(FIXED_BUGS))
@@ -751,10 +736,8 @@ def too_big_for_caffe(text: str) -> bool:
     return sum(math.prod(param.shape) for param in net.params) > MAX_COMPARED_PARAMS
 
 
-KNOWN_DIFFERENCES: list[tuple[str, str]] = [
-    ("Inf result: 1/log(base)", "log-base-one"),
-]
-"""Caffe refuses, we build: (Caffe's CHECK message, OPEN_BUGS reproducer). Counted, not failed."""
+KNOWN_DIFFERENCES: list[tuple[str, str]] = []
+"""Caffe refuses, we build: (Caffe's CHECK message, reproducer name). Counted, not failed. None are open."""
 KNOWN_OVERSTRICT: list[tuple[str, str]] = [
     # DropoutLayer only DCHECKs the ratio: a debug build aborts, a release build trains with scale 1/0.
     ("dropout_ratio must be in [0, 1)", "intended: Caffe's own DCHECK"),
