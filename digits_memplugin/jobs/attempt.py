@@ -9,6 +9,7 @@ dies leaves the whole log behind).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -123,10 +124,8 @@ class AttemptProcess:
     def _signal(self, number: int) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, number)
-        except ProcessLookupError:
-            pass
 
     def wait(self) -> AttemptResult:
         """Follow the child until it ends; then classify how it ended."""
@@ -149,10 +148,8 @@ class AttemptProcess:
             time.sleep(POLL_SECONDS)
         reader.join(timeout=30)
         # The group may still hold processes the child started; nothing of an ended attempt may keep running.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         while self._follow_log(final=True):
             pass
         returncode = process.returncode

@@ -18,6 +18,7 @@ Events (payloads are what the REST API returns):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -276,10 +277,8 @@ class JobManager:
             return
         if RUNNER_MODULE.encode() in cmdline and cwd == (self.jobs_root / attempt.job_id).resolve():
             log.warning("killing training process %d left by a previous server (job %s)", attempt.pid, attempt.job_id)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(attempt.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def _emit(self, name: str, payload: dict[str, Any]) -> None:
         try:
