@@ -154,9 +154,10 @@ def test_plans_for_every_device_from_one_estimate(data_dir: Any) -> None:
     assert set(doc["plans"]) == {device["key"] for device in devices}
     for device in devices:
         plan = doc["plans"][device["key"]]
-        assert plan["free_bytes"] == device["memory_free"]
+        if device["kind"] == "gpu":  # the simulated GPUs' memory holds still; the CPU's moves with the machine
+            assert plan["free_bytes"] == device["memory_free"]
         alone = post(client, {"net": LENET, "data_shapes": SHAPES, "engine": "gpu", "batch": 64,
-                              "free_bytes": device["memory_free"]}).get_json()
+                              "free_bytes": plan["free_bytes"]}).get_json()
         assert plan["max_batch_size"] == alone["max_batch_size"]
         assert plan["plan"] == alone["plan"]
     small, large = sorted((doc["plans"][d["key"]] for d in devices if d["kind"] == "gpu"),
