@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import ShapeError
 from .base import (
     ENGINE_CUDNN,
@@ -43,6 +45,19 @@ class InnerProductRule(LayerRule):
         return [Buffer("bias_multiplier", setup.details["rows"])]
 
 
+def _axis_or_legacy_dim(ctx: LayerContext, p: Any, legacy: str, shape: Shape, prefix: str) -> int:
+    """Concat's and Slice's axis: `axis` (negative from the end), or the legacy non-negative `concat_dim` /
+    `slice_dim`; Caffe refuses both at once."""
+    if p.HasField(legacy):
+        if p.HasField("axis"):
+            raise ctx.error(f"give either axis or {legacy}, not both", field=prefix)
+        axis = getattr(p, legacy)
+        if axis >= len(shape):
+            raise ctx.error(f"{legacy} {axis} is out of range for {list(shape)}", field=f"{prefix}.{legacy}")
+        return int(axis)
+    return ctx.canonical_axis(p.axis, len(shape), f"{prefix}.axis")
+
+
 @layer_rule("Concat")
 class ConcatRule(LayerRule):
     """ConcatLayer: bottoms joined along `axis`; with one bottom the top is the bottom."""
@@ -53,14 +68,7 @@ class ConcatRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.concat_param
         first = ctx.bottoms[0]
-        if p.HasField("concat_dim"):
-            if p.HasField("axis"):
-                raise ctx.error("give either axis or concat_dim, not both", field="concat_param")
-            axis = p.concat_dim
-            if axis >= len(first):
-                raise ctx.error(f"concat_dim {axis} is out of range for {list(first)}", field="concat_param.concat_dim")
-        else:
-            axis = ctx.canonical_axis(p.axis, len(first), "concat_param.axis")
+        axis = _axis_or_legacy_dim(ctx, p, "concat_dim", first, "concat_param")
         total = 0
         for index, bottom in enumerate(ctx.bottoms):
             if len(bottom) != len(first):
@@ -93,14 +101,7 @@ class SliceRule(LayerRule):
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.slice_param
         bottom = ctx.bottoms[0]
-        if p.HasField("slice_dim"):
-            if p.HasField("axis"):
-                raise ctx.error("give either axis or slice_dim, not both", field="slice_param")
-            axis = p.slice_dim
-            if axis >= len(bottom):
-                raise ctx.error(f"slice_dim {axis} is out of range for {list(bottom)}", field="slice_param.slice_dim")
-        else:
-            axis = ctx.canonical_axis(p.axis, len(bottom), "slice_param.axis")
+        axis = _axis_or_legacy_dim(ctx, p, "slice_dim", bottom, "slice_param")
         size = bottom[axis]
         tops = len(ctx.param.top)
         points = list(p.slice_point)
