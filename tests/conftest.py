@@ -8,13 +8,18 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from zoo_cases import ZOO
 
 from digits_memplugin import create_app, devices
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from digits_memplugin.sizes import GIB, MIB
 
+# Fixture modules that test modules import (and load with `pytest_plugins`): rewritten like test modules, so their
+# asserts report what failed.
+pytest.register_assert_rewrite("browser_fixtures")
+
 REPO = Path(__file__).resolve().parent.parent
-ZOO = REPO.parent / "shared" / "zoo"
+__all__ = ["REPO", "ZOO"]  # test modules import these from here; zoo_cases knows where the shared zoo is
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_core_netstate import run_pycaffe
+from zoo_cases import ZOO
 
 from digits_memplugin.core.errors import NetError, ShapeError, UnsupportedLayerError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
@@ -35,7 +36,6 @@ from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.core.sourcemap import layer_lines
 from digits_memplugin.errors import MemPluginError
 
-ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 HANG_SECONDS = 60.0
 """No single input may take longer (the real bound is far lower: the largest zoo net estimates in 0.1 s)."""
 INT32_MAX = 2**31 - 1

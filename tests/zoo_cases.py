@@ -8,6 +8,7 @@ SoftmaxWithLoss instead of the final Softmax.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,19 @@ from google.protobuf import text_format
 
 from digits_memplugin.core.proto import caffe_pb2
 
-ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+
+def _find_zoo() -> Path:
+    """The team's shared zoo: $DIGITS_MEMPLUGIN_ZOO, else ../shared/zoo beside the checkout (where the team keeps
+    it), else the workplace's /work/shared/zoo (a clean clone elsewhere, as CI makes)."""
+    candidates = [Path(os.environ["DIGITS_MEMPLUGIN_ZOO"])] if os.environ.get("DIGITS_MEMPLUGIN_ZOO") else []
+    candidates += [Path(__file__).resolve().parents[2] / "shared" / "zoo", Path("/work/shared/zoo")]
+    for candidate in candidates:
+        if (candidate / "SOURCES.tsv").is_file():
+            return candidate
+    raise FileNotFoundError(f"the shared zoo is not at any of {', '.join(map(str, candidates))}")
+
+
+ZOO = _find_zoo()
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)
