@@ -62,6 +62,16 @@ class Settings:
     """How GPU jobs are estimated: "gpu-cudnn" (Caffe built with cuDNN) or "gpu"."""
     job_events_per_second: float = 4.0
     """At most this many `job_progress` and `job_log` events per second per job reach socketio clients."""
+    max_queued_jobs: int = 100
+    """Training jobs that may wait in the queue at once; a submission (or a resume) beyond it is refused with a
+    message that says so, before anything is written."""
+    store_busy_seconds: float = 10.0
+    """How long a write to the jobs database waits while another process holds its lock (a backup, a sqlite3
+    session) before the request gets an error that says so; a job's end is retried until it is stored."""
+    client_events_per_second: float = 20.0
+    """Events one socketio client may send per second, on average (subscriptions and the like)."""
+    client_event_burst: int = 40
+    """Events one socketio client may send at once before `client_events_per_second` applies."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -153,8 +163,16 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if value not in ("gpu", "gpu-cudnn"):
             raise ConfigError(f"{key} must be 'gpu' or 'gpu-cudnn', got {value!r}")
         return value
-    if field.name == "job_events_per_second":
+    if field.name in ("job_events_per_second", "client_events_per_second"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{key} must be a number greater than 0, got {value!r}")
+        return float(value)
+    if field.name in ("max_queued_jobs", "client_event_burst"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
+        return value
+    if field.name == "store_busy_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
         return float(value)
     return value  # pragma: no cover - every field is handled above

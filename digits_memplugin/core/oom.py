@@ -235,13 +235,15 @@ def cpp_bad_alloc(line: str) -> OutOfMemory | None:
     return OutOfMemory("cpp_bad_alloc", "cpu", "host memory ran out (std::bad_alloc)", line=line)
 
 
-def killed_by_oom_killer() -> OutOfMemory:
-    """A SIGKILL we did not send: on Linux that is almost always the kernel's out-of-memory killer."""
+def killed_by_oom_killer(counted: bool = False) -> OutOfMemory:
+    """A SIGKILL we did not send: on Linux most often the kernel's out-of-memory killer. `counted`: the kernel
+    counted an OOM kill while the attempt ran (still "likely": the count is the machine's, not the process's)."""
+    evidence = " (the kernel counted an out-of-memory kill meanwhile)" if counted else ""
     return OutOfMemory(
         "sigkill",
         "cpu",
         "the process was killed with SIGKILL, which this server did not send: likely the kernel's out-of-memory "
-        "killer (the machine's or the container's memory ran out)",
+        f"killer{evidence} (the machine's or the container's memory ran out)",
         ambiguous=True,
     )
 
@@ -308,12 +310,15 @@ def classify(
     cancelled: bool = False,
     finished: bool = False,
     runner_error: Mapping[str, Any] | None = None,
+    oom_killer: bool | None = None,
 ) -> Outcome:
     """Classify an ended attempt.
 
     `returncode` is Popen's (negative: killed by that signal; 128+N from a shell means the same), `log` the tail
     of Caffe's log, `cancelled` whether we asked it to stop, `finished` whether the runner reported the end of
-    training, `runner_error` the runner's own error record ({"type": "MemoryError", "message": ...}).
+    training, `runner_error` the runner's own error record ({"type": "MemoryError", "message": ...}),
+    `oom_killer` whether the kernel's OOM killer killed a process while the attempt ran (None: unknown). A SIGKILL
+    we did not send is out-of-memory unless the kernel says it killed nothing: then it is a failure, not retried.
     """
     code, killed_by = returncode, None
     if returncode is not None and returncode < 0:
@@ -333,7 +338,14 @@ def classify(
 
     found = find_out_of_memory(lines)
     if found is None and killed_by == signal.SIGKILL:
-        found = killed_by_oom_killer()
+        if oom_killer is False:
+            return Outcome(
+                FAILED,
+                "the training process was killed with SIGKILL by someone else: not by this server, and not by the "
+                "kernel's out-of-memory killer (it counted no kill meanwhile); resume the job to continue",
+                exit_code=code, signal=signal_name, fatal_line=fatal,
+            )
+        found = killed_by_oom_killer(counted=oom_killer is True)
     if found is not None:
         return Outcome(OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
 

@@ -5,6 +5,11 @@ Written with the standard library's threading, subprocess and time: under the ge
 monkey-patched, so the reads and waits here yield to the hub instead of blocking it; in tests and in the CLI they
 are plain threads. Caffe's log is followed by reading its file (the child writes it directly, so a server that
 dies leaves the whole log behind).
+
+A SIGKILL this server did not send is the kernel's out-of-memory killer's only when the kernel counted a kill
+meanwhile: /proc/vmstat's `oom_kill` (every OOM kill, the cgroups' included) is read when the attempt starts and
+when it ends, and `classify` is told whether it moved. A kill by someone else (an administrator, a watchdog) is
+then a plain failure, not an out-of-memory to retry with a smaller batch.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ..core.oom import Outcome, classify
 LOG_TAIL_BYTES = 256 * 1024
 """How much of the end of Caffe's log the classification reads."""
 POLL_SECONDS = 0.2
+VMSTAT = Path("/proc/vmstat")
 MAX_LINE = 4096
 """A log line longer than this is cut in the events (the file keeps it whole)."""
 
@@ -80,6 +86,7 @@ class AttemptProcess:
         self._peak: int | None = None
         self._log_offset = 0
         self._partial = b""
+        self._oom_kills: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -93,7 +100,9 @@ class AttemptProcess:
         """Start the child; its stderr (Python's own errors before the runner takes over) goes to the log too."""
         env = {**os.environ, "GLOG_logtostderr": "1", "GLOG_minloglevel": "0", **self.environment}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        self._oom_kills = oom_kill_count()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a symlink
+        with os.fdopen(os.open(self.log_path, flags, 0o644), "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "digits_memplugin.jobs.runner", self.spec_file],
                 cwd=self.folder,
@@ -153,8 +162,10 @@ class AttemptProcess:
         while self._follow_log(final=True):
             pass
         returncode = process.returncode
+        kills = oom_kill_count()
         outcome = classify(
-            returncode, self._log_tail(), cancelled=self.cancelled, finished=self._finished, runner_error=self._error
+            returncode, self._log_tail(), cancelled=self.cancelled, finished=self._finished, runner_error=self._error,
+            oom_killer=None if kills is None or self._oom_kills is None else kills > self._oom_kills,
         )
         return AttemptResult(
             returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error
@@ -212,3 +223,16 @@ class AttemptProcess:
                 return log.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
+
+
+def oom_kill_count(vmstat: Path = VMSTAT) -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot; None where it does not say."""
+    try:
+        with vmstat.open(encoding="ascii") as lines:
+            for line in lines:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None

@@ -386,6 +386,28 @@ def _refuse_shared_readers(training: TrainingDefinition) -> None:
 
 # --- per attempt -------------------------------------------------------------------------------------------------
 
+WRITTEN_FOLDERS = ("attempts", "snapshots", "outputs", "data")
+"""The job folder's subfolders the server and the training child write into."""
+
+
+def check_job_folder(jobs_root: Path, folder: Path) -> None:
+    """Before an attempt writes anything: the job's folder and the subfolders written into are real folders inside
+    the jobs root, with no symlink among them or among their files. Nothing a user sends creates a link there;
+    this holds the promise that a job writes only inside its folder even when someone with access to the data
+    folder planted one (the child would write its log and snapshots through it)."""
+    root = jobs_root.resolve()
+    if folder.is_symlink() or folder.resolve().parent != root:
+        raise NetError(f"the job's folder {folder.name} is a link or lies outside the jobs folder; not written into")
+    for name in WRITTEN_FOLDERS:
+        sub = folder / name
+        if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+            raise NetError(f"{name}/ in the job's folder is a link or not a folder; not written into")
+        if name == "data":
+            continue  # list files the server wrote at submission; the child only reads them
+        for path in sub.rglob("*") if sub.is_dir() else ():
+            if path.is_symlink():
+                raise NetError(f"{path.relative_to(folder)} in the job's folder is a link; not written through")
+
 
 @dataclasses.dataclass(frozen=True)
 class AttemptFiles:

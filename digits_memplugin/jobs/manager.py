@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ..core.errors import NetError
 from ..core.fallback import (
@@ -47,13 +47,23 @@ from ..core.fallback import (
 from ..core.layers.base import ENGINE_CPU, ENGINE_CUDNN
 from ..core.net import ShapeOracle
 from ..core.oom import CANCELLED as OUTCOME_CANCELLED
+from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
-from ..core.oom import OUT_OF_MEMORY, SUCCESS
+from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
 from ..core.planner import BatchPlan, usable_bytes
 from ..devices import CPU_KEY, GPU, DeviceList, DeviceReader, DeviceSelectionError, child_cuda_environment
 from ..errors import MemPluginError
+from ..sizes import format_size
 from .attempt import AttemptProcess, AttemptResult
-from .definition import SOLVER_SOURCE, JobDefinition, load_definition, snapshot_prefix, test_iters, write_attempt
+from .definition import (
+    SOLVER_SOURCE,
+    JobDefinition,
+    check_job_folder,
+    load_definition,
+    snapshot_prefix,
+    test_iters,
+    write_attempt,
+)
 from .placement import Limit, candidates, limit_for, normalise_device
 from .records import (
     ACTIVE_STATES,
@@ -68,11 +78,12 @@ from .records import (
     Job,
 )
 from .request import JobRequest
-from .runner import THREAD_STACK_BYTES
-from .store import JobStore
+from .runner import DISK_FULL, THREAD_STACK_BYTES
+from .store import BUSY_SECONDS, JobStore, StoreError
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 EventCallback = Callable[[str, dict[str, Any]], None]
 Spawn = Callable[[Callable[[], None]], Any]
 
@@ -81,6 +92,9 @@ LOCK_FILE = "jobs.lock"
 JOBS_FOLDER = "jobs"
 RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
+MAX_QUEUED_JOBS = 100
+LOW_DISK_BYTES = 1 << 20
+"""Less than this free on the job folder's disk when an attempt failed: the disk is said to be full."""
 
 
 def start_thread(target: Callable[[], None]) -> threading.Thread:
@@ -111,6 +125,23 @@ class JobValidationError(JobError):
         self.errors = errors
 
 
+class QueueFull(JobValidationError):
+    """The queue already holds `max_queued_jobs` waiting jobs: a submission is refused before anything is written."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            {
+                "queue": f"{limit} jobs are already waiting, the most this server queues (MEMPLUGIN_MAX_QUEUED_JOBS); "
+                "submit again once some have started, or cancel some"
+            }
+        )
+        self.limit = limit
+
+
+class DiskFull(JobError):
+    """The disk holding the data folder has no room left for a job's files."""
+
+
 class DataFolderInUse(JobError):
     """Another manager (a server, a `train` command) holds the data folder."""
 
@@ -132,6 +163,10 @@ class ManagerConfig:
     """Between SIGTERM and SIGKILL when an attempt is cancelled."""
     store_progress_seconds: float = 1.0
     """Iteration records are written to the store at most this often per job (tests and snapshots always)."""
+    max_queued_jobs: int = MAX_QUEUED_JOBS
+    """Jobs that may wait in the queue at once; a submission (or a resume) beyond it is refused."""
+    store_busy_seconds: float = BUSY_SECONDS
+    """How long a store call waits while another process holds the database's write lock."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:
@@ -146,6 +181,8 @@ class ManagerConfig:
             gpu_safety_margin=_first(settings.job_safety_margin, GPU_SAFETY_MARGIN),
             max_attempts=settings.job_max_attempts,
             gpu_engine=settings.gpu_engine,
+            max_queued_jobs=settings.max_queued_jobs,
+            store_busy_seconds=settings.store_busy_seconds,
         )
 
 
@@ -164,6 +201,9 @@ class _Running:
     task: Any = None
     last_stored: float = 0.0
     progress: dict[str, Any] = dataclasses.field(default_factory=dict)
+    snapshot: dict[str, Any] | None = None
+    """The latest snapshot record not yet written to the store (the database was locked)."""
+    store_warned: bool = False
 
 
 class JobManager:
@@ -215,8 +255,18 @@ class JobManager:
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
             self.jobs_root.mkdir(exist_ok=True)
             self._lock_file = self._take_folder()
-            self._store = JobStore(self.config.data_dir / STORE_FILE)
-            for attempt in self._store.mark_interrupted(INTERRUPTED_MESSAGE):
+            try:
+                self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)
+                leftovers = self._store.mark_interrupted(INTERRUPTED_MESSAGE)
+            except BaseException:
+                # A store that cannot be opened (locked, full disk) leaves the folder free for the next try.
+                if self._store is not None:
+                    self._store.close()
+                    self._store = None
+                self._lock_file.close()
+                self._lock_file = None
+                raise
+            for attempt in leftovers:
                 self._kill_leftover(attempt)
             self._stopping = False
             self._started = True
@@ -300,10 +350,11 @@ class JobManager:
             raise JobValidationError({"device": str(error)}) from None
         if request.memory_cap is not None and device not in (CPU_KEY,) and not (device == "auto" and not devices.gpus):
             raise JobValidationError({"memory_cap": "a memory cap applies to CPU jobs only (device \"cpu\")"})
+        self._check_queue()  # before anything is written: a full queue costs a refused request nothing
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         folder = self.jobs_root / job_id
-        folder.mkdir(parents=True)
         try:
+            folder.mkdir(parents=True)
             (folder / "net.prototxt").write_text(request.net, encoding="utf-8")
             (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
             spec = request.spec(device)
@@ -311,6 +362,11 @@ class JobManager:
         except NetError as error:
             shutil.rmtree(folder, ignore_errors=True)
             raise JobValidationError({_error_field(error, request.data): error.to_dict()}) from None
+        except OSError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            if _disk_full(error):
+                raise DiskFull(f"no space left on the disk holding the data folder: {_free_note(self.jobs_root)}") from None
+            raise
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -321,12 +377,21 @@ class JobManager:
             max_iter=definition.max_iter, message="waiting for a device",
         )
         with self._lock:
-            self.store.add_job(job)
+            try:
+                self._check_queue()  # again: other submissions may have filled it while this one was checked
+                self.store.add_job(job)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
             self._definitions[job_id] = definition
         stored = self.get(job_id)
         self._emit_job(stored)
         self._wake.set()
         return stored
+
+    def _check_queue(self) -> None:
+        if self.store.count_jobs([QUEUED]) >= self.config.max_queued_jobs:
+            raise QueueFull(self.config.max_queued_jobs)
 
     def get(self, job_id: str) -> Job:
         job = self.store.get_job(job_id)
@@ -394,6 +459,10 @@ class JobManager:
             job = self.get(job_id)
             if job.status not in (INTERRUPTED, CANCELLED, FAILED):
                 raise JobStateError(f"the job is {job.status}; only interrupted, cancelled or failed jobs resume")
+            try:
+                self._check_queue()
+            except QueueFull as full:
+                raise JobStateError(full.errors["queue"]) from None
             where = f"from iteration {job.snapshot['iteration']}" if job.snapshot else "from the start (no snapshot)"
             job = self.store.update_job(job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}")
         self._emit_job(job)
@@ -488,8 +557,9 @@ class JobManager:
                 _, limit, decision = best
                 entry = _Running(job.id, limit.device.key, GPU if limit.device.kind == GPU else CPU_KEY)
                 entry.estimated = decision.estimated_bytes or 0
-                self._running[job.id] = entry
+                # Stored first: a store that cannot be written (locked, full) must not leave a slot taken.
                 self.store.update_job(job.id, status=RUNNING, device=limit.device.key, message=decision.message)
+                self._running[job.id] = entry
                 entry.task = self.spawn(lambda: self._run_job(job.id))
                 return
         if choices and len(never) == len(choices):
@@ -569,16 +639,57 @@ class JobManager:
     # --- one job ------------------------------------------------------------------------------------------------
 
     def _run_job(self, job_id: str) -> None:
+        """The job's task: its attempts until one ends it. Never raises: whatever stops the job is recorded as its
+        end (a store that cannot be written at all is left for the next start to mark interrupted)."""
         try:
             self._attempts(job_id)
         except Exception as error:
-            log.exception("job %s failed in the manager", job_id)
-            self._finish(job_id, FAILED, f"internal error: {error}")
+            if isinstance(error, OSError) and _disk_full(error):
+                message = (
+                    f"no space left on the disk holding the job's folder ({_free_note(self.jobs_root)}); "
+                    "free some space, then resume the job"
+                )
+            elif isinstance(error, MemPluginError):
+                message = str(error)
+            else:
+                message = f"internal error: {error}"
+            log.log(logging.ERROR if isinstance(error, (MemPluginError, OSError)) else logging.CRITICAL,
+                    "job %s failed in the manager: %s", job_id, error, exc_info=not isinstance(error, MemPluginError))
+            try:
+                self._finish(job_id, FAILED, message)
+            except StoreError as store_error:
+                log.error("job %s: its failure could not be recorded (%s); the next start marks it interrupted",
+                          job_id, store_error)
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
                 self._finished.notify_all()
             self._wake.set()
+
+    def _durable(self, job_id: str, what: str, write: Callable[[], _T], first: StoreError | None = None) -> _T:
+        """A write the job's record must not lose (an attempt's end, the job's end). Each try waits for the
+        database as long as the store does; after a failed try the job's listeners are told, with the reason,
+        and the write is tried again every poll interval until it is stored or the manager stops (then the next
+        start finds the job running and marks it interrupted, resumable)."""
+        error = first
+        told = False
+        while True:
+            if error is None:
+                try:
+                    return write()
+                except StoreError as failed:
+                    error = failed
+            if self._stopping:
+                raise error
+            if not told:
+                log.error("job %s: %s is not recorded yet: %s; trying again until it is", job_id, what, error)
+                with contextlib.suppress(StoreError):
+                    job = self.store.get_job(job_id)
+                    if job is not None:
+                        self._emit_job(dataclasses.replace(job, message=f"{what} is not recorded yet: {error}"))
+                told = True
+            time.sleep(self.config.poll_seconds)
+            error = None
 
     def _attempts(self, job_id: str) -> None:
         job = self.get(job_id)
@@ -654,7 +765,10 @@ class JobManager:
             free_bytes=None if record is None else record.free_bytes,
             used_bytes=None if result.peak_bytes is None else max(0, result.peak_bytes - overhead),
         )
-        self.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective)
+        self._durable(
+            attempt.job_id, f"attempt {attempt.number}'s limit",
+            lambda: self.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
+        )
         return failure
 
     def _run_attempt(
@@ -662,6 +776,7 @@ class JobManager:
         decision: Decision, message: str,
     ) -> tuple[AttemptResult, Attempt]:
         folder = self.jobs_root / job.folder
+        check_job_folder(self.jobs_root, folder)
         number = len(self.store.attempts(job.id)) + 1
         attempt_dir = f"attempts/{number}"
         test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
@@ -740,24 +855,50 @@ class JobManager:
                 process.kill()
             elif cancel:
                 process.cancel()
-        self.store.update_attempt(job.id, number, pid=pid)
+        try:  # the child runs now: nothing may stop this task from following it
+            self.store.update_attempt(job.id, number, pid=pid)
+        except StoreError as error:
+            log.warning("job %s attempt %d: pid %d not stored (%s)", job.id, number, pid, error)
         result = process.wait()
         outcome = result.outcome
         if self._stopping and outcome.status == OUTCOME_CANCELLED:
             outcome = dataclasses.replace(outcome, status=OUTCOME_INTERRUPTED, message=INTERRUPTED_MESSAGE)
             result = dataclasses.replace(result, outcome=outcome)
+        if outcome.status == FAILED_OUTCOME:
+            outcome = self._note_full_disk(folder, result, outcome)
+            result = dataclasses.replace(result, outcome=outcome)
         peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
-        with self._lock:
-            self._store_progress(job.id, entry, force=True)
-        attempt = self.store.update_attempt(
-            job.id, number, status=outcome.status, finished_at=time.time(), exit_code=outcome.exit_code,
-            signal=outcome.signal, message=outcome.message,
-            out_of_memory=None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
-            peak_bytes=None if peak < 0 else peak, end_iteration=result.last_iteration,
+        # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.
+        self._durable(
+            job.id, f"attempt {number}'s progress", lambda: self._store_progress(job.id, entry, force=True, wait=True)
+        )
+        ended = {
+            "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
+            "signal": outcome.signal, "message": outcome.message,
+            "out_of_memory": None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
+            "peak_bytes": None if peak < 0 else peak, "end_iteration": result.last_iteration,
+        }
+        attempt = self._durable(
+            job.id, f"the end of attempt {number}", lambda: self.store.update_attempt(job.id, number, **ended)
         )
         result = dataclasses.replace(result, peak_bytes=attempt.peak_bytes)
         self._emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         return result, attempt
+
+    def _note_full_disk(self, folder: Path, result: AttemptResult, outcome: Outcome) -> Outcome:
+        """A failed attempt whose disk is full says so. Caffe aborts when a snapshot cannot be written and glog's
+        own line about it cannot reach the full disk either, so the free space is what tells."""
+        free = _free_bytes(folder)
+        reported = (result.error or {}).get("type") == DISK_FULL
+        if not reported and (free is None or free >= LOW_DISK_BYTES):
+            return outcome
+        cause = (result.error or {}).get("message") if reported else outcome.message
+        message = (
+            f"no space left on the disk holding the job's folder ({_free_note(folder)}): the attempt stopped at "
+            f"iteration {result.last_iteration or 0} ({cause}); free some space, then resume the job (it continues "
+            "from its last snapshot)"
+        )
+        return dataclasses.replace(outcome, message=message)
 
     def _on_record(self, job_id: str, number: int, record: dict[str, Any]) -> None:
         """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job."""
@@ -781,34 +922,79 @@ class JobManager:
                 tests[int(record.get("net", 0))] = record
                 self._store_progress(job_id, entry, force=True)
             elif event == "snapshot":
-                snapshot = {key: record[key] for key in ("iteration", "model", "state")}
-                changed = self.store.update_job(job_id, snapshot=snapshot)
+                entry.snapshot = {key: record[key] for key in ("iteration", "model", "state")}
+                changed = self._store_progress(job_id, entry, force=True)
         if changed is not None:  # listeners are called outside the lock: they may take their time
             self._emit_job(changed)
 
-    def _store_progress(self, job_id: str, entry: _Running, force: bool = False, first: bool = False) -> None:
-        """Keep the latest progress on the job row, at most once per `store_progress_seconds` for iterations."""
+    def _store_progress(
+        self, job_id: str, entry: _Running, force: bool = False, first: bool = False, wait: bool = False
+    ) -> Job | None:
+        """Keep the latest progress (and a new snapshot) on the job row, at most once per `store_progress_seconds`
+        for iterations. The child's records must keep flowing whatever the database does, so unless `wait` this
+        write does not wait for another process's lock: when it cannot be made, the next one (or the attempt's
+        end, which waits) makes it. The job as stored, or None when nothing was written."""
         now = time.monotonic()
-        if not (force or first) and now - entry.last_stored < self.config.store_progress_seconds:
-            return
+        due = force or first or entry.snapshot is not None
+        if not due and now - entry.last_stored < self.config.store_progress_seconds:
+            return None
         entry.last_stored = now
         train = entry.progress.get("train")
         fields: dict[str, Any] = {"progress": entry.progress}
-        if train is not None:
-            fields["iteration"] = int(train["iteration"])
-            job = self.store.get_job(job_id)
-            if job is not None and job.effective_batch is None and job.batch_size and job.iter_size:
-                fields["effective_batch"] = job.batch_size * job.iter_size
-        self.store.update_job(job_id, **fields)
+        if entry.snapshot is not None:
+            fields["snapshot"] = entry.snapshot
+        try:
+            if train is not None:
+                fields["iteration"] = int(train["iteration"])
+                job = self.store.get_job(job_id)
+                if job is not None and job.effective_batch is None and job.batch_size and job.iter_size:
+                    fields["effective_batch"] = job.batch_size * job.iter_size
+            stored = self.store.update_job(job_id, busy_seconds=None if wait else 0.0, **fields)
+        except StoreError as error:
+            if wait:
+                raise
+            if not entry.store_warned:
+                log.warning("job %s: progress not stored (%s); it is kept and stored with the next write", job_id, error)
+                entry.store_warned = True
+            return None
+        entry.snapshot = None
+        return stored
 
     def _finish(self, job_id: str, status: str, message: str) -> None:
+        """Record how the job ended; retried (outside the manager's lock) while the database cannot be written."""
+        fields: dict[str, Any] = {
+            "status": status, "message": message, "finished_at": time.time() if status in FINAL_STATES else None,
+        }
+        failed: StoreError | None = None
         with self._lock:
-            job = self.store.update_job(
-                job_id, status=status, message=message,
-                finished_at=time.time() if status in FINAL_STATES else None,
-            )
+            try:
+                job = self.store.update_job(job_id, **fields)
+            except StoreError as error:
+                failed = error
             self._finished.notify_all()
+        if failed is not None:
+            job = self._durable(job_id, f"the job's end ({status})", lambda: self.store.update_job(job_id, **fields), failed)
+            with self._lock:
+                self._finished.notify_all()
         self._emit_job(job)
+
+
+def _disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still put on the disk holding `path`."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def _free_note(path: Path) -> str:
+    free = _free_bytes(path)
+    return "free space unknown" if free is None else f"{format_size(free)} free"
 
 
 def _first(value: float | None, default: float) -> float:

@@ -17,11 +17,16 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 
 Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
 started, constructed, test, iteration, snapshot, finished, error. Exit status 0 after "finished", 3 after "error".
+
+A full disk ends the attempt with an "error" record of type "DiskFull" on stdout (a pipe to the server, which
+needs no disk) rather than training on with no log, no progress file and snapshots that cannot be written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -39,6 +44,14 @@ address space by default, which RLIMIT_DATA counts; Caffe's threads need a few K
 MAX_LISTED_VALUES = 16
 """Outputs with more elements are reported by their mean, not element by element."""
 PR_SET_PDEATHSIG = 1
+DISK_FULL = "DiskFull"
+"""The type of the error record of an attempt stopped by a full disk."""
+_OPEN_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+"""The attempt's own files are appended to, never through a symlink (one would lead outside the job's folder)."""
+
+
+class DiskFull(Exception):
+    """The disk holding the job's folder has no room for the attempt's records."""
 
 
 class Reporter:
@@ -46,16 +59,29 @@ class Reporter:
 
     def __init__(self, stream: TextIO, progress: Path) -> None:
         self._stream = stream
-        self._file = progress.open("a", encoding="utf-8")
+        self._progress = progress
+        self._file: int | None = os.open(progress, _OPEN_APPEND, 0o644)
         self._started = time.monotonic()
 
     def __call__(self, event: str, **fields: Any) -> None:
+        """Write one record: to stdout first (the server reads it live, with no disk in between), then to the
+        progress file; a full disk there raises DiskFull."""
         record = {"event": event, "time": time.time(), "seconds": round(time.monotonic() - self._started, 3), **fields}
         line = json.dumps(record, allow_nan=False, default=_number) + "\n"
-        self._file.write(line)
-        self._file.flush()
         self._stream.write(line)
         self._stream.flush()
+        if self._file is None:
+            return
+        try:
+            data = line.encode("utf-8")
+            while data:
+                data = data[os.write(self._file, data):]
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.close(self._file)
+            self._file = None  # the error record that follows goes to stdout only
+            raise DiskFull(f"could not write {self._progress}: no space left on the device") from None
 
 
 def _number(value: Any) -> Any:
@@ -82,7 +108,7 @@ def die_with_parent() -> None:
 
 def redirect_stderr(log: Path) -> None:
     """fd 2 (glog, C++ terminate messages, Python tracebacks) appends to the attempt's caffe.log."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, _OPEN_APPEND, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
     sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
@@ -235,15 +261,29 @@ def main(argv: list[str]) -> int:
         train(spec, report)
     except MemoryError as error:
         # pycaffe turns std::bad_alloc into MemoryError; the manager classifies this record as out-of-memory.
-        report("error", type="MemoryError", message=str(error) or "out of memory")
-        return 3
+        return _report_error(report, "MemoryError", str(error) or "out of memory")
     except BrokenPipeError:
         return 4  # the server is gone; nobody reads the progress any more
+    except DiskFull as error:
+        return _report_error(report, DISK_FULL, str(error))
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # a write of Caffe's or of ours, not the progress file
+            return _report_error(report, DISK_FULL, f"could not write {error.filename or 'a file'}: no space left on the device")
+        with contextlib.suppress(OSError):
+            traceback.print_exc()
+        return _report_error(report, type(error).__name__, str(error))
     except Exception as error:  # noqa: BLE001 - reported to the manager, and the traceback kept in caffe.log
-        traceback.print_exc()
-        report("error", type=type(error).__name__, message=str(error))
-        return 3
+        with contextlib.suppress(OSError):  # caffe.log may be on a full disk
+            traceback.print_exc()
+        return _report_error(report, type(error).__name__, str(error))
     return 0
+
+
+def _report_error(report: Reporter, kind: str, message: str) -> int:
+    """The error record (stdout at least: the progress file may be on a full disk); exit status 3."""
+    with contextlib.suppress(DiskFull):
+        report("error", type=kind, message=message)
+    return 3
 
 
 if __name__ == "__main__":

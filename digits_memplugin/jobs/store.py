@@ -4,6 +4,13 @@ DIGITS pickled its jobs and patched them by version on load; here a row is plain
 schema carries its version, so a later release migrates with SQL instead of guessing. Every write goes through
 one connection under one lock (the manager's greenlets or threads share it); WAL lets a second process (a CLI
 reading the same folder) read meanwhile. Calls are short, so they may run on gevent's hub.
+
+Another process may hold the write lock (a backup taken with `sqlite3 jobs.sqlite .backup`, someone's
+`BEGIN EXCLUSIVE`). SQLite's own busy handler would sleep inside the C library, which under gevent stops the whole
+server; so the connection does not wait (timeout 0) and the store retries in Python, with `time.sleep` (gevent's
+once monkey-patched), releasing its lock between tries so that reads go on, for at most `busy_seconds`. Then it
+raises StoreBusy, and a full disk raises StoreFull: errors of the project's type with a message that says what to
+do, never sqlite3's own.
 """
 
 from __future__ import annotations
@@ -12,14 +19,23 @@ import dataclasses
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from ..errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
 SCHEMA_VERSION = 1
+BUSY_SECONDS = 10.0
+"""How long a store call waits for another process's write lock before it gives up with StoreBusy."""
+_RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
+"""Seconds between tries while the database is locked: doubling from the first to the most."""
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_FULL_CODES = frozenset({13})  # SQLITE_FULL
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -81,38 +97,97 @@ _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"attempt_cou
 _ATTEMPT_FIELDS = frozenset(f.name for f in dataclasses.fields(Attempt))
 
 
-class StoreError(RuntimeError):
-    """The database cannot be used (a newer schema, a broken file)."""
+class StoreError(MemPluginError):
+    """The database cannot be used (a newer schema, a broken file, a lock held too long, a full disk)."""
+
+
+class StoreBusy(StoreError):
+    """Another process held the database's write lock for longer than the store waits."""
+
+
+class StoreFull(StoreError):
+    """The disk holding the database is full: nothing more can be written until space is freed."""
 
 
 class JobStore:
     """The jobs database of one data folder."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_seconds: float = BUSY_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.busy_seconds = busy_seconds
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._migrate()
+        # timeout=0: SQLite's busy handler would sleep inside C, where gevent cannot switch; _retry waits instead.
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=0)
+        try:
+            self._db.row_factory = sqlite3.Row
+            for pragma in ("PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON", "PRAGMA synchronous=NORMAL"):
+                self._read(pragma)
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def _retry(self, operation: Callable[[], T], busy_seconds: float | None = None) -> T:
+        """Run `operation` under the store's lock; while another process holds the database, try again (the lock
+        released, so other callers go on) until `busy_seconds` (default: the store's) have passed."""
+        limit = self.busy_seconds if busy_seconds is None else busy_seconds
+        deadline = time.monotonic() + limit
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                with self._lock:
+                    return operation()
+            except sqlite3.OperationalError as error:
+                failure = self._error(error, limit)
+                if not isinstance(failure, StoreBusy) or time.monotonic() >= deadline:
+                    raise failure from None
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, _RETRY_MAX)
+
+    def _error(self, error: sqlite3.Error, waited: float) -> StoreError:
+        """sqlite3's error as the store's own, with a message that says what happened and what to do."""
+        code = getattr(error, "sqlite_errorcode", None)
+        text = str(error)
+        if code in _BUSY_CODES or "locked" in text or "busy" in text:
+            return StoreBusy(
+                f"the jobs database {self.path.name} is locked by another process; gave up after waiting "
+                f"{waited:g} s (a backup or another sqlite3 session holding a write transaction?)"
+            )
+        if code in _FULL_CODES or "disk is full" in text:
+            return StoreFull(f"the disk holding the jobs database {self.path.name} is full; free some space")
+        return StoreError(f"the jobs database {self.path.name} cannot be used: {text}")
+
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+    def _transaction(self, busy_seconds: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction: BEGIN IMMEDIATE takes the write lock at once (retried while another process has
+        it), so the statements inside never meet a lock; the store's lock is held until COMMIT or ROLLBACK."""
+        self._retry(self._begin, busy_seconds)
+        try:
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("COMMIT")
+            except BaseException as error:
+                if self._db.in_transaction:  # SQLite rolls some failures (a full disk) back by itself
+                    with suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                if isinstance(error, sqlite3.OperationalError):
+                    raise self._error(error, 0.0) from None
                 raise
-            self._db.execute("COMMIT")
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> None:
+        """BEGIN IMMEDIATE, keeping the store's lock acquired once more when it succeeds (released by the caller)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        self._lock.acquire()
+
+    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return self._retry(lambda: self._db.execute(query, args).fetchall())
 
     def _migrate(self) -> None:
         with self._transaction() as db:
@@ -131,8 +206,7 @@ class JobStore:
 
     @property
     def schema_version(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT version FROM schema_version").fetchone()[0])
+        return int(self._read("SELECT version FROM schema_version")[0][0])
 
     # --- jobs ---------------------------------------------------------------------------------------------------
 
@@ -146,14 +220,16 @@ class JobStore:
         job.position = position
         return job
 
-    def update_job(self, job_id: str, **fields: Any) -> Job:
-        """Set columns of a job (JSON fields as Python values); `updated_at` is set to now. Returns the new row."""
+    def update_job(self, job_id: str, *, busy_seconds: float | None = None, **fields: Any) -> Job:
+        """Set columns of a job (JSON fields as Python values); `updated_at` is set to now. Returns the new row.
+        `busy_seconds` overrides how long to wait for another process's lock (0: one try, for writes that the
+        next one makes up for)."""
         unknown = set(fields) - _JOB_FIELDS
         if unknown:
             raise ValueError(f"unknown job field(s): {', '.join(sorted(unknown))}")
         fields["updated_at"] = time.time()
         values = _job_values(fields)
-        with self._transaction() as db:
+        with self._transaction(busy_seconds) as db:
             assignments = ", ".join(f"{name} = ?" for name in values)
             cursor = db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), job_id))
             if cursor.rowcount != 1:
@@ -164,9 +240,8 @@ class JobStore:
         return job
 
     def get_job(self, job_id: str) -> Job | None:
-        with self._lock:
-            row = self._db.execute(_SELECT_JOBS + " WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _job(row)
+        rows = self._read(_SELECT_JOBS + " WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
 
     def list_jobs(self, statuses: Iterable[str] | None = None) -> list[Job]:
         """Jobs in queue order (oldest first), optionally only those in `statuses`."""
@@ -175,9 +250,14 @@ class JobStore:
             wanted = tuple(statuses)
             query += f" WHERE status IN ({', '.join('?' for _ in wanted)})"
             args = wanted  # type: ignore[assignment]
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY position", args).fetchall()
+        rows = self._read(query + " ORDER BY position", args)
         return [_job(row) for row in rows]
+
+    def count_jobs(self, statuses: Iterable[str]) -> int:
+        """How many jobs are in `statuses` (the queue limit counts the queued ones)."""
+        wanted = tuple(statuses)
+        query = f"SELECT COUNT(*) FROM jobs WHERE status IN ({', '.join('?' for _ in wanted)})"
+        return int(self._read(query, wanted)[0][0])
 
     def delete_job(self, job_id: str) -> bool:
         with self._transaction() as db:
@@ -216,10 +296,7 @@ class JobStore:
         return found[0]
 
     def attempts(self, job_id: str) -> list[Attempt]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM attempts WHERE job_id = ? ORDER BY number", (job_id,)
-            ).fetchall()
+        rows = self._read("SELECT * FROM attempts WHERE job_id = ? ORDER BY number", (job_id,))
         return [_attempt(row) for row in rows]
 
     # --- restart ------------------------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ when the interval has passed), log lines are batched (all of them, in order, in 
 and `job_deleted` first send whatever was pending for that job, so a client has an attempt's last iteration
 and log lines before the event that says the attempt ended. A background task sends what is pending once its
 interval is over, and ends when nothing is pending.
+
+The other direction has a limit too: `ClientRateLimiter` bounds the events one socketio client may send (a token
+bucket per client), so a client flooding `subscribe_jobs` (each answered with the whole job list) cannot make the
+server spend its time and memory on it.
 """
 
 from __future__ import annotations
@@ -137,6 +141,45 @@ class EventThrottle:
                 self._emit(*event)
             if idle:
                 return
+
+
+class ClientRateLimiter:
+    """A token bucket per client: `burst` events at once, then `per_second` on average. `allow` says whether a
+    client's event may be handled now; `forget` drops a client that disconnected (the buckets are the only state,
+    one small entry per connected client)."""
+
+    def __init__(self, per_second: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if per_second <= 0 or burst < 1:
+            raise ValueError(f"per_second must be positive and burst at least 1, got {per_second} and {burst}")
+        self.per_second = per_second
+        self.burst = burst
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """client -> (tokens left, when they were counted)."""
+        self.refused = 0
+        """Events refused since the start, for the logs and the load benchmark."""
+
+    def allow(self, client: str) -> bool:
+        with self._lock:
+            now = self._clock()
+            tokens, then = self._buckets.get(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - then) * self.per_second)
+            if tokens < 1.0:
+                self._buckets[client] = (tokens, now)
+                self.refused += 1
+                return False
+            self._buckets[client] = (tokens - 1.0, now)
+            return True
+
+    def forget(self, client: str) -> None:
+        with self._lock:
+            self._buckets.pop(client, None)
+
+    @property
+    def clients(self) -> int:
+        with self._lock:
+            return len(self._buckets)
 
 
 def _thread(target: Callable[[], None]) -> threading.Thread:
