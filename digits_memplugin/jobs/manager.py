@@ -554,6 +554,9 @@ class JobManager:
                 empty = self._decide(job, definition, engine, limit.capacity_bytes, [], 0)
                 (waits if empty.plan is not None else never).append(f"{label}: {decision.message}")
             if best is not None:
+                current = self.store.get_job(job.id)
+                if current is None or current.status != QUEUED:
+                    return  # cancelled or deleted since the queue was read, while this placement waited for the lock
                 _, limit, decision = best
                 entry = _Running(job.id, limit.device.key, GPU if limit.device.kind == GPU else CPU_KEY)
                 entry.estimated = decision.estimated_bytes or 0
