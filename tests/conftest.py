@@ -127,8 +127,10 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def app(data_dir: Path) -> Iterator[Flask]:
+    """The standalone app on tmp_path; a job manager it started (a form post creates jobs) is stopped after."""
     app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True})
     yield app
+    app.extensions["memplugin"].close()
 
 
 @pytest.fixture

@@ -1,113 +1,24 @@
 """The "New model" page in a real browser: Debian's Chromium driven by Playwright against `digits-memplugin serve`
-with two simulated 24 GiB GPUs, its estimates checked against the REST API of the same server.
-
-Screenshots: every test that takes one writes it under its tmp_path; with MEMPLUGIN_SCREENSHOT_DIR set (docs/ui.md
-gives the command), the documentation's screenshots are written there too.
+with two simulated 24 GiB GPUs, its estimates checked against the REST API of the same server (fixtures and
+screenshots: browser_fixtures.py). Submitting jobs and the job pages: test_browser_jobs.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from browser_fixtures import TRAIN_DB, VIEWPORT, Server, screenshot, watch
+from playwright.sync_api import Browser, Page, expect
 
 from digits_memplugin.networks import standard_network
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--no-first-run", "--disable-sync",
-]
-SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 LENET = standard_network("lenet")
-VIEWPORT = {"width": 1400, "height": 1250}
-SCREENSHOT_DIR = os.environ.get("MEMPLUGIN_SCREENSHOT_DIR")
 
 pytestmark = pytest.mark.slow
-
-
-class Server:
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.form_url = base_url + "memplugin/models/new"
-
-    def api(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        url = self.base_url + "memplugin/api/" + path
-        response = requests.post(url, json=body, timeout=30) if body is not None else requests.get(url, timeout=30)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`digits-memplugin serve --port 0 --simulate-gpus 2x24GiB` in its own process group."""
-    folder = tmp_path_factory.mktemp("serve")
-    process = subprocess.Popen(
-        [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--simulate-gpus", "2x24GiB",
-         "--data-dir", str(folder / "data")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder, start_new_session=True,
-    )
-    assert process.stdout is not None
-    lines: list[str] = []
-    base_url = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and base_url is None:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        match = re.search(r"serving on (http://127\.0\.0\.1:\d+/)", line)
-        base_url = match.group(1) if match else None
-    if base_url is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail("serve did not report its address:\n" + "".join(lines))
-    try:
-        yield Server(base_url)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=20)
-        process.stdout.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `scripts/system-deps.sh --browser` installs Debian's chromium")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh page that fails the test on any script error or dialog (an alert would mean injected script)."""
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
-    yield page
-    context.close()
-    assert not errors, errors
-
-
-def screenshot(page: Page, tmp_path: Path, name: str) -> None:
-    """The top of the page (the form's start beside the whole panel), as a user first sees it."""
-    page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=tmp_path / name, full_page=False)
-    if SCREENSHOT_DIR:
-        page.screenshot(path=Path(SCREENSHOT_DIR) / name, full_page=False)
+pytest_plugins = ["browser_fixtures"]
 
 
 def open_form(page: Page, server: Server) -> None:
@@ -255,6 +166,7 @@ def test_layer_names_are_shown_as_text(page: Page, server: Server) -> None:
 def test_without_javascript_the_form_posts_and_escapes_user_text(browser: Browser, server: Server) -> None:
     context = browser.new_context(java_script_enabled=False, viewport=VIEWPORT)
     page = context.new_page()
+    errors = watch(page)
     try:
         page.goto(server.form_url)
         expect(page.locator("#device-list > li")).to_have_count(3)  # the panel, as the server read it
@@ -263,17 +175,25 @@ def test_without_javascript_the_form_posts_and_escapes_user_text(browser: Browse
         page.fill("#custom_network", LENET.text.replace('name: "features1"', f'name: "{evil}"'))
         page.fill("#item_shape", "1,28,28")
         page.fill("#classes", "10")
-        page.fill("#train_source", "/data/mnist/train_db")
+        page.fill("#train_source", TRAIN_DB)
+        page.fill("#max_iter", "3")
+        page.select_option("#device", "cpu")
         page.fill("#model_name", f"lenet {evil}")
         page.click("#create-model")
-        expect(page.locator("h1")).to_have_text(f"Planned model: lenet {evil}")
-        expect(page.locator("#jobs-not-wired")).to_contain_text("Nothing was started")
-        expect(page.locator("#top-layers td", has_text="<script>")).to_have_text(evil)
-        assert page.title() == f"Planned: lenet {evil} · digits-memplugin"  # as text, in the title too
+        # The job's page, rendered by the server: the name as text, in the heading and in the title.
+        expect(page).to_have_url(re.compile(r"/memplugin/jobs/[\w-]+$"))
+        expect(page.locator("#job-name")).to_have_text(f"lenet {evil}")
+        assert page.title() == f"lenet {evil} · digits-memplugin"
+        # The layer name, in the definition as submitted (rewritten for LMDB: protobuf escapes the quotes).
+        expect(page.locator("#job-network")).to_contain_text("name: \"<script>document.title=\\'owned\\'</script>\"")
         assert page.locator("script", has_text="owned").count() == 0  # no script element was made of it
-        expect(page.locator("#planned-verdict")).to_have_text("fits")
+        job_id = page.url.rsplit("/", 1)[1]
+        job = server.job(job_id)
+        assert (job["name"], job["device"]["requested"]) == (f"lenet {evil}", "cpu")
+        expect(page.locator("#job-status")).to_have_text(re.compile("queued|running|done"))
     finally:
         context.close()
+    assert not errors, errors
 
 
 def test_without_javascript_auto_fills_the_suggested_batch(browser: Browser, server: Server) -> None:
@@ -303,4 +223,5 @@ def test_a_post_without_the_csrf_token_is_refused(page: Page, server: Server) ->
     with page.expect_navigation():
         page.click("#create-model")
     expect(page.locator("#csrf-error")).to_contain_text("The CSRF token is missing.")
-    assert page.locator("#planned-name").count() == 0
+    assert page.url.endswith("/memplugin/models")  # the form again, not a job's page
+    assert page.locator("#job-name").count() == 0

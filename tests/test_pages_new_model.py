@@ -1,7 +1,9 @@
-"""The "New model" page through Flask's test client: the form, its plain POST, its JSON twin, CSRF and escaping.
+"""The "New model" page through Flask's test client: the form, its plain POST and its JSON twin creating jobs, CSRF
+and escaping.
 
-The planned job's numbers are checked against `core.estimate` called directly with the same inputs, so the page
-is held to the estimator rather than to numbers copied into the test. The browser tests drive the same page live.
+Planned numbers (Auto) are checked against `core.estimate` called directly with the same inputs, so the page is held
+to the estimator rather than to numbers copied into the test; created jobs are checked in the job manager's store.
+Jobs created here really train, on the CPU, for two iterations. The browser tests drive the same page live.
 """
 
 from __future__ import annotations
@@ -13,18 +15,24 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from test_jobs_fixtures import write_lmdb
 
 from digits_memplugin.core.estimate import EstimateRequest, estimate
+from digits_memplugin.core.prototxt import parse_net
+from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
 from digits_memplugin.networks import standard_network
-from digits_memplugin.sizes import GIB, MIB, format_size
+from digits_memplugin.sizes import GIB, MIB
 from digits_memplugin.web.forms import solver_prototxt
 
 LENET = standard_network("lenet")
-ALEXNET = standard_network("alexnet")
 FORM_URL = "/memplugin/models/new"
 POST_URL = "/memplugin/models"
 JSON_URL = "/memplugin/models.json"
+TRAIN_DB = "mnist_train_lmdb"
+VAL_DB = "mnist_val_lmdb"
+JOB = {"train_source": TRAIN_DB, "val_source": VAL_DB, "device": "cpu", "max_iter": "2"}
+"""What a form needs to become a job here: datasets in the dataset root, the CPU (the fake GPUs cannot train)."""
 
 
 def csrf_token(client: FlaskClient) -> str:
@@ -87,6 +95,24 @@ def direct_estimate(net: str, device_free: int, *, engine: str = "gpu-cudnn", va
 def gpus_app(fake_gpus: FakeNvml, app: Flask) -> FakeNvml:
     """The app with the two fake GPUs (GPU 0: 24 GiB with 8 GiB of processes; GPU 1: 12 GiB, idle) installed."""
     return fake_gpus
+
+
+@pytest.fixture
+def datasets(app: Flask, data_dir: Any) -> Any:
+    """MNIST-shaped LMDBs in the app's dataset root (<data dir>/datasets), as a user names them: relative to it."""
+    root = data_dir / "datasets"
+    root.mkdir(parents=True)
+    write_lmdb(root / TRAIN_DB)
+    write_lmdb(root / VAL_DB, records=8)
+    return root
+
+
+def stored_job(app: Flask, job_id: str) -> Any:
+    return get_plugin(app).jobs.get(job_id)
+
+
+def submitted_net(app: Flask, job_id: str) -> str:
+    return str((get_plugin(app).jobs.folder(job_id) / "net.prototxt").read_text())
 
 
 def error_box(html: str, name: str) -> str:
@@ -154,22 +180,50 @@ def test_plain_post_with_a_forged_token_is_refused(gpus_app: FakeNvml, client: F
     assert "The CSRF token is invalid." in response.text
 
 
-def test_plain_post_plans_a_standard_network_on_the_gpu_with_most_free_memory(
-    gpus_app: FakeNvml, client: FlaskClient
+def test_plain_post_creates_the_job_and_goes_to_its_page(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any
 ) -> None:
-    response = client.post(POST_URL, data=form_data(csrf_token(client)))
-    assert response.status_code == 200
-    html = response.text
-    target = gpus_app.gpus[0]
-    expected = direct_estimate(LENET.text, target.free)
-    assert 'id="jobs-not-wired"' in html and "Nothing was started" in html
-    assert 'id="planned-verdict">fits<' in html
-    assert f"batch {expected['plan']['batch_size']} × iter_size 1 = effective batch 64" in html
-    assert f"{format_size(expected['plan']['bytes'])} of {format_size(expected['usable_bytes'])} usable" in html
-    assert "GPU 0: NVIDIA GeForce RTX 3090" in html
-    assert "Standard network <strong>LeNet</strong>" in html
-    # The solver the job would get: DIGITS' stages, the validation net.
-    assert "stage: &#34;train&#34;" in html and "stage: &#34;val&#34;" in html and "test_iter: 100" in html
+    response = client.post(POST_URL, data=form_data(csrf_token(client), **JOB))
+    assert response.status_code == 303  # a reload of the job's page does not post the form again
+    match = re.fullmatch(r"/memplugin/jobs/([\w-]+)", response.headers["Location"])
+    assert match, response.headers["Location"]
+    job = stored_job(app, match.group(1))
+    assert job.name == "lenet-mnist"
+    # The form's fields, as the job request: data sources by layer (DIGITS' stages), the CPU, LeNet's classes.
+    assert job.spec["device"] == "cpu"
+    assert job.spec["data"] == {"train-data": TRAIN_DB, "val-data": VAL_DB}
+    assert job.spec["classes"] == 10 and job.spec["batch"] is None and job.spec["max_iter"] is None
+    assert job.spec["data_shapes"] == {"data": [1, 28, 28]}
+    assert job.max_iter == 2
+    # Caffe's Data layer reads LevelDB unless told: the dataset's format went into the network.
+    layers = {layer.name: layer for layer in parse_net(submitted_net(app, job.id)).layer}
+    assert layers["train-data"].data_param.backend == layers["val-data"].data_param.backend == 1  # LMDB
+    page = client.get(response.headers["Location"])
+    assert page.status_code == 200
+    assert 'id="job-name">lenet-mnist<' in page.text
+
+
+def test_plain_post_on_a_simulated_gpu_is_refused_beside_the_device(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any
+) -> None:
+    """The fake GPUs have made-up memory and no CUDA device behind them: a job there could only fail."""
+    for device, label in (("next", "“Next available GPU” (GPU 0)"), (gpus_app.gpus[1].uuid, "GPU 1")):
+        response = client.post(POST_URL, data=form_data(csrf_token(client), **{**JOB, "device": device}))
+        assert response.status_code == 400
+        box = error_box(response.text, "device")
+        assert f"{label} is simulated (--simulate-gpus)" in box.replace("&#34;", '"')
+        assert "choose the CPU to train" in box
+    assert get_plugin(app).started_jobs().list_jobs() == []
+
+
+def test_plain_post_puts_a_missing_dataset_beside_its_field(
+    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
+) -> None:
+    response = client.post(POST_URL, data=form_data(csrf_token(client), **{**JOB, "val_source": "no_such_db"}))
+    assert response.status_code == 400
+    assert "no_such_db does not exist (as a folder) in the dataset folders" in error_box(response.text, "val_source")
+    outside = client.post(POST_URL, data=form_data(csrf_token(client), **{**JOB, "train_source": "/etc"}))
+    assert "/etc is outside the dataset folders this server may read" in error_box(outside.text, "train_source")
 
 
 def test_plain_post_shows_a_prototxt_error_with_its_line(gpus_app: FakeNvml, client: FlaskClient) -> None:
@@ -186,19 +240,32 @@ def test_plain_post_shows_a_prototxt_error_with_its_line(gpus_app: FakeNvml, cli
     assert re.search(r'<textarea [^>]*aria-invalid="true" class="[^"]*is-invalid"[^>]*id="custom_network"', response.text)
 
 
-def test_user_text_is_escaped_on_the_planned_page(gpus_app: FakeNvml, client: FlaskClient) -> None:
+def test_user_text_is_escaped_on_the_job_page(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
     evil = "<script>alert(1)</script>"
     net = LENET.text.replace('name: "features1"', f'name: "{evil}"')
     response = client.post(
-        POST_URL, data=form_data(csrf_token(client), network="custom", custom_network=net, model_name=f"<b>{evil}</b>",
-                                 item_shape="1,28,28", classes="10", train_source=f"/data/{evil}")
+        POST_URL, data=form_data(csrf_token(client), **JOB, network="custom", custom_network=net,
+                                 model_name=f"<b>{evil}</b>", item_shape="1,28,28", classes="10"),
+        follow_redirects=True,
     )
     assert response.status_code == 200
     assert evil not in response.text
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
-    assert f"<td>{escaped}</td>" in response.text  # the layer, among the largest consumers
-    assert f'id="planned-name">&lt;b&gt;{escaped}&lt;/b&gt;<' in response.text
-    assert f"<code>/data/{escaped}</code>" in response.text
+    assert f'id="job-name">&lt;b&gt;{escaped}&lt;/b&gt;<' in response.text
+    assert f"<title>&lt;b&gt;{escaped}&lt;/b&gt; · digits-memplugin</title>" in response.text
+    assert f"name: &#34;{escaped}&#34;" in response.text  # the layer, in the network as submitted
+    # The embedded job document cannot close its script element either.
+    assert "\\u003cscript\\u003e" in response.text.split('id="mp-job">')[1].split("</script>")[0]
+
+
+def test_a_custom_network_keeps_its_text_when_nothing_needs_changing(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any
+) -> None:
+    net = "# my LeNet\n" + LENET.text.replace("data_param {", "data_param { backend: LMDB")
+    response = client.post(JSON_URL, json={**JOB, "model_name": "m", "network": "custom", "custom_network": net,
+                                           "item_shape": [1, 28, 28], "classes": 10})
+    assert response.status_code == 201, response.get_json()
+    assert submitted_net(app, response.get_json()["id"]) == net
 
 
 def test_auto_button_without_javascript_fills_the_largest_batch_that_fits(
@@ -248,56 +315,32 @@ def test_uploaded_network_replaces_the_pasted_text(gpus_app: FakeNvml, client: F
 # --- JSON twin --------------------------------------------------------------------------------------------------
 
 
-def test_json_twin_returns_the_planned_job(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    target = gpus_app.gpus[1]
-    response = client.post(JSON_URL, json={"model_name": "j", "train_source": "/d", "device": target.uuid})
-    assert response.status_code == 200
+def test_json_twin_creates_the_job(gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any) -> None:
+    response = client.post(JSON_URL, json={"model_name": "j", "train_source": TRAIN_DB, "device": "cpu",
+                                           "max_iter": 2, "batch_size": 32})
+    assert response.status_code == 201
     document = response.get_json()
-    expected = direct_estimate(LENET.text, target.free, validation=False)
-    assert document["status"] == "planned"
-    assert document["job"] is None
-    assert "not wired yet" in document["message"]
-    assert document["device"]["key"] == target.uuid
-    assert document["engine"] == "gpu-cudnn"
-    assert document["plan"] == expected["plan"]
-    assert document["estimate"]["total_bytes"] == expected["total_bytes"]
-    assert document["verdict"] == "fits"
-    assert document["request"]["data"]["item_shape"] == [1, 28, 28]
-    assert document["request"]["network"]["standard"] == "lenet"
+    assert response.headers["Location"] == f"/memplugin/api/jobs/{document['id']}"
+    assert client.get(response.headers["Location"]).get_json()["id"] == document["id"]
+    # The job document, as POST api/jobs answers it.
+    assert (document["name"], document["status"], document["max_iter"]) == ("j", "queued", 2)
+    assert document["device"] == {"requested": "cpu", "assigned": None}
+    assert document["batch"]["requested"] == 32
+    # Without validation data the solver has no test net, and only the training layer gets a source.
+    assert stored_job(app, document["id"]).spec["data"] == {"train-data": TRAIN_DB}
 
 
-def test_json_twin_keeps_the_effective_batch_with_iter_size(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    target = gpus_app.gpus[1]
-    largest = direct_estimate(ALEXNET.text, target.free, validation=False, shape=ALEXNET.item_shape,
-                              classes=ALEXNET.classes)["max_batch_size"]
-    wanted = 3 * largest
+def test_json_twin_passes_auto_batch_to_the_job(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
     document = client.post(
-        JSON_URL,
-        json={"model_name": "a", "train_source": "/d", "standard_network": "alexnet", "device": target.uuid,
-              "batch_size": wanted},
+        JSON_URL, json={**JOB, "model_name": "a", "batch_size": "auto", "solver_type": "Adam"}
     ).get_json()
-    plan = document["plan"]
-    assert plan["fits"] and plan["iter_size"] > 1
-    assert plan["batch_size"] <= largest
-    assert plan["effective_batch"] >= wanted
-    assert document["verdict"] == f"fits with iter_size {plan['iter_size']}"
+    assert document["batch"]["requested"] == "auto"
 
 
-def test_json_twin_auto_batch_is_the_largest_that_fits(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    target = gpus_app.gpus[0]
-    document = client.post(
-        JSON_URL, json={"model_name": "a", "train_source": "/d", "batch_size": "auto", "solver_type": "Adam"}
-    ).get_json()
-    expected = direct_estimate(LENET.text, target.free, validation=False, solver_type="Adam")
-    assert document["plan"]["batch_size"] == expected["max_batch_size"]
-    assert document["plan"]["iter_size"] == 1 and document["plan"]["fits"]
-    assert document["estimate"]["solver_type"] == "Adam"
-
-
-def test_json_twin_on_the_cpu_uses_the_cpu_engine(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    document = client.post(JSON_URL, json={"model_name": "c", "train_source": "/d", "device": "cpu"}).get_json()
-    assert document["engine"] == "cpu"
-    assert document["device"]["label"] == "CPU"
+def test_json_twin_on_a_simulated_gpu_is_refused(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
+    response = client.post(JSON_URL, json={**JOB, "model_name": "g", "device": gpus_app.gpus[0].uuid})
+    assert response.status_code == 400
+    assert "GPU 0 is simulated" in response.get_json()["errors"]["device"]
 
 
 @pytest.mark.parametrize(
@@ -360,13 +403,15 @@ def test_json_twin_asks_for_the_item_shape_of_a_custom_network(gpus_app: FakeNvm
     assert "item shape" in response.get_json()["errors"]["item_shape"]["message"]
 
 
-def test_json_twin_form_encoded_needs_the_csrf_token(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    refused = client.post(JSON_URL, data=form_data(None))
+def test_json_twin_form_encoded_needs_the_csrf_token(
+    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
+) -> None:
+    refused = client.post(JSON_URL, data=form_data(None, **JOB))
     assert refused.status_code == 400
     assert "CSRF token is missing" in refused.get_json()["errors"]["csrf_token"]
-    accepted = client.post(JSON_URL, data=form_data(csrf_token(client)))
-    assert accepted.status_code == 200
-    assert accepted.get_json()["status"] == "planned"
+    accepted = client.post(JSON_URL, data=form_data(csrf_token(client), **JOB))
+    assert accepted.status_code == 201
+    assert accepted.get_json()["status"] == "queued"
 
 
 def test_json_twin_takes_no_json_sent_as_a_simple_cross_site_request(gpus_app: FakeNvml, client: FlaskClient) -> None:

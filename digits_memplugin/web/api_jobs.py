@@ -8,6 +8,7 @@ attempts, cancel, resume, delete, and Caffe's log.
     POST   /jobs/<id>/resume   200 job            409 unless interrupted, cancelled or failed
     DELETE /jobs/<id>          204                409 while running
     GET    /jobs/<id>/log      200 text/plain     ?attempt=N (default: the latest), ?tail=N lines
+    GET    /jobs/<id>/progress 200 {"job_id", "records": [iteration and test records, each with its "attempt"]}
 
 The job and attempt documents are `Job.to_json()` and `Attempt.to_json()` (jobs/records.py); the socketio events
 carry the same documents.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -24,12 +26,17 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound, RequestEntityTooLarge, ServiceUnavailable
 
 from ..jobs.manager import DataFolderInUse, JobManager, JobNotFound, JobStateError, JobValidationError
+from ..jobs.records import Job
 from ..jobs.request import parse_job_request
 from .api import API_PATH
 
 JSON_FORM_FIELDS = ("data", "data_shapes", "fallback")
 INT_FORM_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
 MAX_TAIL = 100_000
+PROGRESS_FILE = "progress.jsonl"
+"""The runner's records, beside each attempt's caffe.log (docs/jobs.md: the job's folder)."""
+MAX_PROGRESS_POINTS = 2000
+"""Iteration records per attempt that GET /jobs/<id>/progress returns at most: enough for a chart."""
 
 
 def _manager() -> JobManager:
@@ -100,22 +107,33 @@ class _Invalid(Exception):
         self.errors = errors
 
 
-def create_job() -> ResponseReturnValue:
+class SubmissionRefused(Exception):
+    """A submission that did not become a job: `errors` maps the request's fields to messages (the 400 body)."""
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def submit(body: Any) -> Job:
+    """The one way a job is created over the web: the request checked by `parse_job_request`, then by the manager
+    (devices, confinement, the definition). The REST API and the New model form both call it."""
     manager = _manager()
     settings = current_app.extensions["memplugin"].settings
-    try:
-        body = _body()
-    except _Invalid as invalid:
-        return jsonify(errors=invalid.errors), 400
-    job_request, errors = parse_job_request(
-        body, default_attempts=settings.job_max_attempts
-    )
+    job_request, errors = parse_job_request(body, default_attempts=settings.job_max_attempts)
     if job_request is None:
-        return jsonify(errors=errors), 400
+        raise SubmissionRefused(errors)
     try:
-        job = manager.submit(job_request)
+        return manager.submit(job_request)
     except JobValidationError as error:
-        return jsonify(errors=error.errors), 400
+        raise SubmissionRefused(error.errors) from None
+
+
+def create_job() -> ResponseReturnValue:
+    try:
+        job = submit(_body())
+    except (_Invalid, SubmissionRefused) as refused:
+        return jsonify(errors=refused.errors), 400
     response = jsonify(job.to_json())
     response.status_code = 201
     response.headers["Location"] = url_for(".api_job", job_id=job.id)
@@ -178,6 +196,43 @@ def job_log(job_id: str) -> ResponseReturnValue:
     return Response(text, mimetype="text/plain")
 
 
+def job_progress(job_id: str) -> ResponseReturnValue:
+    """The iteration and test records of every attempt so far, oldest first, each with its attempt's number: what
+    a page draws its chart from on first paint and after a reconnection (the events carry only what is new)."""
+    manager = _manager()
+    _job_or_404(manager, job_id)
+    folder = manager.folder(job_id)
+    records: list[dict[str, Any]] = []
+    for attempt in manager.attempts(job_id):
+        records += _chart_records(folder / PurePosixPath(attempt.log).parent / PROGRESS_FILE, attempt.number)
+    return jsonify(job_id=job_id, records=records)
+
+
+def _chart_records(path: Path, attempt: int) -> list[dict[str, Any]]:
+    """An attempt's iteration and test records; iterations thinned to MAX_PROGRESS_POINTS (the last one kept).
+    The runner may be writing the last line: a line that is not JSON yet is left for the next read."""
+    iterations: list[dict[str, Any]] = []
+    tests: list[dict[str, Any]] = []
+    if not path.is_file():
+        return []
+    with path.open("r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            if record.get("event") == "iteration":
+                iterations.append({**record, "attempt": attempt})
+            elif record.get("event") == "test":
+                tests.append({**record, "attempt": attempt})
+    if len(iterations) > MAX_PROGRESS_POINTS:
+        stride = -(-len(iterations) // MAX_PROGRESS_POINTS)
+        iterations = iterations[::stride] + ([iterations[-1]] if (len(iterations) - 1) % stride else [])
+    return sorted(iterations + tests, key=lambda record: (record.get("time") or 0))
+
+
 def _positive_arg(name: str) -> int | None:
     value = request.args.get(name)
     if value is None:
@@ -196,4 +251,5 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule(f"{base}/<job_id>/cancel", "api_cancel_job", cancel_job, methods=["POST"])
     blueprint.add_url_rule(f"{base}/<job_id>/resume", "api_resume_job", resume_job, methods=["POST"])
     blueprint.add_url_rule(f"{base}/<job_id>/log", "api_job_log", job_log, methods=["GET"])
+    blueprint.add_url_rule(f"{base}/<job_id>/progress", "api_job_progress", job_progress, methods=["GET"])
 

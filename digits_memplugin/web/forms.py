@@ -288,7 +288,7 @@ def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """What the form asks a training job to do; `to_json` is the "request" part of the planned-job document."""
+    """What the form asks a training job to do (web/model_job.py maps it onto a job request)."""
 
     name: str
     network_key: str | None
@@ -319,22 +319,6 @@ class ModelSpec:
             data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
             classes=self.classes,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "network": {"standard": self.network_key, "source": self.net_source, "text": self.net_text},
-            "solver": {"settings": self.solver_settings, "source": self.solver_source, "text": self.solver_text},
-            "data": {
-                "backend": self.data_backend,
-                "train_source": self.train_source,
-                "val_source": self.val_source,
-                "item_shape": list(self.item_shape) if self.item_shape else None,
-                "classes": self.classes,
-            },
-            "batch_size": self.batch,
-            "device": self.device,
-        }
 
 
 def formdata_from_json(body: Any) -> MultiDict[str, str]:

@@ -1,11 +1,12 @@
 """The "New model" page: the form beside the live GPU memory panel, its plain form POST and its JSON twin.
 
-Views stay thin: the form validates, `core.estimate` predicts and plans, the devices module reads memory. Until the
-job manager lands, a valid submission answers with the planned job (network, batch plan, device) and starts nothing.
+Views stay thin: the form validates, `core.estimate` predicts and plans (what the panel shows, and a definition
+error with its line), `model_job` maps the form onto a job request, and `api_jobs.submit` (the REST API's own
+path) creates the job.
 
     GET  <prefix>/models/new     the form (works without JavaScript; the panel then shows the devices as read)
-    POST <prefix>/models         the form's plain POST: the planned job, or the form again with its errors (400)
-    POST <prefix>/models.json    the JSON twin: the same document as JSON, or {"errors": {field: ...}} with 400
+    POST <prefix>/models         the form's plain POST: 303 to the new job's page, or the form with its errors (400)
+    POST <prefix>/models.json    the JSON twin: 201 with the job document, or {"errors": {field: ...}} with 400
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, render_template, request
+from flask import Blueprint, current_app, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import RequestEntityTooLarge
 from wtforms.fields.choices import SelectChoice
@@ -21,15 +22,14 @@ from wtforms.fields.choices import SelectChoice
 from .. import __version__
 from ..core.errors import NetError
 from ..core.estimate import estimate
-from ..devices import Device, DeviceList
+from ..devices import Device, DeviceList, is_simulated
+from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
+from . import api_jobs
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
+from .model_job import SIMULATED_GPU, MappingError, form_errors, job_body, manager_device
 
-JOBS_NOT_WIRED = (
-    "Training jobs are not wired yet: this is the job that would be queued, planned against the memory the "
-    "device has now. Nothing was started."
-)
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
 TOP_LAYERS = 10
 ENGINE_GPU = "gpu-cudnn"
@@ -73,27 +73,6 @@ class PlannedJob:
     @property
     def top_layers(self) -> list[dict[str, Any]]:
         return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": "planned",
-            "job": None,
-            "message": JOBS_NOT_WIRED,
-            "request": self.spec.to_json(),
-            "device": {
-                "key": self.device.key,
-                "kind": self.device.kind,
-                "index": self.device.index,
-                "name": self.device.name,
-                "memory_total": self.device.memory_total,
-                "memory_free": self.device.memory_free,
-                "label": self.device_label,
-            },
-            "engine": self.engine,
-            "plan": self.plan,
-            "verdict": self.verdict,
-            "estimate": self.estimate,
-        }
 
 
 def device_label(device: Device) -> str:
@@ -239,9 +218,40 @@ def new_model() -> ResponseReturnValue:
     return _render_form(_form(devices), devices)
 
 
+class Refused(Exception):
+    """The form is valid but no job came of it: {form field: message} to show beside the fields."""
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def submit_model(spec: ModelSpec, devices: DeviceList) -> tuple[Job, PlannedJob]:
+    """Plan the job (a definition error comes back beside its field, with its line), refuse a simulated GPU, then
+    create the job through the REST API's own path."""
+    try:
+        planned = plan_job(spec, devices)
+    except PlanError as error:
+        raise Refused({error.field: error.detail}) from None
+    if planned.device.kind == "gpu" and is_simulated():
+        label = planned.device_label if spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
+        raise Refused({"device": SIMULATED_GPU.format(label=label)})
+    device = manager_device(spec.device, planned.device.index)
+    try:
+        mapped = job_body(spec, planned.estimate, device)
+    except MappingError as error:
+        raise Refused({error.field: error.message}) from None
+    try:
+        job = api_jobs.submit(mapped.body)
+    except api_jobs.SubmissionRefused as refused:
+        raise Refused(form_errors(refused.errors, spec, mapped.sources)) from None
+    return job, planned
+
+
 def create_model() -> ResponseReturnValue:
-    """The form's plain POST. The "Auto" button posts here too (action=suggest) when JavaScript is off: the form
-    comes back with the suggested batch filled in."""
+    """The form's plain POST: the job is created and the browser goes to its page (303, so a reload does not post
+    again). The "Auto" button posts here too (action=suggest) when JavaScript is off: the form comes back with the
+    suggested batch filled in, and no job is created."""
     _check_size()
     devices = _read_devices()
     form = _form(devices)
@@ -251,22 +261,30 @@ def create_model() -> ResponseReturnValue:
     try:
         spec = form.to_spec()
         if suggest:
-            spec = dataclasses.replace(spec, batch=BATCH_AUTO)
-        planned = plan_job(spec, devices)
-    except (FormError, PlanError) as error:
-        field = form._fields.get(error.field, form.model_name)
-        message = error.message if isinstance(error, FormError) else error.detail
+            planned = plan_job(dataclasses.replace(spec, batch=BATCH_AUTO), devices)
+            form.batch_size.data = str(planned.plan["batch_size"])
+            return _render_form(form, devices, planned=planned)
+        job, _ = submit_model(spec, devices)
+    except FormError as error:
+        return _refuse(form, devices, {error.field: error.message})
+    except PlanError as error:
+        return _refuse(form, devices, {error.field: error.detail})
+    except Refused as refused:
+        return _refuse(form, devices, refused.errors)
+    return redirect(url_for(".job_page", job_id=job.id), code=303)
+
+
+def _refuse(form: NewModelForm, devices: DeviceList, errors: dict[str, Any]) -> ResponseReturnValue:
+    """The form again with each error beside its field (a field the form does not have: beside the name)."""
+    for name, message in errors.items():
+        field = form._fields.get(name, form.model_name)
         field.errors = [*field.errors, message]
-        return _render_form(form, devices, status=400)
-    if suggest:
-        form.batch_size.data = str(planned.plan["batch_size"])
-        return _render_form(form, devices, planned=planned)
-    return render_template("memplugin/model_planned.html", planned=planned, devices=devices, version=__version__)
+    return _render_form(form, devices, status=400)
 
 
 def create_model_json() -> ResponseReturnValue:
     """The JSON twin: a JSON body (for scripts; a cross-site page cannot send one without CORS, so no CSRF token)
-    or the form's own fields (token required, as for the page)."""
+    or the form's own fields (token required, as for the page). 201 with the job document, as POST api/jobs."""
     _check_size()
     devices = _read_devices()
     if request.is_json:
@@ -281,12 +299,15 @@ def create_model_json() -> ResponseReturnValue:
     if not form.validate():
         return jsonify(errors=form.errors_by_field()), 400
     try:
-        planned = plan_job(form.to_spec(), devices)
+        job, _ = submit_model(form.to_spec(), devices)
     except FormError as error:
         return jsonify(errors={error.field: error.message}), 400
-    except PlanError as error:
-        return jsonify(errors={error.field: error.detail}), 400
-    return jsonify(planned.to_json())
+    except Refused as refused:
+        return jsonify(errors=refused.errors), 400
+    response = jsonify(job.to_json())
+    response.status_code = 201
+    response.headers["Location"] = url_for(".api_job", job_id=job.id)
+    return response
 
 
 def register(blueprint: Blueprint) -> None:

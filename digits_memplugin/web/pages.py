@@ -10,7 +10,7 @@ from flask_wtf.csrf import generate_csrf
 from .. import __version__
 from ..devices import DeviceList, is_simulated
 from ..sizes import format_size
-from . import model_page
+from . import job_pages, model_page
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -44,7 +44,7 @@ def devices_page() -> str:
 
 def _page_context() -> dict[str, Any]:
     """What every page of the plugin may use: whether the GPUs are simulated (a banner says so), byte formatting,
-    the menu, where the live-update script connects, and a CSRF token for pages whose scripts post.
+    the menu, where the live-update script connects, a CSRF token for pages whose scripts post, and times.
 
     App-wide, not blueprint-wide: the standalone app serves the home page at "/", outside the blueprint. The names
     carry the plugin's prefix so they cannot clash with a host app's own template variables.
@@ -55,6 +55,8 @@ def _page_context() -> dict[str, Any]:
         "memplugin_menu": _menu,
         "memplugin_live": _live_settings,
         "memplugin_csrf_token": generate_csrf,
+        "memplugin_time": job_pages.format_time,
+        "memplugin_duration": job_pages.format_duration,
     }
 
 
@@ -78,6 +80,7 @@ def _live_settings() -> dict[str, str]:
         "socketio_path": request.script_root + "/" + path.strip("/"),
         "devices_url": url_for("memplugin.api_devices"),
         "estimate_url": url_for("memplugin.api_estimate"),
+        "jobs_url": url_for("memplugin.jobs"),
     }
 
 
@@ -85,4 +88,5 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/", "home", home)
     blueprint.add_url_rule("/devices", "devices_page", devices_page)
     model_page.register(blueprint)
+    job_pages.register(blueprint)
     blueprint.app_context_processor(_page_context)

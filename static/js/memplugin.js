@@ -2,10 +2,12 @@
  *
  * - config: where to connect, from the <body data-mp-*> attributes the base template writes;
  * - socket(): one socket.io connection to the plugin's namespace, shared by the page, its state shown in the header;
- * - subscribe(): ask the server for a stream of events (devices now; a job's progress later) and ask again after
- *   every reconnection, because the server forgets subscriptions when a connection drops;
+ * - subscribe(): ask the server for a stream of events (devices, the jobs list, one job) and ask again after
+ *   every reconnection, because the server forgets subscriptions when a connection drops; on() listens to an event
+ *   of a subscription made elsewhere; onReconnect() runs a catch-up (re-fetching what events were missed while
+ *   the connection was down) after every reconnection;
  * - requestJSON(): fetch with JSON in and out, cancellable, sending the page's CSRF token when it has one;
- * - debounce(), formatBytes(), el(): small helpers. el() builds elements with textContent only, so text that came
+ * - debounce(), formatBytes(), formatTime(), readJSON(), el(): small helpers. el() builds elements with textContent only, so text that came
  *   from a user (layer names, job names) is never parsed as HTML.
  */
 (function () {
@@ -17,6 +19,7 @@
     socketioPath: data.mpSocketioPath || "/socket.io",
     devicesUrl: data.mpDevicesUrl,
     estimateUrl: data.mpEstimateUrl,
+    jobsUrl: data.mpJobsUrl,
   };
 
   const UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
@@ -28,6 +31,22 @@
       if (bytes >= factor) return (bytes / factor).toFixed(1) + " " + unit;
     }
     return bytes + " B";
+  }
+
+  const pad = (n) => String(n).padStart(2, "0");
+
+  /** Seconds since the epoch as the server writes them (job_pages.format_time), in local time; null is "". */
+  function formatTime(seconds) {
+    if (seconds === null || seconds === undefined) return "";
+    const d = new Date(seconds * 1000);
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + pad(d.getHours()) + ":" +
+      pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
+  /** The JSON a page embeds in <script type="application/json" id="...">, or null. */
+  function readJSON(id) {
+    const node = document.getElementById(id);
+    return node ? JSON.parse(node.textContent) : null;
   }
 
   /** `fn` called once, `wait` ms after the last of a burst of calls; .now() runs it at once, .cancel() drops it. */
@@ -89,7 +108,9 @@
   }
 
   let sharedSocket = null;
+  let connections = 0;
   const subscriptions = [];
+  const reconnectHandlers = [];
 
   function showConnection(state, text) {
     document.body.dataset.mpSocket = state;
@@ -109,6 +130,8 @@
     sharedSocket.on("connect", () => {
       showConnection("connected", "live");
       for (const { subscribeEvent, payload } of subscriptions) sharedSocket.emit(subscribeEvent, payload);
+      connections += 1;
+      if (connections > 1) for (const handler of reconnectHandlers) handler();
     });
     sharedSocket.on("disconnect", () => showConnection("disconnected", "reconnecting…"));
     sharedSocket.on("connect_error", () => showConnection("disconnected", "offline: retrying…"));
@@ -130,5 +153,18 @@
     };
   }
 
-  window.MemPlugin = { config, formatBytes, debounce, requestJSON, el, socket, subscribe };
+  /** Listen to `event` on the page's connection (the subscription that brings it is made with subscribe()). */
+  function on(event, handler) {
+    socket().on(event, handler);
+  }
+
+  /** Run `handler` after every reconnection (not the first connection): events sent while the connection was
+   *  down are lost, so a page re-fetches what it shows. Subscriptions are renewed before it runs. */
+  function onReconnect(handler) {
+    reconnectHandlers.push(handler);
+  }
+
+  window.MemPlugin = {
+    config, formatBytes, formatTime, readJSON, debounce, requestJSON, el, socket, subscribe, on, onReconnect,
+  };
 })();

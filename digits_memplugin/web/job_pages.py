@@ -1,0 +1,172 @@
+"""The jobs list and a job's page: first paint rendered here from the job documents, live parts kept up to date
+by static/js/jobs.js and job-page.js over the socketio rooms `jobs` and `job:<id>`.
+
+    GET  <prefix>/jobs                  every job with its status (newest first)
+    GET  <prefix>/jobs/<id>             status, plan, attempts, progress, log tail, the definition as submitted
+    POST <prefix>/jobs/<id>/cancel      cancel without JavaScript (a form with its CSRF token): 303 to the page
+    POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way: 303 to the list
+
+The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the two POST routes; the API takes JSON from
+scripts, these take a browser's form post, so they check the CSRF token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+from flask import Blueprint, current_app, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from flask_wtf.csrf import validate_csrf
+from werkzeug.exceptions import NotFound, ServiceUnavailable
+from wtforms.validators import ValidationError
+
+from .. import __version__
+from ..devices import CPU_KEY, DeviceList
+from ..jobs.definition import SOLVER_SOURCE
+from ..jobs.manager import DataFolderInUse, JobManager, JobNotFound, JobStateError
+from ..jobs.records import ACTIVE_STATES, RUNNING
+
+LOG_TAIL_LINES = 60
+"""Lines of Caffe's log on a job's first paint (the page's script then fetches more and follows the log)."""
+REFRESH_SECONDS = 5
+"""How often a page without JavaScript reloads itself while a job is queued or running."""
+MAX_DEFINITION_BYTES = 1024 * 1024
+"""A definition shown on the page is cut here (submissions are limited to MEMPLUGIN_MAX_REQUEST_BYTES anyway)."""
+
+
+def _manager() -> JobManager:
+    try:
+        return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    except DataFolderInUse as error:
+        raise ServiceUnavailable(str(error)) from None
+
+
+def _devices() -> DeviceList:
+    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+
+
+def device_labels(devices: DeviceList) -> dict[str, str]:
+    """What a job's device key reads as: "CPU", "GPU 0: <name>"; "auto" is the form's "next available"."""
+    labels = {"auto": "next available GPU" if devices.gpus else "next available (the CPU)", CPU_KEY: "CPU"}
+    for gpu in devices.gpus:
+        labels[gpu.key] = f"GPU {gpu.index}: {gpu.name or 'n/a'}"
+        if gpu.uuid:
+            labels[gpu.uuid] = labels[gpu.key]
+    return labels
+
+
+def format_time(seconds: float | None) -> str:
+    """Seconds since the epoch in the server's local time, as the pages show them; "" for None."""
+    if seconds is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def format_duration(seconds: float | None) -> str:
+    """"12.3 s", "4 min 05 s", "1 h 02 min"; "" for None (still running)."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def jobs_page() -> str:
+    jobs = [job.to_json() for job in reversed(_manager().list_jobs())]
+    active = any(job["status"] in ACTIVE_STATES for job in jobs)
+    return render_template(
+        "memplugin/jobs.html", jobs=jobs, labels=device_labels(_devices()), refresh=REFRESH_SECONDS if active else None,
+        version=__version__,
+    )
+
+
+def job_page(job_id: str, error: str | None = None, status: int = 200) -> ResponseReturnValue:
+    manager = _manager()
+    try:
+        document = manager.document(job_id)
+    except JobNotFound as missing:
+        raise NotFound(str(missing)) from None
+    folder = manager.folder(job_id)
+    page = render_template(
+        "memplugin/job.html",
+        job=document,
+        labels=device_labels(_devices()),
+        log_lines=_log_tail(manager, job_id),
+        net_text=_read(folder / "net.prototxt"),
+        solver_text=_read(folder / SOLVER_SOURCE),
+        refresh=REFRESH_SECONDS if document["status"] in ACTIVE_STATES else None,
+        action_error=error,
+        version=__version__,
+    )
+    return page, status
+
+
+def _log_tail(manager: JobManager, job_id: str) -> list[str]:
+    try:
+        path = manager.log_path(job_id)
+    except (JobStateError, JobNotFound):
+        return []
+    if not path.is_file():
+        return []
+    with path.open("r", encoding="utf-8", errors="replace") as log:
+        return [line.rstrip("\n") for line in deque(log, maxlen=LOG_TAIL_LINES)]
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as file:
+            return file.read(MAX_DEFINITION_BYTES)
+    except OSError:
+        return ""
+
+
+def _csrf_problem() -> str | None:
+    """Why the form post's CSRF token is not accepted, or None when it is."""
+    try:
+        validate_csrf(request.form.get("csrf_token"))
+    except ValidationError as error:
+        return str(error)
+    return None
+
+
+def cancel_job_form(job_id: str) -> ResponseReturnValue:
+    """Cancel from the page without JavaScript; the page comes back with the job "cancelling" or cancelled."""
+    problem = _csrf_problem()
+    if problem is not None:
+        return job_page(job_id, f"The job was not cancelled: {problem} Reload the page and try again.", 400)
+    try:
+        _manager().cancel(job_id)
+    except JobNotFound as missing:
+        raise NotFound(str(missing)) from None
+    except JobStateError as error:
+        return job_page(job_id, f"The job was not cancelled: {error}.", 409)
+    return redirect(url_for(".job_page", job_id=job_id), code=303)
+
+
+def delete_job_form(job_id: str) -> ResponseReturnValue:
+    """Delete from the page without JavaScript; back to the jobs list."""
+    problem = _csrf_problem()
+    if problem is not None:
+        return job_page(job_id, f"The job was not deleted: {problem} Reload the page and try again.", 400)
+    manager = _manager()
+    try:
+        if manager.get(job_id).status == RUNNING:
+            return job_page(job_id, "The job was not deleted: it is running; cancel it first.", 409)
+        manager.delete(job_id)
+    except JobNotFound as missing:
+        raise NotFound(str(missing)) from None
+    except JobStateError as error:
+        return job_page(job_id, f"The job was not deleted: {error}.", 409)
+    return redirect(url_for(".jobs"), code=303)
+
+
+def register(blueprint: Blueprint) -> None:
+    blueprint.add_url_rule("/jobs", "jobs", jobs_page)
+    blueprint.add_url_rule("/jobs/<job_id>", "job_page", job_page)
+    blueprint.add_url_rule("/jobs/<job_id>/cancel", "cancel_job_form", cancel_job_form, methods=["POST"])
+    blueprint.add_url_rule("/jobs/<job_id>/delete", "delete_job_form", delete_job_form, methods=["POST"])

@@ -1,0 +1,91 @@
+/* digits-memplugin: how a job and its attempts read on the pages (MemPlugin.JobFormat), the same words and
+ * badges the server renders (templates/memplugin/macros.html: status_badge, wanted_batch, planned_batch, job_row,
+ * attempt_row), so a row redrawn from an event looks like the row the server drew. Elements only, via el(). */
+(function () {
+  "use strict";
+
+  const { el, formatBytes, formatTime } = window.MemPlugin;
+  const ACTIVE = new Set(["queued", "running"]);
+
+  function statusBadge(status, id) {
+    const props = { className: "badge mp-status mp-status-" + status, dataset: { status } };
+    if (id) props.id = id;
+    return el("span", props, status.replace(/_/g, " "));
+  }
+
+  function wantedBatch(batch) {
+    if (batch.requested === null || batch.requested === undefined) return "the network's own";
+    if (batch.requested === "auto") return "auto (the largest that fits)";
+    return String(batch.requested);
+  }
+
+  function plannedBatch(batch) {
+    if (!batch.batch_size) return "not planned yet";
+    return batch.batch_size + " × iter_size " + batch.iter_size + " = " + batch.batch_size * batch.iter_size;
+  }
+
+  function deviceLabel(key, labels) {
+    return (labels && labels[key]) || key;
+  }
+
+  /** A number as the server formats it ("%.4g"); an output reported by its mean: "0.5 (mean of 20)". */
+  function number(value) {
+    if (value && typeof value === "object" && "mean" in value) return number(value.mean) + " (mean of " + value.count + ")";
+    if (typeof value !== "number") return "n/a";
+    return String(Number(value.toPrecision(4)));
+  }
+
+  /** As job_pages.format_duration: "12.3 s", "4 min 05 s", "1 h 02 min"; "" while running. */
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "";
+    if (seconds < 60) return seconds.toFixed(1) + " s";
+    const total = Math.round(seconds);
+    const minutes = Math.floor(total / 60);
+    if (minutes < 60) return minutes + " min " + String(total % 60).padStart(2, "0") + " s";
+    return Math.floor(minutes / 60) + " h " + String(minutes % 60).padStart(2, "0") + " min";
+  }
+
+  function iterationText(job, joiner) {
+    return job.iteration + (job.max_iter ? joiner + job.max_iter : "");
+  }
+
+  /** A row of the jobs list (macros.html: job_row). */
+  function jobRow(job, labels, href) {
+    const device = job.device.assigned || job.device.requested;
+    return el("tr", { dataset: { jobId: job.id, status: job.status } },
+      el("td", { dataset: { role: "name" } }, el("a", { href }, job.name)),
+      el("td", { dataset: { role: "status" } }, statusBadge(job.status)),
+      el("td", { dataset: { role: "device" } }, deviceLabel(device, labels)),
+      el("td", { dataset: { role: "batch" } }, plannedBatch(job.batch)),
+      el("td", { dataset: { role: "iteration" }, className: "text-nowrap" }, iterationText(job, " / ")),
+      el("td", { dataset: { role: "created" }, className: "text-nowrap" }, formatTime(job.created_at)),
+      el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""));
+  }
+
+  /** A row of a job's attempts table (macros.html: attempt_row). */
+  function attemptRow(attempt) {
+    const why = [];
+    if (attempt.out_of_memory) {
+      why.push(el("code", {}, attempt.out_of_memory.signature), attempt.out_of_memory.ambiguous ? " (likely): " : ": ");
+    }
+    why.push((attempt.message || "") + (attempt.signal ? " (" + attempt.signal + ")" : ""));
+    const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
+    const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
+    return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
+      el("td", {}, String(attempt.number)),
+      el("td", { dataset: { role: "status" } }, statusBadge(attempt.status)),
+      el("td", { dataset: { role: "batch" } }, String(attempt.batch_size)),
+      el("td", { dataset: { role: "iter_size" } }, String(attempt.iter_size)),
+      el("td", { dataset: { role: "test" } }, test),
+      el("td", { dataset: { role: "iterations" }, className: "text-nowrap" }, attempt.start_iteration + " → " + end),
+      el("td", { dataset: { role: "memory" }, className: "small text-nowrap" },
+        formatBytes(attempt.estimated_bytes) + " / " + formatBytes(attempt.limit_bytes) + " / " +
+        formatBytes(attempt.peak_bytes)),
+      el("td", { dataset: { role: "duration" }, className: "text-nowrap" }, duration(attempt.duration)),
+      el("td", { dataset: { role: "why" }, className: "small" }, ...why));
+  }
+
+  window.MemPlugin.JobFormat = {
+    ACTIVE, statusBadge, wantedBatch, plannedBatch, deviceLabel, number, duration, iterationText, jobRow, attemptRow,
+  };
+})();

@@ -1,0 +1,325 @@
+"""The jobs list and a job's page through Flask's test client (first paint, no JavaScript: refresh, cancel and delete
+by form posts with CSRF), GET api/jobs/<id>/progress that the page's chart is drawn from, and how the New model
+form's fields become a job request (web/model_job.py). Jobs train LeNet on the CPU for real, briefly."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_for, write_lmdb
+
+from digits_memplugin import create_app
+from digits_memplugin.core.prototxt import parse_net
+from digits_memplugin.extension import get_plugin
+from digits_memplugin.networks import standard_network
+from digits_memplugin.web import api_jobs
+from digits_memplugin.web.forms import ModelSpec
+from digits_memplugin.web.model_job import MappingError, form_errors, job_body, manager_device
+
+pytestmark = pytest.mark.slow
+
+API = "/memplugin/api/jobs"
+PAGES = "/memplugin/jobs"
+FINAL = ("done", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def jobs_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flask]:
+    """One app for the module, with MNIST-shaped LMDBs in its dataset root; its jobs are stopped at the end."""
+    data_dir = tmp_path_factory.mktemp("pages-jobs") / "data"
+    root = data_dir / "datasets"
+    root.mkdir(parents=True)
+    for name, records in (("mnist_train_lmdb", 16), ("mnist_test_lmdb", 8)):
+        write_lmdb(root / name, records=records)
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True})
+    yield app
+    get_plugin(app).close()
+
+
+@pytest.fixture
+def client(jobs_app: Flask) -> FlaskClient:
+    return jobs_app.test_client()
+
+
+def submit(client: FlaskClient, **fields: Any) -> dict[str, Any]:
+    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4, **fields}
+    response = client.post(API, json=body)
+    assert response.status_code == 201, response.get_json()
+    return response.get_json()  # type: ignore[no-any-return]
+
+
+def ended(client: FlaskClient, job_id: str) -> dict[str, Any]:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["status"] in FINAL and doc,
+        timeout=120, what=f"job {job_id} to end",
+    )
+
+
+def running(client: FlaskClient, job_id: str) -> dict[str, Any]:
+    """The job once its child reports iterations (so a cancel has a process to stop)."""
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["iteration"] > 0 and doc,
+        timeout=60, what=f"job {job_id} to train",
+    )
+
+
+def page_token(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the page has no form with a CSRF token"
+    return match.group(1)
+
+
+def stop(client: FlaskClient, job_id: str) -> None:
+    client.post(f"{API}/{job_id}/cancel")
+    ended(client, job_id)
+
+
+# --- the pages --------------------------------------------------------------------------------------------------
+
+
+def test_a_finished_job_page_shows_plan_attempts_progress_and_log(client: FlaskClient) -> None:
+    job = submit(client, name="lenet quick", batch=32)
+    ended(client, job["id"])
+    page = client.get(f"{PAGES}/{job['id']}")
+    assert page.status_code == 200
+    html = page.text
+    assert 'id="job-name">lenet quick<' in html
+    assert 'id="job-status">done<' in html
+    assert "training finished at iteration 4" in html
+    summary = html.split('id="job-summary"')[1].split("</dl>")[0]
+    assert re.search(r'data-role="wanted">32<', summary)
+    assert "32 × iter_size 1 = 32" in summary
+    assert re.search(r'data-role="iteration">4 of 4<', summary)
+    assert re.search(r'data-role="test">accuracy [\d.]+, loss [\d.]+ \(iteration 0\)<', summary), summary
+    attempts = re.findall(r'<tr data-attempt="(\d+)" data-status="(\w+)">', html)
+    assert attempts == [("1", "success")]
+    assert "0 → 4" in html
+    assert "Creating Layer" in html.split('id="job-log"')[1]  # Caffe's log, its last lines
+    assert 'name: &#34;LeNet&#34;' in html  # the network as submitted
+    # Finished: Delete, no Cancel, nothing to refresh.
+    assert re.search(r'id="cancel-form" hidden>', html) and not re.search(r'id="delete-form" hidden>', html)
+    assert 'http-equiv="refresh"' not in html
+
+
+def test_an_active_job_page_refreshes_itself_without_javascript(client: FlaskClient) -> None:
+    job = submit(client, max_iter=100_000)
+    try:
+        html = client.get(f"{PAGES}/{job['id']}").text
+        assert '<noscript><meta http-equiv="refresh" content="5"></noscript>' in html
+        assert f'<a href="{PAGES}/{job["id"]}">Refresh now</a>' in html
+        listing = client.get(PAGES).text
+        assert '<noscript><meta http-equiv="refresh" content="5"></noscript>' in listing
+    finally:
+        stop(client, job["id"])
+
+
+def test_unknown_job_page_is_a_404_page(client: FlaskClient) -> None:
+    response = client.get(f"{PAGES}/no-such-job")
+    assert response.status_code == 404
+    assert response.mimetype == "text/html"
+
+
+def test_cancel_by_form_needs_the_token_then_stops_the_child(jobs_app: Flask, client: FlaskClient) -> None:
+    job = submit(client, max_iter=100_000)
+    try:
+        running(client, job["id"])
+        html = client.get(f"{PAGES}/{job['id']}").text
+        refused = client.post(f"{PAGES}/{job['id']}/cancel", data={})
+        assert refused.status_code == 400
+        assert "The job was not cancelled: The CSRF token is missing." in refused.text
+        forged = client.post(f"{PAGES}/{job['id']}/cancel", data={"csrf_token": "forged"})
+        assert forged.status_code == 400 and "The CSRF token is invalid." in forged.text
+        assert client.get(f"{API}/{job['id']}").get_json()["status"] == "running"
+
+        progress = get_plugin(jobs_app).jobs.folder(job["id"]) / "attempts" / "1" / "progress.jsonl"
+        pid = json.loads(progress.read_text().splitlines()[0])["pid"]
+        response = client.post(f"{PAGES}/{job['id']}/cancel", data={"csrf_token": page_token(html)})
+        assert response.status_code == 303
+        assert response.headers["Location"] == f"{PAGES}/{job['id']}"
+        document = ended(client, job["id"])
+        assert document["status"] == "cancelled"
+        assert document["attempts"][0]["status"] == "cancelled"
+        assert not pid_alive(pid)
+        again = client.post(f"{PAGES}/{job['id']}/cancel", data={"csrf_token": page_token(html)})
+        assert again.status_code == 409
+        assert "The job was not cancelled: the job is cancelled" in again.text
+    finally:
+        stop(client, job["id"])
+
+
+def test_delete_by_form_refuses_a_running_job_and_removes_a_finished_one(client: FlaskClient) -> None:
+    job = submit(client, max_iter=100_000)
+    try:
+        running(client, job["id"])
+        token = page_token(client.get(f"{PAGES}/{job['id']}").text)
+        busy = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token})
+        assert busy.status_code == 409 and "it is running; cancel it first" in busy.text
+        assert client.post(f"{PAGES}/{job['id']}/delete", data={}).status_code == 400
+    finally:
+        stop(client, job["id"])
+    response = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token})
+    assert response.status_code == 303 and response.headers["Location"] == PAGES
+    assert client.get(f"{API}/{job['id']}").status_code == 404
+
+
+def test_jobs_list_shows_each_job_newest_first_as_text(client: FlaskClient) -> None:
+    first = submit(client, name="<i>first</i>")
+    second = submit(client, name="second")
+    ended(client, first["id"])
+    ended(client, second["id"])
+    html = client.get(PAGES).text
+    rows = re.findall(r'<tr data-job-id="([\w-]+)" data-status="(\w+)">', html)
+    ids = [job_id for job_id, _ in rows]
+    assert ids.index(second["id"]) < ids.index(first["id"])
+    assert dict(rows)[first["id"]] == "done"
+    assert "&lt;i&gt;first&lt;/i&gt;" in html and "<i>first</i>" not in html
+    assert f'<a href="{PAGES}/{first["id"]}">' in html
+    assert "4 / 4" in html and "CPU" in html
+
+
+def test_jobs_list_without_jobs_says_so(tmp_path: Path) -> None:
+    app = create_app({"MEMPLUGIN_DATA_DIR": tmp_path / "data", "MEMPLUGIN_ASYNC_MODE": "threading"})
+    try:
+        html = app.test_client().get(PAGES).text
+        assert '<p id="no-jobs">No jobs yet' in html
+        assert 'http-equiv="refresh"' not in html
+    finally:
+        get_plugin(app).close()
+
+
+def test_menu_links_to_the_jobs_list(client: FlaskClient) -> None:
+    assert f'href="{PAGES}"' in client.get("/").text
+    assert f'class="nav-link active" aria-current="page" href="{PAGES}"' in client.get(PAGES).text
+
+
+# --- GET api/jobs/<id>/progress ------------------------------------------------------------------------------------
+
+
+def test_progress_has_every_iteration_and_test_of_each_attempt(client: FlaskClient) -> None:
+    job = submit(client)
+    ended(client, job["id"])
+    records = client.get(f"{API}/{job['id']}/progress").get_json()["records"]
+    iterations = [r["iteration"] for r in records if r["event"] == "iteration"]
+    tests = [r["iteration"] for r in records if r["event"] == "test"]
+    assert iterations == [1, 2, 3, 4]
+    assert tests == [0]  # test_initialization; the next test would be at test_interval 500
+    assert {r["attempt"] for r in records} == {1}
+    assert all(isinstance(r["lr"], float) for r in records if r["event"] == "iteration")
+    assert client.get(f"{API}/no-such-job/progress").status_code == 404
+
+
+def test_progress_is_thinned_and_skips_a_half_written_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api_jobs, "MAX_PROGRESS_POINTS", 10)
+    path = tmp_path / "progress.jsonl"
+    lines = [json.dumps({"event": "started", "pid": 1, "time": 0})]
+    lines += [json.dumps({"event": "iteration", "iteration": i, "time": i}) for i in range(1, 96)]
+    lines += [json.dumps({"event": "test", "iteration": 50, "time": 50.5}), '{"event": "iteration", "iter']
+    path.write_text("\n".join(lines))
+    records = api_jobs._chart_records(path, 2)
+    iterations = [r["iteration"] for r in records if r["event"] == "iteration"]
+    assert len(iterations) <= 11 and iterations[0] == 1 and iterations[-1] == 95  # the last is always kept
+    assert iterations == sorted(iterations)
+    assert [r["iteration"] for r in records if r["event"] == "test"] == [50]
+    assert {r["attempt"] for r in records} == {2}
+
+
+# --- the form's fields as a job request ----------------------------------------------------------------------------
+
+
+def spec(**fields: Any) -> ModelSpec:
+    lenet = standard_network("lenet")
+    values: dict[str, Any] = {
+        "name": "m", "network_key": "lenet", "net_text": lenet.text, "net_source": lenet.filename,
+        "solver_text": 'type: "SGD"', "solver_source": "solver settings", "solver_settings": {"type": "SGD"},
+        "data_backend": "lmdb", "train_source": "train_db", "val_source": "val_db", "item_shape": (1, 28, 28),
+        "classes": 10, "batch": None, "device": "cpu",
+    }
+    values.update(fields)
+    return ModelSpec(**values)
+
+
+def layers(*rows: tuple[str, str, str]) -> dict[str, Any]:
+    """An estimate document's layers: (name, type, phase)."""
+    return {"layers": [{"name": name, "type": kind, "phase": phase} for name, kind, phase in rows]}
+
+
+LENET_LAYERS = layers(("train-data", "Data", "TRAIN"), ("loss", "SoftmaxWithLoss", "TRAIN"),
+                      ("val-data", "Data", "TEST"), ("accuracy", "Accuracy", "TEST"))
+
+
+def test_sources_go_to_the_data_layers_of_each_net() -> None:
+    mapped = job_body(spec(), LENET_LAYERS, "cpu")
+    assert mapped.body["data"] == {"train-data": "train_db", "val-data": "val_db"}
+    assert mapped.sources == {"train-data": "train_source", "val-data": "val_source"}
+    assert mapped.body["data_shapes"] == {"data": [1, 28, 28]} and mapped.body["classes"] == 10
+    assert "batch" not in mapped.body
+    without_val = job_body(spec(val_source=None, batch="auto"), LENET_LAYERS, "auto")
+    assert without_val.body["data"] == {"train-data": "train_db"}
+    assert without_val.body["batch"] == "auto" and without_val.body["device"] == "auto"
+
+
+def test_an_lmdb_dataset_sets_the_data_layers_backend() -> None:
+    net = parse_net(job_body(spec(), LENET_LAYERS, "cpu").body["net"])
+    data = {layer.name: layer for layer in net.layer if layer.type == "Data"}
+    assert {name: layer.data_param.backend for name, layer in data.items()} == {"train-data": 1, "val-data": 1}
+    assert data["train-data"].data_param.batch_size == 64
+
+
+def test_an_hdf5_dataset_turns_the_data_layers_into_hdf5data() -> None:
+    net = parse_net(job_body(spec(data_backend="hdf5"), LENET_LAYERS, "cpu").body["net"])
+    data = {layer.name: layer for layer in net.layer if layer.name.endswith("-data")}
+    assert {layer.type for layer in data.values()} == {"HDF5Data"}
+    assert data["train-data"].hdf5_data_param.batch_size == 64 and data["val-data"].hdf5_data_param.batch_size == 32
+    assert not data["train-data"].HasField("data_param")
+    with_transform = standard_network("lenet").text.replace(
+        "data_param { batch_size: 64 }", "data_param { batch_size: 64 }\n  transform_param { scale: 0.1 }"
+    )
+    with pytest.raises(MappingError) as refused:
+        job_body(spec(data_backend="hdf5", net_text=with_transform), LENET_LAYERS, "cpu")
+    assert refused.value.field == "data_backend" and "transform_param" in refused.value.message
+
+
+def test_a_data_layer_in_both_nets_cannot_read_two_datasets() -> None:
+    shared = layers(("data", "Data", "TRAIN"), ("data", "Data", "TEST"))
+    with pytest.raises(MappingError) as refused:
+        job_body(spec(), shared, "cpu")
+    assert refused.value.field == "val_source" and "include rules" in refused.value.message
+    assert job_body(spec(val_source=None), shared, "cpu").body["data"] == {"data": "train_db"}
+
+
+def test_a_network_without_training_data_is_refused_on_the_training_field() -> None:
+    with pytest.raises(MappingError) as refused:
+        job_body(spec(), layers(("input", "Input", "TRAIN")), "cpu")
+    assert refused.value.field == "train_source"
+
+
+def test_devices_are_named_as_the_manager_names_them() -> None:
+    assert manager_device("next", None) == "auto"
+    assert manager_device("cpu", None) == "cpu"
+    assert manager_device("GPU-abc", 1) == "GPU-abc"
+    assert manager_device("gpu-index-3", 3) == 3
+
+
+def test_submission_errors_land_beside_the_form_fields() -> None:
+    sources = {"train-data": "train_source", "val-data": "val_source"}
+    source_error = {"message": "x does not exist", "layer": "val-data", "field": "data_param.source"}
+    errors = {
+        "net": source_error, "solver": "bad", "name": "too long", "batch": "no", "data": "unknown layers",
+        "data_shapes.data": "bad shape", "device": "gone", "queue": "full",
+    }
+    assert form_errors(errors, spec(), sources) == {
+        "val_source": source_error, "solver_type": "bad", "model_name": "too long", "batch_size": "no",
+        "train_source": "unknown layers", "item_shape": "bad shape", "device": "gone", "queue": "full",
+    }
+    custom = spec(network_key=None, solver_settings=None)
+    net_error = {"message": "bad", "layer": "conv", "field": "kernel_size"}
+    assert form_errors({"net": net_error, "solver": "bad"}, custom, sources) == {
+        "custom_network": net_error, "solver_text": "bad",
+    }
