@@ -216,6 +216,16 @@ def test_plain_post_on_a_simulated_gpu_is_refused_beside_the_device(
     assert get_plugin(app).started_jobs().list_jobs() == []
 
 
+def test_the_form_says_to_train_on_the_cpu_when_the_gpus_are_simulated(gpus_app: FakeNvml, client: FlaskClient) -> None:
+    help_text = re.search(r'id="device-help">([^<]*)<', client.get(FORM_URL).text)
+    assert help_text and "The GPUs are simulated: plan against them, but choose the CPU to train" in help_text.group(1)
+
+
+def test_the_form_names_the_dataset_folders(client: FlaskClient, data_dir: Any) -> None:
+    help_text = re.search(r'id="train_source-help">([^<]*)<', client.get(FORM_URL).text)
+    assert help_text and f"inside the dataset folders ({data_dir / 'datasets'})" in help_text.group(1)
+
+
 def test_plain_post_puts_a_missing_dataset_beside_its_field(
     gpus_app: FakeNvml, client: FlaskClient, datasets: Any
 ) -> None:

@@ -208,6 +208,7 @@ def _render_form(
         devices=devices,
         networks=networks,
         planned=planned,
+        dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
         version=__version__,
     )
     return page, status
