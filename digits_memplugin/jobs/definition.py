@@ -76,6 +76,12 @@ DATA_SOURCE_FIELDS = {
     "ImageData": "image_data_param",
     "AnnotatedData": "data_param",
 }
+SOURCE_FIELDS = frozenset(f"{param}.source" for param in DATA_SOURCE_FIELDS.values())
+
+
+class DataSourceError(NetError):
+    """A data source the request's `data` gave (not the net's own text) cannot be used: the request's `data` field
+    is at fault, and the API says so rather than pointing at the net."""
 
 
 @dataclasses.dataclass
@@ -142,16 +148,24 @@ def load_definition(
     if classes is not None:
         fill_num_classes(training, classes)
     params = _unique_params(training)
-    _apply_data_overrides(params, dict(data or {}))
+    replaced = _apply_data_overrides(params, dict(data or {}))
     resolved_roots = [root.resolve() for root in roots]
-    confiner = _Confiner(folder, resolved_roots)
+    confiner = _Confiner(folder, resolved_roots, replaced)
     for param in params:
         for layer in param.layer:
             confiner.layer(layer)
     _refuse_shared_readers(training)
-
     # The list files written above are in the job's folder; the files they list are already checked.
-    shapes = shapes_from_sources(params, folder, [*resolved_roots, (folder / "data").resolve()])
+    try:
+        shapes = shapes_from_sources(params, folder, [*resolved_roots, (folder / "data").resolve()])
+    except NetError as error:
+        # Layers of both phases often share a name: the request's data is at fault only if it gave them all.
+        named = [id(layer) for param in params for layer in param.layer if layer.name == error.layer]
+        if named and error.field in SOURCE_FIELDS and all(key in replaced for key in named):
+            raise DataSourceError(
+                error.message, layer=error.layer, layer_type=error.layer_type, field=error.field
+            ) from None
+        raise
     for key, value in (data_shapes or {}).items():
         shapes[key] = value if isinstance(value, DataSpec) else DataSpec(tuple(value))
     schedule = LearningRate.from_solver(solver, SOLVER_SOURCE)
@@ -182,11 +196,13 @@ def _unique_params(training: TrainingDefinition) -> list[Any]:
     return list(seen.values())
 
 
-def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> None:
+def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> set[int]:
     """Replace data sources: a key names a layer, or a phase ("train", "test": that phase's data layers, as DIGITS
-    assigns its train and validation databases). A layer's own name wins over its phase."""
+    assigns its train and validation databases). A layer's own name wins over its phase. The layers whose source
+    was replaced, by id() (names are not unique: LeNet's TRAIN and TEST data layers are both "mnist")."""
     phase_keys = {key.lower(): key for key in data if key.lower() in ("train", "test")}
     used: set[str] = set()
+    replaced: set[int] = set()
     for param in params:
         for layer in param.layer:
             field = DATA_SOURCE_FIELDS.get(layer.type)
@@ -212,9 +228,11 @@ def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> None:
                 )
             getattr(layer, field).source = data[key]
             used.add(key)
+            replaced.add(id(layer))
     unused = sorted(set(data) - used)
     if unused:
         raise NetError(f"data names layers or phases the net does not have: {', '.join(unused)}", field="data")
+    return replaced
 
 
 def _string_fields(message: Any, path: str = "") -> Iterator[tuple[Any, Any, str]]:
@@ -232,9 +250,11 @@ def _string_fields(message: Any, path: str = "") -> Iterator[tuple[Any, Any, str
 class _Confiner:
     """Checks and rewrites one layer's paths."""
 
-    def __init__(self, folder: Path, roots: list[Path]) -> None:
+    def __init__(self, folder: Path, roots: list[Path], replaced: set[int] | None = None) -> None:
         self.folder = folder
         self.roots = roots
+        self.replaced = replaced or set()
+        """Layers (by id) whose source the request's `data` gave: an error about that source is a DataSourceError."""
         self._lists: dict[tuple[str, str, str], str] = {}
 
     def layer(self, layer: Any) -> None:
@@ -254,7 +274,12 @@ class _Confiner:
                 continue
             if not value:
                 continue
-            self._handle(layer, message, field.name, dotted, kind, value)
+            try:
+                self._handle(layer, message, field.name, dotted, kind, value)
+            except NetError as error:
+                if id(layer) in self.replaced and dotted in SOURCE_FIELDS and not isinstance(error, DataSourceError):
+                    raise DataSourceError(error.message, layer=layer.name, layer_type=layer.type, field=dotted) from None
+                raise
 
     def _handle(self, layer: Any, message: Any, name: str, dotted: str, kind: str, value: str) -> None:
         where = {"layer": layer.name, "layer_type": layer.type, "field": dotted}
@@ -337,7 +362,8 @@ class _Confiner:
         if done:
             return str(path)
         listing, lines = self._read_list(value, where)
-        base = self.read(root_folder, where, want="dir") if root_folder else listing.parent
+        folder_field = {**where, "field": str(where["field"]).rpartition(".")[0] + ".root_folder"}
+        base = self.read(root_folder, folder_field, want="dir") if root_folder else listing.parent
         out = []
         for line in lines:
             image, _, label = line.rpartition(" ")

@@ -57,6 +57,7 @@ from ..sizes import format_size
 from .attempt import AttemptProcess, AttemptResult
 from .definition import (
     SOLVER_SOURCE,
+    DataSourceError,
     JobDefinition,
     check_job_folder,
     load_definition,
@@ -1026,15 +1027,9 @@ def _label(device: Any) -> str:
     return "the CPU" if device.kind != GPU else f"GPU {device.index}"
 
 
-SOURCE_FIELDS = ("data_param.source", "hdf5_data_param.source", "image_data_param.source")
-
-
 def _error_field(error: NetError, data: dict[str, str]) -> str:
     """The request field an error belongs to: a source the request's `data` gave is the data's fault."""
-    if error.field == "data" or (error.field or "").startswith("data_shapes"):
-        return "data"
-    overridden = error.layer in data or any(key.lower() in ("train", "test") for key in data)
-    if error.field in SOURCE_FIELDS and overridden:
+    if isinstance(error, DataSourceError) or error.field == "data" or (error.field or "").startswith("data_shapes"):
         return "data"
     if error.source == SOLVER_SOURCE or (error.source or "").startswith(SOLVER_SOURCE):
         return "solver"
