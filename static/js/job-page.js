@@ -155,7 +155,9 @@
         .map((name) => name + " " + F.number(test.outputs[name])).join(", ") + " (iteration " + test.iteration + ")")
         .join("; ")
       : "n/a";
-    if (train && train.iteration > job.iteration) showIteration(train.iteration);
+    // A test at iteration N comes after N updates, possibly before the (throttled) record of update N.
+    const newest = Math.max(train ? train.iteration : 0, ...tests.map((test) => test.iteration));
+    if (newest > job.iteration) showIteration(newest);
   }
 
   function showIteration(iteration) {
