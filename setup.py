@@ -53,6 +53,8 @@ setup(
             "hypothesis>=6.100",
             "h5py>=3.9",
             "requests>=2.31",
+            # python-socketio's client uses it for the websocket transport (bench/load.py's followers).
+            "websocket-client>=1.8,<2",
             "lmdb>=1.4",
             "ruff>=0.6",
             "mypy>=1.10",

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import socket
 import sys
+from typing import Any
 
 import gevent
 from flask import Flask
 from gevent.pywsgi import WSGIServer
 
 log = logging.getLogger(__name__)
+
+
+class NoDelayWSGIServer(WSGIServer):  # type: ignore[misc]
+    """gevent's WSGI server with Nagle's algorithm off on each connection.
+
+    A response goes out in more than one write (headers, then body; a websocket frame's header, then its payload).
+    With Nagle on, the second small write waits for the client to acknowledge the first, and a client delays that
+    acknowledgement by up to 40 ms: every request on a kept-alive connection took about 45 ms instead of 2.
+    """
+
+    def handle(self, sock: socket.socket, address: Any) -> None:
+        with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to turn off
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().handle(sock, address)
 
 
 def serve(app: Flask, host: str, port: int) -> None:
@@ -20,7 +37,7 @@ def serve(app: Flask, host: str, port: int) -> None:
     served through simple-websocket, which engineio drives on gevent without gevent-websocket.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = WSGIServer((host, port), app, log=None, error_log=log)
+    server = NoDelayWSGIServer((host, port), app, log=None, error_log=log)
     server.start()
     bound_host, bound_port = server.address[:2]
     # The address line is machine-readable on purpose: tests and scripts started with --port 0 read it.
