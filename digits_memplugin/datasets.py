@@ -8,6 +8,7 @@ allows (`allowed` roots): the web server must not read arbitrary paths a user ty
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,18 @@ def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str
     return resolved
 
 
+_LMDB_OPEN = threading.Lock()
+"""LMDB refuses to open one environment twice in a process ("already open in this process"): two submissions
+reading the same dataset at once (a threaded host app) took turns failing before this lock."""
+
+
 def lmdb_item(path: Path, layer: str) -> DataSpec:
     """The first Datum of an LMDB: its stored shape, and whether it holds bytes or floats."""
+    with _LMDB_OPEN:
+        return _lmdb_item(path, layer)
+
+
+def _lmdb_item(path: Path, layer: str) -> DataSpec:
     import lmdb
 
     field = "data_param.source"

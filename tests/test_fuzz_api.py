@@ -284,8 +284,13 @@ MULTIPART = st.one_of(
 )
 
 
+INT_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
+
+
 def jobs_multipart(client: FlaskClient, value: tuple[dict[str, str], list[tuple[str, bytes, str]]]) -> None:
     form, files = value
+    if any(form.get(key, "").strip().isdigit() and not form[key].strip().isdecimal() for key in INT_FIELDS):
+        return  # a digit int() refuses: test_a_form_number_int_cannot_read_is_a_400 (a strict xfail)
     data: dict[str, Any] = dict(form)
     for name, content, filename in files:
         data[name] = (io.BytesIO(content), filename or "f")
@@ -332,9 +337,12 @@ def other_paths(client: FlaskClient, value: tuple[str, str, dict[str, str]]) -> 
     check("any method, any /api path", response, {200, 204, 400, 404, 405, 409, 413})
 
 
-HEADER_NAMES = st.text("abcdefghijklmnopqrstuvwxyz-ABCXYZ0123456789", min_size=1, max_size=12) | st.sampled_from(
-    ["Accept", "Content-Type", "Content-Length", "Transfer-Encoding", "Host", "Cookie", "Range", "If-None-Match"]
-)
+HEADER_NAMES = st.text("abcdefghijklmnopqrstuvwxyz-ABCXYZ0123456789", min_size=1, max_size=12).filter(
+    lambda name: name.lower() not in FRAMING
+) | st.sampled_from(["Accept", "Content-Type", "Cookie", "Range", "If-None-Match", "X-Forwarded-For", "Origin"])
+FRAMING = {"host", "content-length", "transfer-encoding"}
+"""Headers the HTTP server and Werkzeug answer before the request reaches any app (a bad Host is the host app's
+400): not the API's to answer."""
 HEADER_VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
 """What HTTP can carry: a client cannot send a newline in a header (the test client refuses to build one)."""
 
@@ -435,6 +443,20 @@ def test_the_fuzzers_reach_success_and_every_kind_of_refusal(client: FlaskClient
 def test_the_api_root_with_a_slash_is_json(client: FlaskClient) -> None:
     response = client.get(f"{API}/")
     assert response.status_code == 404 and response.is_json
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="web/api_jobs.py _form_body turns a form field into an int when value.strip().isdigit(), which is true "
+    "for digits int() refuses ('¹', '²'): ValueError, the envelope's 500; use isdecimal() or catch the ValueError "
+    "(see docs/security.md)",
+)
+@pytest.mark.parametrize("field", ["batch", "max_iter", "classes", "memory_cap"])
+def test_a_form_number_int_cannot_read_is_a_400(client: FlaskClient, field: str) -> None:
+    form = {**VALID_FORM, field: "\u00b9"}
+    data: dict[str, Any] = {**form, **{name: (io.BytesIO(content), filename) for name, content, filename in VALID_FILES}}
+    response = client.post(f"{API}/jobs", data=data, content_type="multipart/form-data")
+    assert response.status_code == 400 and response.is_json
 
 
 @pytest.mark.xfail(

@@ -523,8 +523,13 @@ class JobManager:
     def _try_place(self, job: Job, devices: DeviceList) -> None:
         try:
             definition = self._definition(job)
-        except NetError as error:
-            self._finish(job.id, FAILED, f"the job's definition cannot be used any more: {error}")
+        except (NetError, OSError) as error:  # OSError: its folder went with a delete since the queue was read
+            failed = self.store.update_job_if(
+                job.id, QUEUED, status=FAILED, finished_at=time.time(),
+                message=f"the job's definition cannot be used any more: {error}",
+            )
+            if failed is not None:
+                self._emit_job(failed)
             return
         choices, reason = candidates(job.spec["device"], devices)
         engine_for = {GPU: self.config.gpu_engine, CPU_KEY: ENGINE_CPU}
@@ -555,23 +560,32 @@ class JobManager:
                 empty = self._decide(job, definition, engine, limit.capacity_bytes, [], 0)
                 (waits if empty.plan is not None else never).append(f"{label}: {decision.message}")
             if best is not None:
-                current = self.store.get_job(job.id)
-                if current is None or current.status != QUEUED:
-                    return  # cancelled or deleted since the queue was read, while this placement waited for the lock
                 _, limit, decision = best
                 entry = _Running(job.id, limit.device.key, GPU if limit.device.kind == GPU else CPU_KEY)
                 entry.estimated = decision.estimated_bytes or 0
-                # Stored first: a store that cannot be written (locked, full) must not leave a slot taken.
-                self.store.update_job(job.id, status=RUNNING, device=limit.device.key, message=decision.message)
+                # Stored first (a store that cannot be written must not leave a slot taken), and only while the job
+                # is still queued: a cancel or a delete since the queue was read wins.
+                placed = self.store.update_job_if(
+                    job.id, QUEUED, status=RUNNING, device=limit.device.key, message=decision.message
+                )
+                if placed is None:
+                    return
                 self._running[job.id] = entry
                 entry.task = self.spawn(lambda: self._run_job(job.id))
                 return
         if choices and len(never) == len(choices):
-            self._finish(job.id, FAILED, "does not fit even when nothing else runs; " + "; ".join(never))
+            message = "does not fit even when nothing else runs; " + "; ".join(never)
+            failed = self.store.update_job_if(job.id, QUEUED, status=FAILED, message=message, finished_at=time.time())
+            if failed is not None:
+                with self._lock:
+                    self._finished.notify_all()
+                self._emit_job(failed)
             return
         message = "waiting for a device: " + "; ".join(waits + never) if (waits or never) else f"waiting: {reason}"
         if message != job.message:
-            self._emit_job(self.store.update_job(job.id, message=message))
+            waiting = self.store.update_job_if(job.id, QUEUED, message=message)
+            if waiting is not None:
+                self._emit_job(waiting)
 
     def _reserved(self, device_key: str, exclude: str | None = None) -> int:
         """Memory our running attempts on the device were planned to take and have not taken yet."""

@@ -31,6 +31,10 @@ FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
 STARTS = ("plan", "wanted")
 MAX_NAME = 200
 MAX_DIMS = 8
+INT32_MAX = 2**31 - 1
+"""Caffe's batch sizes, dimensions, max_iter and class counts are 32-bit; larger values are refused here, with the
+field named, before they reach a prototxt or the database (SQLite's integers are 64-bit)."""
+MAX_MEMORY_CAP = 1 << 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +72,8 @@ class JobRequest:
         }
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def _positive_int(value: Any, limit: int = INT32_MAX) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit
 
 
 def parse_job_request(
@@ -107,7 +111,7 @@ def parse_job_request(
         if batch == "auto" or _positive_int(batch):
             values["batch"] = batch
         else:
-            errors["batch"] = 'must be a positive integer or "auto"'
+            errors["batch"] = f'must be a positive integer up to {INT32_MAX} or "auto"'
     data = body.get("data")
     if data is not None:
         if not isinstance(data, Mapping) or not all(
@@ -128,7 +132,7 @@ def parse_job_request(
                     or not 0 < len(shape) <= MAX_DIMS
                     or not all(_positive_int(d) for d in shape)
                 ):
-                    errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers"
+                    errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers up to {INT32_MAX}"
                 else:
                     parsed[str(top)] = tuple(shape)
             values["data_shapes"] = parsed
@@ -138,7 +142,7 @@ def parse_job_request(
             if _positive_int(value):
                 values[key] = value
             else:
-                errors[key] = "must be a positive integer"
+                errors[key] = f"must be a positive integer up to {INT32_MAX}"
     cap = body.get("memory_cap")
     if cap is not None:
         if isinstance(cap, str):
@@ -148,10 +152,10 @@ def parse_job_request(
                 errors["memory_cap"] = str(error)
                 cap = None
         if cap is not None:
-            if _positive_int(cap) and cap >= 1 << 20:
+            if _positive_int(cap, MAX_MEMORY_CAP) and cap >= 1 << 20:
                 values["memory_cap"] = cap
             else:
-                errors["memory_cap"] = 'must be a number of bytes of at least 1 MiB, or a size such as "2GiB"'
+                errors["memory_cap"] = 'must be a number of bytes from 1 MiB to 1 EiB, or a size such as "2GiB"'
     policy, margin, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
     if errors:
         return None, errors

@@ -224,16 +224,30 @@ class JobStore:
         """Set columns of a job (JSON fields as Python values); `updated_at` is set to now. Returns the new row.
         `busy_seconds` overrides how long to wait for another process's lock (0: one try, for writes that the
         next one makes up for)."""
+        job = self._update_job(job_id, None, busy_seconds, fields)
+        if job is None:
+            raise KeyError(job_id)
+        return job
+
+    def update_job_if(self, job_id: str, expected: str, /, **fields: Any) -> Job | None:
+        """`update_job` only while the job's status is `expected`, in one statement; None when it is not (any
+        more): the scheduler places or fails a queued job this way, so that a cancel or a delete in between wins."""
+        return self._update_job(job_id, expected, None, fields)
+
+    def _update_job(
+        self, job_id: str, status: str | None, busy_seconds: float | None, fields: dict[str, Any]
+    ) -> Job | None:
         unknown = set(fields) - _JOB_FIELDS
         if unknown:
             raise ValueError(f"unknown job field(s): {', '.join(sorted(unknown))}")
         fields["updated_at"] = time.time()
         values = _job_values(fields)
+        condition, extra = ("id = ?", (job_id,)) if status is None else ("id = ? AND status = ?", (job_id, status))
         with self._transaction(busy_seconds) as db:
             assignments = ", ".join(f"{name} = ?" for name in values)
-            cursor = db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), job_id))
+            cursor = db.execute(f"UPDATE jobs SET {assignments} WHERE {condition}", (*values.values(), *extra))
             if cursor.rowcount != 1:
-                raise KeyError(job_id)
+                return None
         job = self.get_job(job_id)
         if job is None:  # pragma: no cover - deleted between the two statements
             raise KeyError(job_id)
