@@ -13,6 +13,7 @@ from flask_socketio import SocketIO
 
 from .extension import init_app
 from .settings import Settings
+from .web.access import check_request
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -27,8 +28,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     @app.get("/")
     def index() -> ResponseReturnValue:
-        """The plugin's home page, served at the root too: the standalone app has nothing else to show."""
-        return app.view_functions["memplugin.home"]()
+        """The plugin's home page, served at the root too: the standalone app has nothing else to show. The
+        blueprint's access check runs here too, since this route is the app's, not the blueprint's."""
+        return check_request() or app.view_functions["memplugin.home"]()
 
     return app
 

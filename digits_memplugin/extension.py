@@ -16,6 +16,7 @@ from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulat
 from .jobs.manager import JobManager, ManagerConfig
 from .jobs.throttle import EventThrottle
 from .settings import Settings
+from .web.access import Authorizer
 from .web.blueprint import create_blueprint
 from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
 
@@ -35,6 +36,8 @@ class MemPlugin:
     jobs: JobManager
     """Training jobs of this app. Started at its first use (`started_jobs`), so an app that never trains runs
     nothing in the background; `close` stops it and the training children with it."""
+    authorize: Authorizer | None = None
+    """The host's own access decision (see web/access.py); None: the API token, if one is set, decides."""
 
     def started_jobs(self) -> JobManager:
         """The job manager, started if it was not yet (which marks jobs a killed server left as interrupted)."""
@@ -47,14 +50,19 @@ class MemPlugin:
         self.jobs.stop()
 
 
-def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> MemPlugin:
+def init_app(
+    app: Flask, socketio: SocketIO | None = None, *, authorize: Authorizer | None = None, **options: Any
+) -> MemPlugin:
     """Mount the blueprint under ``url_prefix`` (default ``/memplugin``) and the socketio namespace.
 
     `options` override the app's ``MEMPLUGIN_*`` config keys (``url_prefix="/gpu"`` sets ``MEMPLUGIN_URL_PREFIX``).
-    When the host has no SocketIO object, one is created on the app.
+    When the host has no SocketIO object, one is created on the app. `authorize`, when given, is the host's own
+    login: called in each request's context with "read" or "write", it decides instead of MEMPLUGIN_API_TOKEN.
     """
     if EXTENSION_KEY in app.extensions:
         raise RuntimeError("digits_memplugin.init_app was already called for this app")
+    if authorize is not None and not callable(authorize):
+        raise TypeError("authorize must be a callable taking 'read' or 'write' and returning a bool")
     settings = Settings.from_config(app.config, options)
     app.config.update(settings.config_items())
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +90,9 @@ def init_app(app: Flask, socketio: SocketIO | None = None, **options: Any) -> Me
     )
 
     app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
-    plugin = MemPlugin(settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs)
+    plugin = MemPlugin(
+        settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs, authorize=authorize
+    )
     app.extensions[EXTENSION_KEY] = plugin
     return plugin
 

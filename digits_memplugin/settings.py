@@ -16,6 +16,7 @@ from typing import Any
 from .sizes import parse_gpu_spec, parse_size
 
 CONFIG_PREFIX = "MEMPLUGIN_"
+MIN_TOKEN_LENGTH = 16
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,10 @@ class Settings:
     It replaces NVML for the whole process, and every page says the GPUs are simulated. Never on by default."""
     max_request_bytes: int = 4 * 1024 * 1024
     """Largest request body the JSON API reads (prototxt texts included); bigger ones get 413."""
+    api_token: str | None = None
+    """When set, writing requests need it (``Authorization: Bearer``, or a page session signed in with it)."""
+    auth_reads: bool = False
+    """With api_token set, reading requests (pages, GET endpoints, socketio) need it too."""
     pycaffe_fallback: bool = True
     """Ask pycaffe (in a child process) for the shapes of layer types the estimator has no rule for."""
     dataset_roots: tuple[Path, ...] | None = None
@@ -72,6 +77,9 @@ class Settings:
     """Events one socketio client may send per second, on average (subscriptions and the like)."""
     client_event_burst: int = 40
     """Events one socketio client may send at once before `client_events_per_second` applies."""
+    job_nice: int = 10
+    """The nice value training children run at (0-19): where training takes every core, the server's pages, API
+    and events keep the CPU first (bench/load.py measures the difference)."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -126,6 +134,17 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
             raise ConfigError(f"{key} must be a number of bytes of at least 1024, got {value!r}")
         return value
+    if field.name == "api_token":
+        if value is None:
+            return None
+        if not isinstance(value, str) or len(value.strip()) < MIN_TOKEN_LENGTH or value != value.strip():
+            raise ConfigError(f"{key} must be a string of at least {MIN_TOKEN_LENGTH} characters without surrounding "
+                              "spaces (a guessable token is no protection)")
+        return value
+    if field.name == "auth_reads":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be True or False, got {value!r}")
+        return value
     if field.name == "pycaffe_fallback":
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be True or False, got {value!r}")
@@ -170,6 +189,10 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
     if field.name in ("max_queued_jobs", "client_event_burst"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
+        return value
+    if field.name == "job_nice":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
+            raise ConfigError(f"{key} must be a whole number from 0 to 19, got {value!r}")
         return value
     if field.name == "store_busy_seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

@@ -158,3 +158,29 @@ def test_serve_refuses_a_bad_gpu_spec(tmp_path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "argument --simulate-gpus" in result.stderr and "not a memory size" in result.stderr
+
+
+def test_serve_with_a_token_file_guards_writes(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("a-long-enough-api-token\n")
+    running = start_server(tmp_path, "--api-token-file", str(token_file))
+    server = next(running)
+    try:
+        url = server.base_url + "memplugin/api/jobs"
+        assert requests.get(url, timeout=10).status_code == 200
+        assert requests.post(url, json={}, timeout=10).status_code == 401
+        authorized = requests.post(url, json={}, timeout=10,
+                                   headers={"Authorization": "Bearer a-long-enough-api-token"})
+        assert authorized.status_code == 400  # past the token: the empty request is refused on its merits
+    finally:
+        running.close()
+
+
+def test_serve_refuses_bad_access_flags(tmp_path: Path) -> None:
+    no_token = subprocess.run([SCRIPT, "serve", "--auth-reads", "--data-dir", str(tmp_path)], check=False,
+                              capture_output=True, text=True, timeout=60)
+    assert no_token.returncode == 2 and "--auth-reads needs a token" in no_token.stderr
+    (tmp_path / "weak").write_text("short")
+    weak = subprocess.run([SCRIPT, "serve", "--api-token-file", str(tmp_path / "weak"), "--data-dir", str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert weak.returncode == 2 and "MEMPLUGIN_API_TOKEN must be a string of at least 16" in weak.stderr

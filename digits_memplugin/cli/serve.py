@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,37 @@ def add_parser(subparsers: Any) -> None:
         help="demo mode: fake GPUs of these sizes instead of the driver's, e.g. '2x24GiB' or '24GiB,16GiB'; "
         "every page says so",
     )
+    parser.add_argument(
+        "--dataset-root",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="a folder training jobs may read datasets from (repeatable; default: <data-dir>/datasets)",
+    )
+    parser.add_argument(
+        "--api-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a file holding the API token that writing requests must carry (kept out of the command line, which "
+        "other users can read); also MEMPLUGIN_API_TOKEN in the environment",
+    )
+    parser.add_argument(
+        "--auth-reads",
+        action="store_true",
+        help="with a token: reading (pages, GET endpoints, live events) needs it too",
+    )
     parser.set_defaults(run=run)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    from . import CommandError
+
+    if args.api_token_file is not None:
+        try:
+            return args.api_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise CommandError(f"cannot read the API token from {args.api_token_file}: {error}") from None
+    return os.environ.get("MEMPLUGIN_API_TOKEN") or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,10 +67,29 @@ def run(args: argparse.Namespace) -> int:
 
     from ..app import create_app
     from ..server import serve
+    from ..settings import ConfigError
+    from . import CommandError
 
     config: dict[str, Any] = {"MEMPLUGIN_DATA_DIR": args.data_dir, "MEMPLUGIN_ASYNC_MODE": "gevent"}
     if args.simulate_gpus:
         config["MEMPLUGIN_SIMULATE_GPUS"] = args.simulate_gpus
-    app = create_app(config)
+    if args.dataset_root:
+        config["MEMPLUGIN_DATASET_ROOTS"] = [str(root) for root in args.dataset_root]
+    token = _token(args)
+    if token is not None:
+        config["MEMPLUGIN_API_TOKEN"] = token
+    config["MEMPLUGIN_AUTH_READS"] = args.auth_reads
+    if args.auth_reads and token is None:
+        raise CommandError("--auth-reads needs a token (--api-token-file or MEMPLUGIN_API_TOKEN)")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        print(
+            f"digits-memplugin serve: warning: listening on {args.host} without an API token: anyone who can reach "
+            "this port can start and cancel training jobs (see docs/security.md)",
+            file=sys.stderr,
+        )
+    try:
+        app = create_app(config)
+    except ConfigError as error:
+        raise CommandError(str(error)) from None
     serve(app, args.host, args.port)
     return 0

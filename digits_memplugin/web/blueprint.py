@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import api, api_devices, api_estimate, api_jobs, pages
+from . import access, api, api_devices, api_estimate, api_jobs, pages
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -18,6 +18,7 @@ def create_blueprint() -> Blueprint:
         static_folder=str(static_dir()),
         static_url_path="/static",
     )
+    access.register(blueprint)
     pages.register(blueprint)
     api.register(blueprint)
     api_devices.register(blueprint)

@@ -22,6 +22,7 @@ from flask import current_app, request
 from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 
 from .. import __version__
+from .access import socket_allowed
 
 DEVICES_EVENT = "devices"
 DEVICES_ROOM = "devices"
@@ -114,7 +115,10 @@ class DevicePusher:
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
     """Live events of the plugin, under the namespace set by MEMPLUGIN_SOCKETIO_NAMESPACE."""
 
-    def on_connect(self) -> None:
+    def on_connect(self, auth: Any = None) -> None:
+        """Refuse a connection the access rules do not allow to read (a token in `auth` counts as the bearer)."""
+        if not socket_allowed(auth):
+            raise ConnectionRefusedError("unauthorized: this server needs its API token")
         emit("hello", {"version": __version__})
 
     def on_disconnect(self, reason: Any = None) -> None:
