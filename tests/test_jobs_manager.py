@@ -5,6 +5,7 @@ killing the child; resume from the last snapshot; the queue; device placement wi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,12 @@ def test_a_crash_that_is_not_out_of_memory_is_not_retried(make_manager: ManagerF
 
 
 def test_cancel_kills_the_child_and_its_group(make_manager: ManagerFactory) -> None:
-    manager = make_manager()
+    manager = make_manager(job_nice=7)
     job = manager.submit(lenet_request(max_iter=100_000))
     pid = runner_pid(manager, job)
     wait_for(lambda: manager.get(job.id).iteration > 0, what="training to start")
+    # The child lowered its own priority by the configured nice before Caffe started its threads.
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
     manager.cancel(job.id)
     job = manager.wait(job.id, timeout=60)
     assert job.status == "cancelled"

@@ -94,6 +94,7 @@ JOBS_FOLDER = "jobs"
 RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 MAX_QUEUED_JOBS = 100
+JOB_NICE = 10
 LOW_DISK_BYTES = 1 << 20
 """Less than this free on the job folder's disk when an attempt failed: the disk is said to be full."""
 
@@ -168,6 +169,8 @@ class ManagerConfig:
     """Jobs that may wait in the queue at once; a submission (or a resume) beyond it is refused."""
     store_busy_seconds: float = BUSY_SECONDS
     """How long a store call waits while another process holds the database's write lock."""
+    job_nice: int = JOB_NICE
+    """The training child's nice value: the web server keeps the CPU first where training takes every core."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:
@@ -184,6 +187,7 @@ class ManagerConfig:
             gpu_engine=settings.gpu_engine,
             max_queued_jobs=settings.max_queued_jobs,
             store_busy_seconds=settings.store_busy_seconds,
+            job_nice=settings.job_nice,
         )
 
 
@@ -839,6 +843,7 @@ class JobManager:
             "snapshot_prefix": snapshot_prefix(solver),
             "snapshot_format": "HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
             "schedule": definition.schedule.to_dict(),
+            "nice": self.config.job_nice,
         }
         (folder / attempt_dir / "attempt.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         attempt = self.store.add_attempt(

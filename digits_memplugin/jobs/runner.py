@@ -6,6 +6,8 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 
 * sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
 * dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
+* lowers its own CPU priority (the attempt's "nice", 10 by default) before Caffe starts its threads, which inherit
+  it: on a machine whose cores the training takes, the server's pages, API and events still come first;
 * applies the attempt's memory cap to itself with RLIMIT_DATA, measured from its own footprint once pycaffe and
   BLAS are loaded, so the cap is what Caffe's buffers may take. RLIMIT_DATA (not RLIMIT_AS) because malloc then
   fails cleanly and Caffe's CHECK reports "host allocation of size N failed", while address-space reservations
@@ -254,6 +256,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m digits_memplugin.jobs.runner ATTEMPT_JSON", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if spec.get("nice"):
+        os.nice(int(spec["nice"]))
     die_with_parent()
     redirect_stderr(Path(spec["log"]))
     report = Reporter(sys.stdout, Path(spec["progress"]))
