@@ -33,7 +33,7 @@ setup(
     include_package_data=False,
     zip_safe=False,
     install_requires=[
-        "flask>=3.0,<4",
+        "flask>=3.1,<4",  # 3.1: request.max_content_length set per request (web/api.py within_limit)
         "flask-socketio>=5.3,<6",
         # CSRF tokens and validation for the "New model" form.
         "flask-wtf>=1.2,<2",

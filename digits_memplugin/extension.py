@@ -14,7 +14,7 @@ from flask_socketio import SocketIO
 
 from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
 from .jobs.manager import JobManager, ManagerConfig
-from .jobs.throttle import EventThrottle
+from .jobs.throttle import ClientRateLimiter, EventThrottle
 from .settings import Settings
 from .web.access import Authorizer
 from .web.blueprint import create_blueprint
@@ -69,7 +69,12 @@ def init_app(
 
     if socketio is None:
         socketio = SocketIO(app, async_mode=settings.async_mode)
-    socketio.on_namespace(MemPluginNamespace(settings.socketio_namespace))
+    socketio.on_namespace(
+        MemPluginNamespace(
+            settings.socketio_namespace,
+            ClientRateLimiter(settings.client_events_per_second, settings.client_event_burst),
+        )
+    )
 
     if settings.simulate_gpus is not None:
         simulate_gpus(settings.simulate_gpus)

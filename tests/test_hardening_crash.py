@@ -427,11 +427,6 @@ def test_a_submission_while_the_database_is_locked_leaves_nothing_behind(locked_
     api.post(f"{API}/{again.get_json()['id']}/cancel")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="web/api_jobs.py maps only JobValidationError and DataFolderInUse: a StoreBusy from the manager is the "
-    "envelope's generic 500 'internal error'; it should be 503 with the store's message (see docs/security.md)",
-)
 def test_a_submission_while_the_database_is_locked_is_503_saying_so(locked_app: Flask) -> None:
     response, _ = submit_while_locked(locked_app)
     assert response.status_code == 503
@@ -459,3 +454,35 @@ def test_a_job_ending_while_the_database_is_locked_is_recorded_once_it_is_free(m
     assert ended.snapshot is not None and ended.snapshot["iteration"] == 60
     (attempt,) = manager.attempts(job.id)
     assert attempt.status == "success" and attempt.end_iteration == 60
+
+
+def test_a_submission_to_a_full_disk_is_507_saying_so_and_creates_nothing(tmp_path: Path, datasets: Path) -> None:
+    """The disk holding the data folder (the database and the job folders) is full: the submission is refused with
+    a 507 whose message says so, not the generic 500, no job folder is left behind, and once space is freed the
+    same server takes the job."""
+    data = tmp_path / "data"
+    data.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(data)], capture_output=True, text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk tests need one")
+    app = create_app({"MEMPLUGIN_DATA_DIR": data, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "TESTING": True})
+    try:
+        api = app.test_client()
+        assert api.get(API).get_json() == {"jobs": []}  # the store exists before the disk fills
+        filler = fill(data, 0)
+        body = {"net": LENET, "solver": SOLVER_20, "data": LENET_DATA, "device": "cpu", "max_iter": 4}
+        refused = api.post(API, json=body)
+        assert refused.status_code == 507 and refused.is_json, (refused.status_code, refused.get_data(as_text=True))
+        assert "disk" in refused.get_json()["error"] and "Traceback" not in refused.get_data(as_text=True)
+        assert not (data / "jobs").exists() or list((data / "jobs").iterdir()) == []
+        filler.unlink()
+        taken = api.post(API, json=body)
+        assert taken.status_code == 201, taken.get_json()
+        api.post(f"{API}/{taken.get_json()['id']}/cancel")
+    finally:
+        get_plugin(app).close()
+        subprocess.run(["umount", "-l", str(data)], check=False, capture_output=True)

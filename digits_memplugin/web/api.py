@@ -6,16 +6,30 @@ handlers cover its views, and a catch-all route answers unknown API paths and wr
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from flask import Blueprint, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed, NotFound
+from werkzeug.exceptions import (
+    BadRequest,
+    HTTPException,
+    InternalServerError,
+    MethodNotAllowed,
+    NotFound,
+    RequestEntityTooLarge,
+    ServiceUnavailable,
+)
+from werkzeug.routing import PathConverter
+from werkzeug.wsgi import LimitedStream
 
 from .. import __version__
+from ..jobs.manager import DataFolderInUse, DiskFull
+from ..jobs.store import StoreBusy, StoreFull
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+T = TypeVar("T")
 
 
 def health() -> dict[str, Any]:
@@ -28,6 +42,62 @@ def health() -> dict[str, Any]:
         "gpu_reason": devices.gpu_reason,
         "simulated": devices.simulated,
     }
+
+
+class InsufficientStorage(HTTPException):
+    """507: the server cannot store what the request needs (Werkzeug has no class for it)."""
+
+    code = 507
+    description = "the server has no room left to store this"
+
+
+class AnyPathConverter(PathConverter):
+    """Werkzeug's `path` converter, newlines included: its regex has no DOTALL, so a path with %0A would slip past
+    the catch-all to the host app's HTML 404."""
+
+    regex = "(?s:[^/].*?)"
+
+
+def within_limit(limit: int, read: Callable[[], T]) -> T:
+    """Run `read` (get the body, parse the form) with the request's body bounded by `limit` bytes: a Content-Length
+    over it is a 413 before anything is read, a chunked body (no Content-Length) a 413 as soon as it passes it,
+    never read to its end first.
+
+    Werkzeug's bounded stream returns what it read, without an error, when a body stops exactly at the bound, so
+    the bound is `limit` + 1: a stream that reached it held more than `limit` bytes."""
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
+    request.max_content_length = limit + 1
+    over = RequestEntityTooLarge(f"the request is over {limit} bytes; the limit is {limit}")
+    try:
+        value = read()
+    except RequestEntityTooLarge:
+        raise over from None
+    stream = request.stream
+    if isinstance(stream, LimitedStream) and stream.limit == limit + 1 and stream.is_exhausted:
+        raise over
+    return value
+
+
+def read_json(limit: int) -> Any:
+    """The JSON body (None when the body is not JSON), read within `limit` bytes. JSON nested deeper than Python's
+    parser recurses is a 400 like any other JSON it cannot read."""
+    within_limit(limit, lambda: request.get_data(cache=True))
+    try:
+        return request.get_json(silent=True)
+    except RecursionError:
+        raise BadRequest("the body's JSON is nested too deeply to read") from None
+
+
+def as_http_error(error: Exception) -> Exception:
+    """The HTTP error an expected failure of the job store stands for: the database locked by another process, or
+    the data folder held by another server, is a 503 (try again later); a full disk a 507; anything else is left as
+    it is."""
+    if isinstance(error, (StoreBusy, DataFolderInUse)):
+        return ServiceUnavailable(str(error))
+    if isinstance(error, (StoreFull, DiskFull)):
+        return InsufficientStorage(str(error))
+    return error
 
 
 def unknown_api_path(rest: str) -> NoReturn:
@@ -55,6 +125,7 @@ def _rule_matches(adapter: Any, endpoint: str, method: str) -> bool:
 
 def json_error(error: Exception) -> ResponseReturnValue:
     """`{"error": message, "status": code}` for any error raised by an API view."""
+    error = as_http_error(error)
     if not isinstance(error, HTTPException):
         current_app.logger.exception("unhandled error in %s %s", request.method, request.path)
         error = InternalServerError("internal error; the server log has the details")
@@ -70,19 +141,23 @@ def _is_api_request() -> bool:
 
 
 def register(blueprint: Blueprint) -> None:
+    blueprint.record_once(lambda state: state.app.url_map.converters.setdefault("anypath", AnyPathConverter))
     blueprint.add_url_rule(f"{API_PATH}/health", "api_health", health)
     blueprint.add_url_rule(
-        f"{API_PATH}/<path:rest>", "api_unknown", unknown_api_path, methods=ALL_METHODS, provide_automatic_options=False
-    )
-    blueprint.add_url_rule(
-        API_PATH, "api_root", unknown_api_path, defaults={"rest": ""}, methods=ALL_METHODS,
+        f"{API_PATH}/<anypath:rest>", "api_unknown", unknown_api_path, methods=ALL_METHODS,
         provide_automatic_options=False,
     )
+    for root, endpoint in ((API_PATH, "api_root"), (f"{API_PATH}/", "api_root_slash")):
+        blueprint.add_url_rule(
+            root, endpoint, unknown_api_path, defaults={"rest": ""}, methods=ALL_METHODS,
+            provide_automatic_options=False,
+        )
 
     @blueprint.errorhandler(Exception)
     def _error(error: Exception) -> ResponseReturnValue:
         if _is_api_request():
             return json_error(error)
+        error = as_http_error(error)
         if isinstance(error, HTTPException):
             return error
         raise error

@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
+from werkzeug.exceptions import BadRequest
 
 from ..core.errors import NetError
 from ..core.estimate import EstimateRequest, estimate
 from ..core.layers.data import DataSpec
-from .api import API_PATH
+from .api import API_PATH, read_json
 
 FIELDS = {
     "net": str,
@@ -84,13 +84,7 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
 
 def post_estimate() -> ResponseReturnValue:
     plugin = current_app.extensions["memplugin"]
-    limit = plugin.settings.max_request_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
-    raw = request.get_data(cache=True)
-    if len(raw) > limit:
-        raise RequestEntityTooLarge(f"the request is over {limit} bytes")
-    body = request.get_json(silent=True)
+    body = read_json(plugin.settings.max_request_bytes)
     if body is None:
         raise BadRequest("the body must be JSON (Content-Type: application/json)")
     values, errors = parse_request(body)

@@ -23,12 +23,12 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import BadRequest, Conflict, NotFound, RequestEntityTooLarge, ServiceUnavailable
+from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 from ..jobs.manager import DataFolderInUse, JobManager, JobNotFound, JobStateError, JobValidationError
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
-from .api import API_PATH
+from .api import API_PATH, read_json, within_limit
 
 JSON_FORM_FIELDS = ("data", "data_shapes", "fallback")
 INT_FORM_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
@@ -57,17 +57,13 @@ def _job_or_404(manager: JobManager, job_id: str) -> Any:
 def _body() -> dict[str, Any]:
     """The submission as a dict: a JSON object, or a multipart/urlencoded form whose prototxts may be files."""
     limit = current_app.extensions["memplugin"].settings.max_request_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
     if request.mimetype == "application/json":
-        if len(request.get_data(cache=True)) > limit:
-            raise RequestEntityTooLarge(f"the request is over {limit} bytes")
-        body = request.get_json(silent=True)
+        body = read_json(limit)
         if body is None:
             raise BadRequest("the body is not valid JSON")
         return body  # type: ignore[no-any-return]
     if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        return _form_body()
+        return within_limit(limit, _form_body)
     raise BadRequest("send JSON (Content-Type: application/json) or a multipart form with the prototxt files")
 
 
@@ -89,7 +85,7 @@ def _form_body() -> dict[str, Any]:
                 body[key] = json.loads(value)
             except json.JSONDecodeError:
                 errors[key] = "must be a JSON object"
-        elif key in INT_FORM_FIELDS and value.strip().isdigit():
+        elif key in INT_FORM_FIELDS and value.strip().isdecimal():  # isdigit() takes "²", which int() refuses
             body[key] = int(value)
         else:
             body[key] = value

@@ -16,7 +16,6 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import RequestEntityTooLarge
 from wtforms.fields.choices import SelectChoice
 
 from .. import __version__
@@ -27,6 +26,7 @@ from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
 from . import api_jobs
+from .api import json_error, read_json, within_limit
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .model_job import SIMULATED_GPU, MappingError, form_errors, job_body, manager_device
 
@@ -182,9 +182,9 @@ def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
 
 
 def _check_size() -> None:
-    limit = current_app.extensions["memplugin"].settings.max_request_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestEntityTooLarge(f"the request is {request.content_length} bytes; the limit is {limit}")
+    """Parse the posted form within MEMPLUGIN_MAX_REQUEST_BYTES (a chunked body stops at the limit too): a 413
+    before the form's fields are looked at."""
+    within_limit(current_app.extensions["memplugin"].settings.max_request_bytes, lambda: request.form)
 
 
 def _render_form(
@@ -285,11 +285,19 @@ def _refuse(form: NewModelForm, devices: DeviceList, errors: dict[str, Any]) -> 
 
 def create_model_json() -> ResponseReturnValue:
     """The JSON twin: a JSON body (for scripts; a cross-site page cannot send one without CORS, so no CSRF token)
-    or the form's own fields (token required, as for the page). 201 with the job document, as POST api/jobs."""
+    or the form's own fields (token required, as for the page). 201 with the job document, as POST api/jobs.
+    Its errors are JSON too, as the API's are."""
+    try:
+        return _create_model_json()
+    except Exception as error:  # noqa: BLE001 - json_error logs what was not expected and answers 500
+        return json_error(error)
+
+
+def _create_model_json() -> ResponseReturnValue:
     _check_size()
     devices = _read_devices()
     if request.is_json:
-        body = request.get_json(silent=True)
+        body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
         try:
             formdata = formdata_from_json(body)
         except FormError as error:

@@ -10,6 +10,10 @@ Jobs: ``subscribe_jobs`` joins the room ``jobs`` (every job's ``job`` and ``job_
 ``subscribe_job`` with ``{"id": ...}`` joins ``job:<id>`` (that job's events, ``job_progress`` and ``job_log``
 included) and answers with a ``job`` event, the document GET <prefix>/api/jobs/<id> returns. The job manager's
 events reach the rooms through `job_event_emitter`, after the throttle (jobs/throttle.py).
+
+Limits: each client may send MEMPLUGIN_CLIENT_EVENT_BURST events at once, then MEMPLUGIN_CLIENT_EVENTS_PER_SECOND on
+average (a token bucket per connection, jobs/throttle.py's ClientRateLimiter). An event over the rate is not handled;
+the first one of a run of refused events is answered with a ``rate_limited`` event saying when to try again.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from flask import current_app, request
 from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 
 from .. import __version__
+from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed
 
 DEVICES_EVENT = "devices"
@@ -112,8 +117,45 @@ class DevicePusher:
             self._socketio.emit(DEVICES_EVENT, self.read(), to=DEVICES_ROOM, namespace=self._namespace)
 
 
+RATE_LIMITED_EVENT = "rate_limited"
+UNLIMITED_EVENTS = frozenset({"connect", "disconnect"})
+"""Events the server raises itself, not a client's messages: never counted against a client."""
+
+
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
     """Live events of the plugin, under the namespace set by MEMPLUGIN_SOCKETIO_NAMESPACE."""
+
+    def __init__(self, namespace: str, limiter: ClientRateLimiter) -> None:
+        super().__init__(namespace)
+        self.limiter = limiter
+        self._told: set[str] = set()
+        """Clients already sent `rate_limited` for their current run of refused events."""
+
+    def trigger_event(self, event: str, *args: Any) -> Any:
+        """Every client event passes the client's rate limit first (the bucket is checked before any handler runs,
+        so a flood costs a dictionary lookup per event, not a job list)."""
+        sid = str(args[0]) if args else ""
+        if event == "disconnect":
+            self.limiter.forget(sid)
+            self._told.discard(sid)
+        elif event not in UNLIMITED_EVENTS:
+            if not self.limiter.allow(sid):
+                if sid not in self._told:
+                    self._told.add(sid)
+                    self.socketio.emit(
+                        RATE_LIMITED_EVENT,
+                        {
+                            "event": event,
+                            "error": f"more than {self.limiter.burst} events at once or "
+                            f"{self.limiter.per_second:g} a second; this one was not handled",
+                            "retry_after": round(1.0 / self.limiter.per_second, 3),
+                        },
+                        to=sid,
+                        namespace=self.namespace,
+                    )
+                return None
+            self._told.discard(sid)
+        return super().trigger_event(event, *args)
 
     def on_connect(self, auth: Any = None) -> None:
         """Refuse a connection the access rules do not allow to read (a token in `auth` counts as the bearer)."""
