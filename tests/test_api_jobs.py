@@ -230,3 +230,23 @@ def test_subscribing_to_an_unknown_job_says_so(jobs_app: Flask) -> None:
     client.emit("subscribe_job", {"id": "nope"}, namespace=NS)
     (error,) = events_of(client, "job_error")
     assert error["args"][0] == {"id": "nope", "error": "no job 'nope'"}
+
+
+def test_with_simulated_gpus_a_gpu_job_is_refused_and_a_cpu_job_taken(data_dir: Path, datasets: Path) -> None:
+    """The demo mode's GPUs have no CUDA device behind them: a job for one (or for "next available", which would
+    pick one) is a 400 saying so before anything is written, as on the form; the CPU still trains."""
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_SIMULATE_GPUS": "2x24GiB",
+                      "TESTING": True})
+    try:
+        api = app.test_client()
+        for device in ("gpu:0", "1", "auto"):
+            refused = api.post(API, json=body(device=device))
+            assert refused.status_code == 400, (device, refused.get_json())
+            assert "simulated" in refused.get_json()["errors"]["device"]
+        assert api.get(API).get_json() == {"jobs": []} and not any((data_dir / "jobs").iterdir())
+        taken = api.post(API, json=body())
+        assert taken.status_code == 201, taken.get_json()
+        assert finished(api, taken.get_json()["id"])["status"] == "done"
+    finally:
+        get_plugin(app).close()

@@ -486,3 +486,20 @@ def test_a_submission_to_a_full_disk_is_507_saying_so_and_creates_nothing(tmp_pa
     finally:
         get_plugin(app).close()
         subprocess.run(["umount", "-l", str(data)], check=False, capture_output=True)
+
+
+def test_a_second_server_on_the_same_data_folder_is_503_saying_so(tmp_path: Path, datasets: Path) -> None:
+    """Two servers must not run jobs from one data folder (each would take the other's queue): the second one's job
+    API answers 503 naming the folder, and its other pages go on."""
+    config = {"MEMPLUGIN_DATA_DIR": tmp_path / "data", "MEMPLUGIN_ASYNC_MODE": "threading",
+              "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "TESTING": True}
+    first, second = create_app(config), create_app(config)
+    try:
+        assert first.test_client().get(API).get_json() == {"jobs": []}  # the first takes the folder
+        refused = second.test_client().get(API)
+        assert refused.status_code == 503 and refused.is_json
+        assert "another server or train command is using the data folder" in refused.get_json()["error"]
+        assert second.test_client().get("/memplugin/api/health").status_code == 200
+    finally:
+        get_plugin(second).close()
+        get_plugin(first).close()

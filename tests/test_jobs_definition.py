@@ -14,8 +14,10 @@ from google.protobuf import text_format
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
 
 from digits_memplugin.core.errors import NetError
+from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.jobs.definition import JobDefinition, load_definition, set_batch, write_attempt
+from digits_memplugin.networks import standard_network
 from digits_memplugin.pycaffe_shapes import pycaffe_oracle
 
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
@@ -162,3 +164,20 @@ def test_set_batch_follows_the_state(tmp_path: Path) -> None:
     set_batch(net, net_state(net, "TEST"), "net.prototxt", 7)
     assert [layer.hdf5_data_param.batch_size for layer in net.layer[:2]] == [10, 7]
     assert text_format.MessageToString(net)
+
+
+def test_digits_stage_rules_take_the_phases_data(tmp_path: Path, datasets: Path) -> None:
+    """DIGITS' standard networks pick their data layers by stage ("train", "val"), not by phase: the request's
+    "train" and "test" sources go to them as they do to phase rules."""
+    solver = SHORT_SOLVER + 'train_state { stage: "train" }\ntest_state { stage: "val" }\n'  # as DIGITS writes it
+    definition = load(tmp_path / "job", [datasets], standard_network("lenet").text, solver, data=LENET_DATA, classes=10)
+    sources = {
+        tuple(rule.stage[0] for rule in layer.include): layer.data_param.source
+        for layer in definition.training.train.param.layer
+        if layer.type == "Data"
+    }
+    assert sources == {("train",): str(datasets / "mnist_train_lmdb"), ("val",): str(datasets / "mnist_test_lmdb")}
+    # Unset, the backend is LevelDB, which this Caffe lacks: the request's sources are LMDB, as DIGITS sets them.
+    data_layers = [layer for layer in definition.training.train.param.layer if layer.type == "Data"]
+    assert {layer.data_param.backend for layer in data_layers} == {caffe_pb2.DataParameter.LMDB}
+    assert definition.data_shapes["train-data/data"].shape == (1, 28, 28)

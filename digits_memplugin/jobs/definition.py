@@ -196,6 +196,16 @@ def _unique_params(training: TrainingDefinition) -> list[Any]:
     return list(seen.values())
 
 
+def _data_phases(layer: Any) -> set[str]:
+    """The phases ("train", "test") a data layer feeds, from its include rules: a phase, or DIGITS' stages (its
+    solver trains with stage "train" and validates with stage "val"); a layer with neither feeds both."""
+    phases = {"train" if rule.phase == caffe_pb2.TRAIN else "test" for rule in layer.include if rule.HasField("phase")}
+    if phases:
+        return phases
+    stages = {stage for rule in layer.include for stage in rule.stage}
+    return ({"train"} if "train" in stages else set()) | ({"test"} if "val" in stages else set()) or {"train", "test"}
+
+
 def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> set[int]:
     """Replace data sources: a key names a layer, or a phase ("train", "test": that phase's data layers, as DIGITS
     assigns its train and validation databases). A layer's own name wins over its phase. The layers whose source
@@ -210,8 +220,7 @@ def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> set[int]:
             if layer.name in data:
                 key = layer.name
             elif field is not None and phase_keys:
-                phases = {rule.phase for rule in layer.include if rule.HasField("phase")}
-                names = {"train" if phase == caffe_pb2.TRAIN else "test" for phase in phases} or {"train", "test"}
+                names = _data_phases(layer)
                 matching = [phase_keys[name] for name in sorted(names) if name in phase_keys]
                 if len(matching) > 1:
                     raise NetError(
@@ -227,6 +236,9 @@ def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> set[int]:
                     layer=layer.name, layer_type=layer.type, field="data",
                 )
             getattr(layer, field).source = data[key]
+            if layer.type == "Data" and not layer.data_param.HasField("backend"):
+                # Unset means LevelDB, which this Caffe is built without; DIGITS sets LMDB for its datasets too.
+                layer.data_param.backend = caffe_pb2.DataParameter.LMDB
             used.add(key)
             replaced.add(id(layer))
     unused = sorted(set(data) - used)

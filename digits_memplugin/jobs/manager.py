@@ -95,6 +95,10 @@ RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 MAX_QUEUED_JOBS = 100
 JOB_NICE = 10
+SIMULATED_GPUS = (
+    "the GPUs are simulated (--simulate-gpus): their memory is made up and no CUDA device is behind them, so a job "
+    'cannot train there; choose the CPU (device "cpu")'
+)
 LOW_DISK_BYTES = 1 << 20
 """Less than this free on the job folder's disk when an attempt failed: the disk is said to be full."""
 
@@ -171,6 +175,9 @@ class ManagerConfig:
     """How long a store call waits while another process holds the database's write lock."""
     job_nice: int = JOB_NICE
     """The training child's nice value: the web server keeps the CPU first where training takes every core."""
+    gpus_simulated: bool = False
+    """The demo mode (--simulate-gpus): the GPUs' memory is made up and no CUDA device is behind them, so jobs that
+    would train on a GPU are refused at submission rather than failing in Caffe."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:
@@ -188,6 +195,7 @@ class ManagerConfig:
             max_queued_jobs=settings.max_queued_jobs,
             store_busy_seconds=settings.store_busy_seconds,
             job_nice=settings.job_nice,
+            gpus_simulated=settings.simulate_gpus is not None,
         )
 
 
@@ -355,6 +363,8 @@ class JobManager:
             raise JobValidationError({"device": str(error)}) from None
         if request.memory_cap is not None and device not in (CPU_KEY,) and not (device == "auto" and not devices.gpus):
             raise JobValidationError({"memory_cap": "a memory cap applies to CPU jobs only (device \"cpu\")"})
+        if self.config.gpus_simulated and device != CPU_KEY and devices.gpus:
+            raise JobValidationError({"device": SIMULATED_GPUS})
         self._check_queue()  # before anything is written: a full queue costs a refused request nothing
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         folder = self.jobs_root / job_id
