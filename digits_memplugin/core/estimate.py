@@ -23,6 +23,10 @@ from .training import Loader, TrainingDefinition, fill_num_classes, training_def
 
 MAX_CURVE_POINTS = 32
 MAX_REMEMBERED_TOTALS = 512
+MAX_REMEMBERED_REPORTS = 2
+"""Whole reports (with their built nets) kept per definition and way of counting: the form asks again and again
+about the same net at the same batch (each device's row, each keystroke that changes nothing), and a report is
+what an estimate costs most; two keep memory bounded for large nets."""
 DEFAULT_SAFETY_MARGIN = 0.10
 """Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
 
@@ -114,12 +118,23 @@ class Estimator:
         if len(totals) > MAX_REMEMBERED_TOTALS:
             totals.clear()
         self._totals: dict[tuple[int | None, int | None], int] = totals
+        self._kept: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = (
+            definition.memo.setdefault(("reports", key), {})
+        )
 
     def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
+        """The report at `batch` (built nets included), from this estimator's own, else from the last few kept on
+        the definition. Reports and nets are never changed once built, so sharing them is safe."""
         key = (batch, test_batch)
         if key not in self._reports:
-            self._reports[key] = self.definition.memory(self.options, batch, test_batch, self.data_shapes, self.oracle)
-            self._totals[key] = self._reports[key][0].total_bytes
+            kept = self._kept.get(key)
+            if kept is None:
+                kept = self.definition.memory(self.options, batch, test_batch, self.data_shapes, self.oracle)
+                self._kept[key] = kept
+                while len(self._kept) > MAX_REMEMBERED_REPORTS:
+                    self._kept.pop(next(iter(self._kept)), None)  # the oldest
+            self._reports[key] = kept
+            self._totals[key] = kept[0].total_bytes
         return self._reports[key]
 
     def total(self, batch: int | None, test_batch: int | None = None) -> int:
@@ -178,7 +193,7 @@ def estimate(
         "test_batch_size": test_batch,
         "engine": request.engine,
         "solver_type": options.solver_type,
-        "categories": report.categories,
+        "categories": dict(report.categories),
         "layers": [
             {
                 "name": layer.name,
@@ -191,7 +206,7 @@ def estimate(
             for layer in report.layers
         ],
         "memory_required_for_data": report.memory_required_for_data,
-        "assumptions": report.assumptions,
+        "assumptions": list(report.assumptions),
         "max_batch_size": None,
         "plan": None,
         "test_plan": None,
