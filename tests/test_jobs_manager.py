@@ -104,6 +104,9 @@ def test_cancel_kills_the_child_and_its_group(make_manager: ManagerFactory) -> N
     wait_for(lambda: manager.get(job.id).iteration > 0, what="training to start")
     # The child lowered its own priority by the configured nice before Caffe started its threads.
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+    # In the server's session (a new one would be a new scheduler autogroup, where nice counts for nothing against
+    # the server), in a process group of its own (what cancel signals).
+    assert (os.getsid(pid), os.getpgid(pid)) == (os.getsid(0), pid)
     manager.cancel(job.id)
     job = manager.wait(job.id, timeout=60)
     assert job.status == "cancelled"

@@ -111,7 +111,10 @@ class AttemptProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                start_new_session=True,  # its own process group: cancel stops Caffe's threads and anything it starts
+                # Its own process group (cancel stops Caffe's threads and anything it starts) in the server's own
+                # session: a new session would be a new scheduler autogroup, where the child's nice value counts
+                # for nothing against the server (bench/load.py measured it).
+                process_group=0,
             )
         return self.process.pid
 
