@@ -103,3 +103,35 @@ def test_after_a_restart_active_jobs_and_running_attempts_are_interrupted(store:
     (interrupted,) = store.attempts("running")
     assert interrupted.status == "interrupted" and interrupted.finished_at is not None
     assert interrupted.message == "the server stopped"
+
+
+def test_an_update_racing_a_delete_is_the_job_or_none_never_an_error(store: JobStore) -> None:
+    """The scheduler updates a queued job while a request deletes it (found by bench/fuzz_api.py): the update
+    returns the job as updated, or None once it is gone; it must never fail between its write and its read-back."""
+    import threading
+
+    ids = [f"j{i}" for i in range(400)]
+    for job_id in ids:
+        store.add_job(job(job_id))
+    errors: list[BaseException] = []
+    results: list[Job | None] = []
+
+    def update() -> None:
+        try:
+            for job_id in ids:
+                results.append(store.update_job_if(job_id, "queued", message="waiting"))
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion below
+            errors.append(error)
+
+    def delete() -> None:
+        for job_id in ids:
+            store.delete_job(job_id)
+
+    threads = [threading.Thread(target=update), threading.Thread(target=delete)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all(result is None or (result.message == "waiting" and result.id in ids) for result in results)
+    assert store.list_jobs() == []

@@ -248,10 +248,9 @@ class JobStore:
             cursor = db.execute(f"UPDATE jobs SET {assignments} WHERE {condition}", (*values.values(), *extra))
             if cursor.rowcount != 1:
                 return None
-        job = self.get_job(job_id)
-        if job is None:  # pragma: no cover - deleted between the two statements
-            raise KeyError(job_id)
-        return job
+            # Read back in the same transaction: a delete from another thread cannot come in between.
+            row = db.execute(_SELECT_JOBS + " WHERE id = ?", (job_id,)).fetchone()
+        return _job(row)
 
     def get_job(self, job_id: str) -> Job | None:
         rows = self._read(_SELECT_JOBS + " WHERE id = ?", (job_id,))
