@@ -16,7 +16,10 @@ whole run) and measures the same two phases while it trains, then:
 - websockets + REST warm: both at once.
 
 Every client is in a process of its own or shared only with other websocket clients, so that no Python GIL queue
-adds to the latency measured. The events the server emitted are counted in the server itself: the server
+adds to the latency measured, and runs at nice `--client-nice` (5): on two cores, twenty client processes woken by
+their answers otherwise take the one-threaded server's core from it (wake-up preemption), a cost that browsers on
+other machines do not put on a server. At nice 0 the median stayed at 2 ms but the p99 rose to about 200 ms, the
+server blocked inside send() while a client ran (gevent's monitor thread showed it). The events the server emitted are counted in the server itself: the server
 process is the `serve` command with the job event throttle's emit wrapped to append each job_progress iteration
 event it hands to socketio to a file (the throttle decides how many are emitted: MEMPLUGIN_JOB_EVENTS_PER_SECOND, 4
 a second by default). A drop is an event the server emitted while a client was subscribed that the client did not
@@ -160,10 +163,12 @@ def emitted_between(server: Server, job_id: str, start: float, end: float) -> se
 # ============================================================================ websocket clients (their own process)
 
 
-def followers_process(url: str, job_id: str, count: int, commands: Connection) -> None:
+def followers_process(url: str, job_id: str, count: int, nice: int, commands: Connection) -> None:
     """Connect `count` clients to the job's room, then answer the parent's commands: "clear" forgets what was
     received, "collect" sends it back, "quit" disconnects them all."""
     import socketio
+
+    os.nice(nice)
 
     for name in ("engineio.client", "socketio.client", "websocket"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # "packet queue is empty, aborting" at disconnect
@@ -252,10 +257,12 @@ class Followers:
     failed: list[str]
 
     @classmethod
-    def start(cls, server: Server, job_id: str, count: int) -> Followers:
+    def start(cls, server: Server, job_id: str, count: int, nice: int) -> Followers:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=followers_process, args=(server.url, job_id, count, child), daemon=True)
+        process = context.Process(
+            target=followers_process, args=(server.url, job_id, count, nice, child), daemon=True
+        )
         process.start()
         if not parent.poll(300):
             raise RuntimeError("the websocket clients did not connect within 300 s")
@@ -282,13 +289,14 @@ class RestResult:
     errors: int = 0
 
 
-def rest_client_process(url: str, index: int, commands: Connection) -> None:
+def rest_client_process(url: str, index: int, nice: int, commands: Connection) -> None:
     """One REST client in a process of its own (as a user's browser is): on ("go", cold, seconds) it POSTs
     estimates back to back on one kept-alive connection for that long and sends back its latencies; "quit" ends it.
 
     Processes, not threads: twenty Python threads in one process queue for its GIL, and that queue, not the
     server, made the latency tail. http.client rather than requests: on two cores the clients' CPU time is taken
     from the server, so the lighter client measures the server better."""
+    os.nice(nice)
     host, port = url.split("//")[1].rstrip("/").split(":")
     path = "/memplugin/api/estimate"
     warm = json.dumps(ESTIMATE).encode()
@@ -331,12 +339,12 @@ class RestClients:
     pipes: list[Connection]
 
     @classmethod
-    def start(cls, server: Server, count: int) -> RestClients:
+    def start(cls, server: Server, count: int, nice: int) -> RestClients:
         context = multiprocessing.get_context("spawn")
         processes, pipes = [], []
         for index in range(count):
             parent, child = context.Pipe()
-            process = context.Process(target=rest_client_process, args=(server.url, index, child), daemon=True)
+            process = context.Process(target=rest_client_process, args=(server.url, index, nice, child), daemon=True)
             process.start()
             processes.append(process)
             pipes.append(parent)
@@ -427,7 +435,7 @@ def run(args: argparse.Namespace, nice: int) -> list[Phase]:
         rest: RestClients | None = None
         job_id: str | None = None
         try:
-            rest = RestClients.start(server, args.rest_clients)
+            rest = RestClients.start(server, args.rest_clients, args.client_nice)
             phases = []
             if nice == args.idle_with:  # the server alone first: what the clients get when no job trains
                 phases += [
@@ -439,7 +447,7 @@ def run(args: argparse.Namespace, nice: int) -> list[Phase]:
                 measure("REST warm", nice, server, job_id, child, args.seconds, rest, False, None),
                 measure("REST cold", nice, server, job_id, child, args.seconds, rest, True, None),
             ]
-            followers = Followers.start(server, job_id, args.clients)
+            followers = Followers.start(server, job_id, args.clients, args.client_nice)
             phases.append(measure("websockets", nice, server, job_id, child, args.seconds, None, False, followers))
             phases.append(
                 measure("websockets + REST warm", nice, server, job_id, child, args.seconds, rest, False, followers)
@@ -462,11 +470,12 @@ def run(args: argparse.Namespace, nice: int) -> list[Phase]:
 
 def report(phases: list[Phase], args: argparse.Namespace, started: float) -> str:
     command = (f"`.venv/bin/python bench/load.py --clients {args.clients} --rest-clients {args.rest_clients} "
-               f"--seconds {args.seconds:g} --nice {args.nice}`")
+               f"--seconds {args.seconds:g} --nice {args.nice} --client-nice {args.client_nice}`")
     lines = [
         (f"Command: {command} (the `serve` command on 127.0.0.1, gevent, `--simulate-gpus 2x24GiB`; a LeNet CPU "
          "training job running except in the \"no job\" phases, its child at the nice value shown; every client on "
-         "the same 2-core machine, each REST client a process of its own, the websocket clients in one more; "
+         f"the same 2-core machine at nice {args.client_nice}, each REST client a process of its own, the websocket "
+         "clients in one more; "
          f"{time.time() - started:.0f} s this run)."),
         "",
         (f"`POST /api/estimate` with LeNet from {args.rest_clients} concurrent clients (warm: the same text each "
@@ -511,6 +520,10 @@ def main() -> int:
     parser.add_argument("--rest-clients", type=int, default=20, help="concurrent REST clients (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default: %(default)s)")
     parser.add_argument("--nice", default="0,10", help="the training child's nice values to run with (default: 0,10)")
+    parser.add_argument(
+        "--client-nice", type=int, default=5,
+        help="the clients' nice value (default: %(default)s): below the server, which is what remote clients are",
+    )
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/benchmarks.md alone")
     args = parser.parse_args()
     args.idle_with = int(args.nice.split(",")[-1])  # the no-job phases run once, on the server of the last run
