@@ -92,3 +92,36 @@ def test_under_a_cap_caffe_really_fails_to_allocate(make_manager: ManagerFactory
     assert attempt.status == "out_of_memory" and attempt.signal == "SIGABRT"
     started = records(manager, job.id, 1)[0]
     assert started["memory_cap"] == 40 * MIB and started["baseline_bytes"] > 0
+
+
+def test_training_never_waits_for_a_server_that_does_not_read(tmp_path: Path) -> None:
+    """A saturated server stops reading the runner's stdout: iteration records that would block are held back (the
+    newest replaces the older), so training goes on; every other record waits, and comes after the latest
+    iteration held back. The progress file has every record."""
+    import threading
+
+    from digits_memplugin.jobs.runner import Reporter
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stream:
+        report = Reporter(stream, tmp_path / "progress.jsonl")
+        training = threading.Thread(target=lambda: [report("iteration", iteration=i, loss=0.5) for i in range(1, 20001)])
+        training.start()
+        training.join(timeout=60)
+        waited = training.is_alive()  # 20 000 lines are more than a pipe's 64 KiB
+        received: list[bytes] = []
+        reader = threading.Thread(target=lambda: received.extend(iter(lambda: os.read(read_end, 1 << 16), b"")))
+        reader.start()  # the server reads again (and a training that waited is let go, so the test ends)
+        training.join()
+        assert not waited, "training waited for the server to read"
+        report("test", net=0, iteration=20000)
+        report("finished", iteration=20000)
+    reader.join(timeout=60)
+    os.close(read_end)
+    records = [json.loads(line) for line in b"".join(received).decode().splitlines()]
+    iterations = [r["iteration"] for r in records if r["event"] == "iteration"]
+    assert iterations == sorted(iterations) and iterations[-1] == 20000  # in order, and the latest got through
+    assert [r["event"] for r in records[-3:]] == ["iteration", "test", "finished"]
+    assert report.held_back > 0 and len(iterations) == 20000 - report.held_back
+    written = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in written if r["event"] == "iteration"] == list(range(1, 20001))

@@ -29,9 +29,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import io
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -57,21 +59,28 @@ class DiskFull(Exception):
 
 
 class Reporter:
-    """Writes each record to stdout (the manager reads it live) and to the attempt's progress file."""
+    """Writes each record to stdout (the manager reads it live) and to the attempt's progress file.
+
+    Training never waits for a busy server: an iteration record that would block on a full stdout pipe is held
+    back, and a newer one replaces it (the server keeps only the latest anyway; the progress file has them all).
+    The one held back is sent before any other record, so the server sees every test, snapshot and the end, in
+    order, after the latest iteration before them."""
 
     def __init__(self, stream: TextIO, progress: Path) -> None:
         self._stream = stream
         self._progress = progress
         self._file: int | None = os.open(progress, _OPEN_APPEND, 0o644)
         self._started = time.monotonic()
+        self._held: str | None = None
+        self.held_back = 0
+        """Iteration records not sent live because the server was not reading (they are in the progress file)."""
 
     def __call__(self, event: str, **fields: Any) -> None:
         """Write one record: to stdout first (the server reads it live, with no disk in between), then to the
         progress file; a full disk there raises DiskFull."""
         record = {"event": event, "time": time.time(), "seconds": round(time.monotonic() - self._started, 3), **fields}
         line = json.dumps(record, allow_nan=False, default=_number) + "\n"
-        self._stream.write(line)
-        self._stream.flush()
+        self._send(line, may_wait=event != "iteration")
         if self._file is None:
             return
         try:
@@ -84,6 +93,27 @@ class Reporter:
             os.close(self._file)
             self._file = None  # the error record that follows goes to stdout only
             raise DiskFull(f"could not write {self._progress}: no space left on the device") from None
+
+
+    def _send(self, line: str, may_wait: bool) -> None:
+        if not may_wait and len(line.encode("utf-8")) <= select.PIPE_BUF and not self._writable():
+            if self._held is not None:
+                self.held_back += 1
+            self._held = line
+            return
+        if self._held is not None:
+            self._stream.write(self._held)
+            self._held = None
+        self._stream.write(line)
+        self._stream.flush()
+
+    def _writable(self) -> bool:
+        """Whether a line of at most PIPE_BUF bytes can be written without waiting (always, for a file)."""
+        try:
+            _, ready, _ = select.select([], [self._stream.fileno()], [], 0)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            return True
+        return bool(ready)
 
 
 def _number(value: Any) -> Any:
