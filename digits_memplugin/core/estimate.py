@@ -129,7 +129,7 @@ class Estimator:
         if key not in self._reports:
             kept = self._kept.get(key)
             if kept is None:
-                kept = self.definition.memory(self.options, batch, test_batch, self.data_shapes, self.oracle)
+                kept = self._build(key)
                 self._kept[key] = kept
                 while len(self._kept) > MAX_REMEMBERED_REPORTS:
                     self._kept.pop(next(iter(self._kept)), None)  # the oldest
@@ -138,11 +138,18 @@ class Estimator:
         return self._reports[key]
 
     def total(self, batch: int | None, test_batch: int | None = None) -> int:
-        """The peak at `batch`, from memory when this net was estimated at that batch before."""
+        """The peak at `batch`, from memory when this net was estimated at that batch before. A search's
+        evaluations are not kept on the definition: only their totals are, so they never push out the report a
+        caller asked for."""
         key = (batch, test_batch)
         if key not in self._totals:
-            self.report(batch, test_batch)
+            self._reports[key] = self._build(key)
         return self._totals[key]
+
+    def _build(self, key: tuple[int | None, int | None]) -> tuple[MemoryReport, Net, list[Net]]:
+        built = self.definition.memory(self.options, key[0], key[1], self.data_shapes, self.oracle)
+        self._totals[key] = built[0].total_bytes
+        return built
 
     def curve(self, test_batch: int | None = None) -> MemoryCurve:
         return MemoryCurve(lambda batch: self.total(batch, test_batch))
