@@ -94,9 +94,9 @@ class Reporter:
             self._file = None  # the error record that follows goes to stdout only
             raise DiskFull(f"could not write {self._progress}: no space left on the device") from None
 
-
     def _send(self, line: str, may_wait: bool) -> None:
-        if not may_wait and len(line.encode("utf-8")) <= select.PIPE_BUF and not self._writable():
+        # The line is ASCII (json.dumps escapes the rest), so its length is its size in bytes.
+        if not may_wait and len(line) <= select.PIPE_BUF and not self._writable():
             if self._held is not None:
                 self.held_back += 1
             self._held = line
