@@ -135,10 +135,7 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         """Every client event passes the client's rate limit first (the bucket is checked before any handler runs,
         so a flood costs a dictionary lookup per event, not a job list)."""
         sid = str(args[0]) if args else ""
-        if event == "disconnect":
-            self.limiter.forget(sid)
-            self._told.discard(sid)
-        elif event not in UNLIMITED_EVENTS:
+        if event not in UNLIMITED_EVENTS:
             if not self.limiter.allow(sid):
                 if sid not in self._told:
                     self._told.add(sid)
@@ -164,7 +161,10 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         emit("hello", {"version": __version__})
 
     def on_disconnect(self, reason: Any = None) -> None:
-        _pusher().discard(request.sid)  # type: ignore[attr-defined]
+        sid = request.sid  # type: ignore[attr-defined]
+        _pusher().discard(sid)
+        self.limiter.forget(sid)
+        self._told.discard(sid)
 
     def on_subscribe_devices(self, data: Any = None) -> None:
         """Join the `devices` room; the first reading goes to this client at once, not after a poll interval."""
