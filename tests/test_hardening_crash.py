@@ -499,6 +499,8 @@ def test_a_second_server_on_the_same_data_folder_is_503_saying_so(tmp_path: Path
         refused = second.test_client().get(API)
         assert refused.status_code == 503 and refused.is_json
         assert "another server or train command is using the data folder" in refused.get_json()["error"]
+        page = second.test_client().get("/memplugin/jobs")  # the jobs list page says so too, as an HTML 503
+        assert page.status_code == 503 and "another server or train command" in page.get_data(as_text=True)
         assert second.test_client().get("/memplugin/api/health").status_code == 200
     finally:
         get_plugin(second).close()

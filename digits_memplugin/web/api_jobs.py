@@ -23,9 +23,9 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
+from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
-from ..jobs.manager import DataFolderInUse, JobManager, JobNotFound, JobStateError, JobValidationError
+from ..jobs.manager import JobManager, JobNotFound, JobStateError, JobValidationError
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
 from .api import API_PATH, read_json, within_limit
@@ -40,11 +40,8 @@ MAX_PROGRESS_POINTS = 2000
 
 
 def _manager() -> JobManager:
-    plugin = current_app.extensions["memplugin"]
-    try:
-        return plugin.started_jobs()  # type: ignore[no-any-return]
-    except DataFolderInUse as error:
-        raise ServiceUnavailable(str(error)) from None
+    """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
+    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
 
 
 def _job_or_404(manager: JobManager, job_id: str) -> Any:

@@ -19,13 +19,13 @@ from pathlib import Path
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import validate_csrf
-from werkzeug.exceptions import NotFound, ServiceUnavailable
+from werkzeug.exceptions import NotFound
 from wtforms.validators import ValidationError
 
 from .. import __version__
 from ..devices import CPU_KEY, DeviceList
 from ..jobs.definition import SOLVER_SOURCE
-from ..jobs.manager import DataFolderInUse, JobManager, JobNotFound, JobStateError
+from ..jobs.manager import JobManager, JobNotFound, JobStateError
 from ..jobs.records import ACTIVE_STATES, RUNNING
 
 LOG_TAIL_LINES = 60
@@ -37,10 +37,8 @@ MAX_DEFINITION_BYTES = 1024 * 1024
 
 
 def _manager() -> JobManager:
-    try:
-        return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
-    except DataFolderInUse as error:
-        raise ServiceUnavailable(str(error)) from None
+    """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
+    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
 
 
 def _devices() -> DeviceList:
