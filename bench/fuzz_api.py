@@ -15,7 +15,6 @@ import json
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import test_fuzz_api as fuzz
-from hypothesis import HealthCheck, given, seed, settings
+from fuzz import run as run_strategy  # bench/fuzz.py: one hypothesis target, its failure printed
 
 from digits_memplugin.extension import get_plugin
 
@@ -31,23 +30,9 @@ from digits_memplugin.extension import get_plugin
 def run(name: str, examples: int, at: int, client: Any, ids: list[str]) -> bool:
     """One target for `examples` inputs; True when none failed."""
     strategy, target = fuzz.TARGETS[name]
-
-    @seed(at)
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(strategy)
-    def fuzz_one(value: Any) -> None:
-        if name == "job_endpoints":
-            target(client, value, ids)
-        else:
-            target(client, value)
-
-    try:
-        fuzz_one()
-    except Exception:  # noqa: BLE001 - a fuzzer reports whatever escaped, then goes on with the next target
-        print(f"FAILED {name}:")
-        traceback.print_exc(file=sys.stdout)
-        return False
-    return True
+    if name == "job_endpoints":
+        return run_strategy(name, strategy, lambda value: target(client, value, ids), examples, at)
+    return run_strategy(name, strategy, lambda value: target(client, value), examples, at)
 
 
 def main() -> int:
