@@ -746,6 +746,9 @@ KNOWN_OVERSTRICT: list[tuple[str, str]] = [
     ("would create an empty blob", "intended: Caffe aborts at the first forward"),
     # BVLC's EltwiseLayer::Reshape CHECKs equal bottom shapes; this pycaffe's tree has the CHECK commented out.
     ("; they must match", "intended: BVLC checks Eltwise shapes"),
+    # BVLC's ScaleLayer::Reshape CHECKs the scale's shape against bottom[0]; this tree commented that loop out too
+    # (scale_layer.cpp:83-87; its BiasLayer keeps the CHECK).
+    ("scale_param: scale shape", "intended: BVLC checks Scale shapes"),
 ]
 """We refuse, Caffe builds: (our message, why). Counted, not failed."""
 
