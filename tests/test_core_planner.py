@@ -54,6 +54,29 @@ def test_non_affine_curve_falls_back_to_an_exact_search(
     assert max_batch(curve, budget, limit=400) == brute_force_max(f, budget, 400)
 
 
+@given(
+    base=st.integers(0, 10**6),
+    slope=st.integers(1, 10**4),
+    step_at=st.integers(1, 300),
+    step=st.integers(0, 10**6),
+    budget=st.integers(0, 5 * 10**6),
+    seeded=st.integers(1, 500),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_known_point_replaces_one_evaluation_and_the_answer_stays_exact(
+    base: int, slope: int, step_at: int, step: int, budget: int, seeded: int
+) -> None:
+    # The estimate seeds the curve with the report's batch: the search fits its line through it instead of
+    # building batch 2, affine or not, within the limit or beyond it.
+    def f(b: int) -> int:
+        return base + slope * b + (step if b >= step_at else 0)
+
+    curve = MemoryCurve(f, known={seeded: f(seeded)})
+    assert max_batch(curve, budget, limit=400) == brute_force_max(f, budget, 400)
+    if step == 0 and 1 < seeded <= 400:
+        assert curve.evaluations <= 3  # batch 1, then the guess and the batch above it
+
+
 def test_batches_caffe_cannot_build_count_as_not_fitting() -> None:
     def f(b: int) -> int:
         if b > 1000:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
 from pathlib import Path
 
 import pytest
 from conftest import ZOO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_core_netstate import run_pycaffe
 
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeError
@@ -371,6 +375,87 @@ def test_count_layer_blocks() -> None:
     assert count_layer_blocks(solver, 10, nested=True) == (2, None)
     assert count_layer_blocks(solver, 2, nested=True) == (2, 3)
     assert count_layer_blocks(solver, 10) == (0, None)
+
+
+# The scanner as it was first written, one token at a time (every name, every newline): slow but plain, kept as
+# the reference the faster scanner must agree with.
+_REFERENCE_TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[{}<>\[\]]|\n|[A-Za-z_][A-Za-z0-9_]*')
+
+
+def _reference_blocks(text: str) -> list[tuple[int, int, int]]:
+    depth, line, outer, pending, in_list, list_depth, found = 0, 1, -1, None, False, -1, []
+    for match in _REFERENCE_TOKEN.finditer(text):
+        token = match.group()
+        if token == "\n":
+            line += 1
+        elif token in "{<":
+            if pending is not None:
+                found.append((depth, outer, pending))
+            elif in_list and depth == list_depth:
+                found.append((depth, outer, line))
+            outer += depth == 0
+            pending, depth = None, depth + 1
+        elif token in "}>":
+            depth, pending = max(depth - 1, 0), None
+        elif token == "[":
+            if pending is not None:
+                in_list, list_depth = True, depth
+            pending = None
+        elif token == "]":
+            in_list = in_list and depth != list_depth
+            pending = None
+        elif token[0] not in "#\"'":
+            pending = line if token in ("layer", "layers") else None
+    return found
+
+
+def _reference_lines(text: str) -> list[int | None]:
+    lines: list[int | None] = [line for depth, _, line in _reference_blocks(text) if depth == 0]
+    depth, line, first_input, has_shape = 0, 1, None, False
+    for match in _REFERENCE_TOKEN.finditer(text):
+        token = match.group()
+        if token == "\n":
+            line += 1
+        elif token in "{<":
+            depth += 1
+        elif token in "}>":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and token == "input" and first_input is None:
+            first_input = line
+        elif depth == 0 and token in ("input_shape", "input_dim"):
+            has_shape = True
+    if first_input is not None and has_shape:
+        lines.insert(0, first_input)
+    return lines
+
+
+# Pieces of text, joined by a space or a newline: brackets, the names the scanner looks for, names that merely
+# contain them, strings and comments that hide brackets and names. Texts with a name between `layer` and its
+# brace are skipped: that is a syntax error, which the reference drops and the faster scanner still counts.
+_PIECES = st.sampled_from([
+    "layer", "layers", "input", "input_shape", "input_dim", "{", "}", "<", ">", "[", "]", ":", ",", "7",
+    '"a { layer"', "'b } [ layers'", '"esc \\" } "', "# layer { input_dim\n", "mylayer_x", "layer_param2",
+    'name: "x"',
+])
+
+
+def _name_follows_layer(text: str) -> bool:
+    """Whether some `layer` is followed by another name before any bracket (outside strings and comments)."""
+    tokens = [t for t in _REFERENCE_TOKEN.findall(text) if t != "\n" and t[0] not in "#\"'"]
+    return any(
+        a in ("layer", "layers") and b[0].isalpha() and b not in ("layer", "layers") for a, b in itertools.pairwise(tokens)
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_PIECES, st.sampled_from([" ", "\n"])), max_size=60))
+def test_block_scanner_agrees_with_the_token_by_token_reference(pieces: list[tuple[str, str]]) -> None:
+    text = "".join(piece + sep for piece, sep in pieces)
+    if _name_follows_layer(text):
+        return  # not a block either scanner must agree on (see _PIECES)
+    assert layer_lines(text) == _reference_lines(text)
+    blocks = sum(1 for depth, _, _ in _reference_blocks(text) if depth == 0)
+    assert count_layer_blocks(text, 10**6) == (blocks, None)
 
 
 def test_code_spans_skip_strings_and_comments() -> None:

@@ -152,7 +152,10 @@ class Estimator:
         return built
 
     def curve(self, test_batch: int | None = None) -> MemoryCurve:
-        return MemoryCurve(lambda batch: self.total(batch, test_batch))
+        """Memory against the train batch, seeded with the totals already known at this test batch (the
+        report's, earlier searches'), so that a search builds no batch twice."""
+        known = {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}
+        return MemoryCurve(lambda batch: self.total(batch, test_batch), known)
 
 
 def net_batch(net: Net) -> int | None:

@@ -196,15 +196,19 @@ def insert_splits(
     split_index: dict[tuple[int, int], int] = {}
     result: list[tuple[int | None, Any]] = []
     for i, (orig, original) in enumerate(layers):
-        layer = type(original)()
-        layer.CopyFrom(original)
-        result.append((orig, layer))
+        # Copied only when renamed below: the parsed net is shared by every phase and build, and most layers of
+        # a net keep their bottoms (copying them all was a third of preparing a ResNet).
+        layer = original
         for j in range(len(layer.bottom)):
             top_idx = bottom_source[(i, j)]
             if consumers.get(top_idx, 0) > 1:
+                if layer is original:
+                    layer = _copy(original)
                 k = split_index.get(top_idx, 0)
                 split_index[top_idx] = k + 1
                 layer.bottom[j] = _split_blob_name(names[top_idx[0]], layer.bottom[j], top_idx[1], k)
+        position = len(result)
+        result.append((orig, layer))
         for j in range(len(layer.top)):
             top_idx = (i, j)
             count = consumers.get(top_idx, 0)
@@ -219,10 +223,19 @@ def insert_splits(
                     if loss_weight:
                         split.loss_weight.append(loss_weight if k == 0 else 0.0)
                 if loss_weight:
+                    if layer is original:
+                        layer = _copy(original)
+                        result[position] = (orig, layer)
                     layer.ClearField("loss_weight")
                     split_index[top_idx] = split_index.get(top_idx, 0) + 1
                 result.append((None, split))
     return result
+
+
+def _copy(layer: Any) -> Any:
+    copy = type(layer)()
+    copy.CopyFrom(layer)
+    return copy
 
 
 def _split_blob_name(layer_name: str, blob_name: str, blob_idx: int, split_idx: int) -> str:

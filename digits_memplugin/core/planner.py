@@ -2,15 +2,16 @@
 
 A pure search over a memory function `bytes_at(batch) -> int` (Lightning keeps its search apart from the trainer
 the same way). Memory in Caffe is affine in the batch size for almost every net, so the planner solves the
-affine model from two evaluations and then checks the answer with exact evaluations on both sides; when the
-check fails (a net that is not affine) it falls back to a bisection on exact evaluations. No guessing.
+affine model from two evaluations (batch 1 and one already known, such as the report's) and then checks the
+answer with exact evaluations on both sides; when the check fails (a net that is not affine) it falls back to a
+bisection on exact evaluations. No guessing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .errors import ShapeError
 
@@ -40,11 +41,15 @@ class BatchPlan:
 
 
 class MemoryCurve:
-    """Memory as a function of the batch, memoised; a batch Caffe cannot build (INT_MAX blobs) costs infinity."""
+    """Memory as a function of the batch, memoised; a batch Caffe cannot build (INT_MAX blobs) costs infinity.
 
-    def __init__(self, bytes_at: Callable[[int], int]) -> None:
+    `known` seeds it with footprints already computed (the report the caller asked for), which the search uses
+    as one of its two points instead of building another batch.
+    """
+
+    def __init__(self, bytes_at: Callable[[int], int], known: Mapping[int, int] | None = None) -> None:
         self._bytes_at = bytes_at
-        self._cache: dict[int, float] = {}
+        self._cache: dict[int, float] = {batch: float(total) for batch, total in (known or {}).items()}
         self.evaluations = 0
 
     def __call__(self, batch: int) -> float:
@@ -58,6 +63,10 @@ class MemoryCurve:
                 self._cache[batch] = math.inf
         return self._cache[batch]
 
+    def known(self) -> list[int]:
+        """The batches evaluated (or seeded) so far."""
+        return list(self._cache)
+
 
 def usable_bytes(free_bytes: int, safety_margin: float) -> int:
     """Free memory minus the safety margin (a fraction of it), kept for fragmentation and what the model omits."""
@@ -67,15 +76,22 @@ def usable_bytes(free_bytes: int, safety_margin: float) -> int:
 
 
 def max_batch(curve: MemoryCurve, budget: int, limit: int = MAX_BATCH) -> int:
-    """The largest batch b <= limit with curve(b) <= budget; 0 when batch 1 does not fit."""
-    if curve(1) > budget:
+    """The largest batch b <= limit with curve(b) <= budget; 0 when batch 1 does not fit.
+
+    The affine model through batch 1 and a second point (the largest batch already known within `limit`, else 2)
+    gives a guess, kept only when exact evaluations at it and one above agree; otherwise a bisection decides.
+    """
+    m1 = curve(1)
+    if m1 > budget:
         return 0
-    m1, m2 = curve(1), curve(2) if limit >= 2 else math.inf
-    if limit < 2 or m2 > budget:
+    if limit < 2:
         return 1
-    slope = m2 - m1
-    if slope > 0 and math.isfinite(slope):
-        guess = int((budget - m1) // slope) + 1
+    seen = [b for b in curve.known() if 1 < b <= limit and math.isfinite(curve(b))]
+    b2 = max(seen, default=2)
+    m2 = curve(b2)
+    if m2 > m1 and math.isfinite(m2):
+        # 1 + floor((budget - m1) / slope), with slope = (m2 - m1) / (b2 - 1), in integers: no rounding.
+        guess = 1 + (int(budget) - int(m1)) * (b2 - 1) // (int(m2) - int(m1))
         guess = max(1, min(guess, limit))
         if curve(guess) <= budget and (guess == limit or curve(guess + 1) > budget):
             return guess

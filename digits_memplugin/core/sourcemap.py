@@ -18,42 +18,54 @@ LAYER_FIELDS = ("layer", "layers")
 INPUT_SHAPE_FIELDS = ("input_shape", "input_dim")
 
 
+_STRING_OR_COMMENT = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+_BLOCK_TOKEN = re.compile(r"[{}<>\[\]]|(?<![A-Za-z0-9_])layers?(?![A-Za-z0-9_])")
+"""What the block scanner needs of `_TOKEN` once strings and comments are blanked out: brackets and the
+`layer`/`layers` names. Other names and newlines are left to the regular expression engine, so the loop runs over
+a fraction of the tokens; lines are counted only where a block is reported."""
+
+
+def _without_strings(text: str) -> str:
+    """The text with every quoted string and comment replaced by `""`: neither holds a newline, so lines stay
+    where they were, and the brackets or names inside them are gone."""
+    return _STRING_OR_COMMENT.sub('""', text)
+
+
 def _layer_blocks(text: str) -> Iterator[tuple[int, int, int]]:
-    """(depth, block index at depth 0 around it, line) of every layer block, in text order."""
+    """(depth, block index at depth 0 around it, line) of every layer block, in text order; `text` as
+    `_without_strings` returns it."""
     depth = 0
-    line = 1
+    line, counted_to = 1, 0  # `line` is the line of offset `counted_to`
     outer = -1  # index of the current depth-0 block, so nested layers can be grouped by the net they belong to
-    pending: int | None = None  # line of a `layer` field name waiting for its `{`
+    pending: int | None = None  # offset of a `layer` field name waiting for its `{`
     in_list = False  # inside `layer [ ... ]` at the current depth
     list_depth = -1
-    for match in _TOKEN.finditer(text):
+    for match in _BLOCK_TOKEN.finditer(text):
         token = match.group()
-        if token == "\n":
-            line += 1
-        elif token in _OPEN:
-            if pending is not None:
-                yield depth, outer, pending
-            elif in_list and depth == list_depth:
+        first = token[0]
+        if first in _OPEN:
+            at = pending if pending is not None else match.start() if in_list and depth == list_depth else None
+            if at is not None:
+                line += text.count("\n", counted_to, at)
+                counted_to = at
                 yield depth, outer, line
             if depth == 0:
                 outer += 1
             pending = None
             depth += 1
-        elif token in _CLOSE:
+        elif first in _CLOSE:
             depth = max(depth - 1, 0)
             pending = None
-        elif token == "[":
+        elif first == "[":
             if pending is not None:
                 in_list, list_depth = True, depth
             pending = None
-        elif token == "]":
+        elif first == "]":
             if in_list and depth == list_depth:
                 in_list = False
             pending = None
-        elif token[0] in "#\"'":
-            continue  # comments and strings do not end a `layer` ... `{` pair
         else:
-            pending = line if token in LAYER_FIELDS else None
+            pending = match.start()
 
 
 def code_spans_outside_strings(text: str) -> Iterator[tuple[int, int]]:
@@ -81,6 +93,7 @@ def layer_lines(text: str | bytes) -> list[int | None]:
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", errors="replace")
+    text = _without_strings(text)
     lines: list[int | None] = [line for depth, _, line in _layer_blocks(text) if depth == 0]
     input_line = _top_level_input_line(text)
     if input_line is not None:
@@ -88,25 +101,28 @@ def layer_lines(text: str | bytes) -> list[int | None]:
     return lines
 
 
+_INPUT_TOKEN = re.compile(r"[{}<>]|(?<![A-Za-z0-9_])input(?:_shape|_dim)?(?![A-Za-z0-9_])")
+
+
 def _top_level_input_line(text: str) -> int | None:
-    """Line of the first top-level `input` field when the net also has input_shape or input_dim, else None."""
+    """Line of the first top-level `input` field when the net also has input_shape or input_dim, else None;
+    `text` as `_without_strings` returns it."""
+    if "input_shape" not in text and "input_dim" not in text:
+        return None
     depth = 0
-    line = 1
     first_input: int | None = None
     has_shape = False
-    for match in _TOKEN.finditer(text):
+    for match in _INPUT_TOKEN.finditer(text):
         token = match.group()
-        if token == "\n":
-            line += 1
-        elif token in _OPEN:
+        if token in _OPEN:
             depth += 1
         elif token in _CLOSE:
             depth = max(depth - 1, 0)
         elif depth == 0 and token == "input" and first_input is None:
-            first_input = line
+            first_input = match.start()
         elif depth == 0 and token in INPUT_SHAPE_FIELDS:
             has_shape = True
-    return first_input if has_shape else None
+    return text.count("\n", 0, first_input) + 1 if first_input is not None and has_shape else None
 
 
 def count_layer_blocks(text: str, stop_after: int, *, nested: bool = False) -> tuple[int, int | None]:
@@ -118,7 +134,7 @@ def count_layer_blocks(text: str, stop_after: int, *, nested: bool = False) -> t
     """
     wanted_depth = 1 if nested else 0
     counts: dict[int, int] = {}
-    for depth, outer, line in _layer_blocks(text):
+    for depth, outer, line in _layer_blocks(_without_strings(text)):
         if depth != wanted_depth:
             continue
         net = outer if nested else 0
