@@ -133,8 +133,9 @@ def state_meets_rule(state: Any, rule: Any) -> bool:
 def filter_layers(net_param: Any, state: Any, source: str, lines: Sequence[int | None]) -> list[tuple[int, Any]]:
     """Net::FilterNet: the (index, layer) pairs the state includes, in order."""
     kept = []
-    for index, layer in enumerate(net_param.layer):
-        if len(layer.include) and len(layer.exclude):
+    for index, layer in enumerate(net_param.layer[:]):
+        include, exclude = layer.include[:], layer.exclude[:]
+        if include and exclude:
             raise NetError(
                 "specify either include rules or exclude rules, not both",
                 source=source,
@@ -143,10 +144,10 @@ def filter_layers(net_param: Any, state: Any, source: str, lines: Sequence[int |
                 layer_type=layer.type,
                 field="include",
             )
-        included = len(layer.include) == 0
-        if any(state_meets_rule(state, rule) for rule in layer.exclude):
+        included = not include
+        if any(state_meets_rule(state, rule) for rule in exclude):
             included = False
-        if any(state_meets_rule(state, rule) for rule in layer.include):
+        if any(state_meets_rule(state, rule) for rule in include):
             included = True
         if included:
             kept.append((index, layer))
@@ -171,8 +172,11 @@ def insert_splits(
     consumers: dict[tuple[int, int], int] = {}
     loss_weights: dict[tuple[int, int], float] = {}
     names = [layer.name for _, layer in layers]
+    # Repeated fields are read by slicing: a list in one call, where iterating the pure-Python container costs a
+    # call per element (most of preparing a ResNet-152).
     for i, (orig, layer) in enumerate(layers):
-        for j, blob in enumerate(layer.bottom):
+        tops = layer.top[:]
+        for j, blob in enumerate(layer.bottom[:]):
             if blob not in last_top:
                 raise NetError(
                     f"unknown bottom blob {blob!r} (bottom index {j}): no earlier layer in this phase produces it",
@@ -185,12 +189,12 @@ def insert_splits(
             top_idx = last_top[blob]
             bottom_source[(i, j)] = top_idx
             consumers[top_idx] = consumers.get(top_idx, 0) + 1
-        for j, blob in enumerate(layer.top):
+        for j, blob in enumerate(tops):
             last_top[blob] = (i, j)
-        for j in range(min(len(layer.loss_weight), len(layer.top))):
-            top_idx = last_top[layer.top[j]]
-            loss_weights[top_idx] = layer.loss_weight[j]
-            if layer.loss_weight[j]:
+        for j, weight in enumerate(layer.loss_weight[: len(tops)]):
+            top_idx = last_top[tops[j]]
+            loss_weights[top_idx] = weight
+            if weight:
                 consumers[top_idx] = consumers.get(top_idx, 0) + 1
 
     split_index: dict[tuple[int, int], int] = {}
@@ -199,7 +203,7 @@ def insert_splits(
         # Copied only when renamed below: the parsed net is shared by every phase and build, and most layers of
         # a net keep their bottoms (copying them all was a third of preparing a ResNet).
         layer = original
-        for j in range(len(layer.bottom)):
+        for j in range(len(original.bottom)):
             top_idx = bottom_source[(i, j)]
             if consumers.get(top_idx, 0) > 1:
                 if layer is original:
@@ -209,17 +213,17 @@ def insert_splits(
                 layer.bottom[j] = _split_blob_name(names[top_idx[0]], layer.bottom[j], top_idx[1], k)
         position = len(result)
         result.append((orig, layer))
-        for j in range(len(layer.top)):
+        for j, top in enumerate(original.top[:]):
             top_idx = (i, j)
             count = consumers.get(top_idx, 0)
             if count > 1:
                 loss_weight = loss_weights.get(top_idx, 0.0)
                 split = caffe_pb2.LayerParameter()
-                split.bottom.append(layer.top[j])
-                split.name = f"{layer.top[j]}_{names[i]}_{j}_split"
+                split.bottom.append(top)
+                split.name = f"{top}_{names[i]}_{j}_split"
                 split.type = "Split"
                 for k in range(count):
-                    split.top.append(_split_blob_name(names[i], layer.top[j], j, k))
+                    split.top.append(_split_blob_name(names[i], top, j, k))
                     if loss_weight:
                         split.loss_weight.append(loss_weight if k == 0 else 0.0)
                 if loss_weight:
@@ -299,11 +303,11 @@ def prepare_net(
                 line=_line(lines, orig),
                 name=param.name,
                 type=param.type,
-                bottoms=tuple(param.bottom),
-                tops=tuple(param.top),
-                propagate_down=tuple(bool(flag) for flag in param.propagate_down),
-                loss_weight=tuple(param.loss_weight),
-                param_specs=tuple((spec.name, spec.lr_mult, spec.share_mode) for spec in param.param),
+                bottoms=tuple(param.bottom[:]),
+                tops=tuple(param.top[:]),
+                propagate_down=tuple(bool(flag) for flag in param.propagate_down[:]),
+                loss_weight=tuple(param.loss_weight[:]),
+                param_specs=tuple((spec.name, spec.lr_mult, spec.share_mode) for spec in param.param[:]),
                 rule=rule_for(param.type),
             )
         )
