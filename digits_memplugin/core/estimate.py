@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .collector import paused_collector
 from .errors import NetError, ShapeError
 from .layers.base import ENGINE_CPU, ENGINES
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
@@ -175,7 +176,17 @@ def estimate(
     oracle: ShapeOracle | None = None,
     limits: ParseLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
-    """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input."""
+    """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input.
+
+    Runs with the cyclic garbage collector paused (see `collector`): its full passes were a third of a cold
+    estimate's time whenever one fell inside it."""
+    with paused_collector():
+        return _estimate(request, load, oracle, limits)
+
+
+def _estimate(
+    request: EstimateRequest, load: Loader | None, oracle: ShapeOracle | None, limits: ParseLimits
+) -> dict[str, Any]:
     if load is None:
         definition = _cached_definition(
             request.net, request.solver, request.net_source, request.solver_source, limits, request.classes
