@@ -11,9 +11,25 @@ from typing import Any
 
 import gevent
 from flask import Flask
-from gevent.pywsgi import WSGIServer
+from gevent.pywsgi import WSGIHandler, WSGIServer
 
 log = logging.getLogger(__name__)
+
+
+class WebsocketClosingHandler(WSGIHandler):  # type: ignore[misc]
+    """gevent's request handler, which closes the connection once a websocket on it has ended.
+
+    simple-websocket takes the socket over during the upgrade request; when the websocket ends, gevent would go
+    on reading the connection for a next HTTP request and find the client's last websocket frame there, logging
+    it as an invalid HTTP request (its bytes in the log) at every disconnect.
+    """
+
+    def run_application(self) -> None:
+        try:
+            super().run_application()
+        finally:
+            if self.environ.get("HTTP_UPGRADE", "").lower() == "websocket":
+                self.close_connection = True
 
 
 class NoDelayWSGIServer(WSGIServer):  # type: ignore[misc]
@@ -28,6 +44,8 @@ class NoDelayWSGIServer(WSGIServer):  # type: ignore[misc]
         with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to turn off
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().handle(sock, address)
+
+    handler_class = WebsocketClosingHandler
 
 
 def serve(app: Flask, host: str, port: int) -> None:

@@ -153,6 +153,25 @@ def test_serve_simulated_gpus_on_gevent_page_api_and_pushed_event(simulated_serv
     assert "Traceback" not in output
 
 
+def test_websocket_sessions_end_without_an_error_in_the_log(server: Server) -> None:
+    """gevent used to read a closed websocket's last frame as the next HTTP request and log its bytes as an
+    invalid request at every disconnect; the handler now closes the connection after a websocket instead."""
+    import socketio
+
+    for transports in (["websocket"], ["polling", "websocket"]):
+        client = socketio.Client()
+        client.connect(server.base_url, namespaces=["/memplugin"], transports=transports, wait_timeout=10)
+        client.emit("subscribe_devices", namespace="/memplugin")
+        client.disconnect()
+    # The server goes on answering, on a new connection and on the same server.
+    time.sleep(0.5)
+    assert requests.get(server.base_url + "memplugin/api/health", timeout=10).status_code == 200
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=20) == 0
+    output = server.process.stdout.read() if server.process.stdout else ""
+    assert "ERROR" not in output and "Invalid" not in output, output
+
+
 def test_serve_refuses_a_bad_gpu_spec(tmp_path: Path) -> None:
     command = [SCRIPT, "serve", "--simulate-gpus", "24", "--data-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
