@@ -118,3 +118,38 @@ def test_solver_state_matches_pycaffe(solver_type: str, tmp_path: Path) -> None:
     measured = measure(definition, tmp_path, case.data_shapes, batch=8).allocated
     error = report.total_bytes - measured
     assert abs(error) <= max(0.01 * measured, MiB), (solver_type, report.total_bytes, measured)
+
+
+RESHAPED_NET = """
+name: "memo"
+layer { name: "data" type: "Data" top: "data" data_param { source: "train_db" batch_size: 2 backend: LMDB } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 6 kernel_size: 3 stride: 2 pad: 1 group: 2 } }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "scaled" param { lr_mult: 0 } scale_param { bias_term: true } }
+layer { name: "deconv" type: "Deconvolution" bottom: "scaled" top: "up"
+        convolution_param { num_output: 4 kernel_size: 2 stride: 2 } }
+layer { name: "scale2" type: "Scale" bottom: "up" top: "up2" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "up2" bottom: "data" top: "loss" }
+"""
+
+
+def _report(definition, engine: str, batch: int, shapes: dict):  # type: ignore[no-untyped-def]
+    options = MemoryOptions(engine=engine)
+    report, _, _ = definition.memory(options, batch, None, shapes)
+    return report.total_bytes, [(layer.name, layer.bytes, dict(layer.categories)) for layer in report.layers]
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu", "gpu-cudnn"])
+def test_builds_sharing_a_prepared_net_equal_fresh_builds(engine: str) -> None:
+    """Rules keep what they read from a layer's parameters across the builds of one prepared net (ctx.memo): a
+    search's builds must come out exactly as fresh ones, whatever the batch, and a bottom of another rank (data
+    shapes given per estimate) must be read again, not served from the memo."""
+    shared = training_definition(RESHAPED_NET)
+    plans = [(5, {"data": (4, 12, 12)}), (1, {"data": (4, 12, 12)}), (3, {"data": (4, 12)}), (2, {"data": (4, 12, 12)}),
+             (7, {"data": (4, 12)})]
+    for batch, shapes in plans:
+        fresh = training_definition(RESHAPED_NET)
+        assert _report(shared, engine, batch, shapes) == _report(fresh, engine, batch, shapes)
+    one_d = _report(training_definition(RESHAPED_NET), engine, 2, {"data": (4, 12)})
+    two_d = _report(training_definition(RESHAPED_NET), engine, 2, {"data": (4, 12, 12)})
+    assert one_d[0] < two_d[0]

@@ -280,6 +280,8 @@ class PreparedNet:
     lines: tuple[int | None, ...]
     filtered: list[tuple[int, Any]]
     layers: tuple[LayerSpec, ...]
+    memos: tuple[dict[Any, Any], ...] = ()
+    """One `LayerContext.memo` per layer, shared by every build of this prepared net."""
 
 
 def prepare_net(
@@ -311,7 +313,7 @@ def prepare_net(
                 rule=rule_for(param.type),
             )
         )
-    return PreparedNet(net_param, phase, source, tuple(lines), filtered, tuple(specs))
+    return PreparedNet(net_param, phase, source, tuple(lines), filtered, tuple(specs), tuple({} for _ in specs))
 
 
 _DEFAULT_PARAM_SPEC = ("", 1.0, caffe_pb2.ParamSpec.STRICT)  # ParamSpec's proto defaults
@@ -376,6 +378,9 @@ def build_net(
             line=line,
             data_shapes=shapes,
             batch_override=batch_override,
+            memo=prepared.memos[layer_index] if prepared.memos else None,
+            name=name_,
+            layer_type=type_,
         )
         from_oracle = False
         setup = None

@@ -107,10 +107,16 @@ class LayerContext:
         line: int | None = None,
         data_shapes: dict[str, Shape] | None = None,
         batch_override: int | None = None,
+        memo: dict[Any, Any] | None = None,
+        name: str | None = None,
+        layer_type: str | None = None,
     ) -> None:
         self.param = param
-        self.name: str = param.name
-        self.type: str = param.type
+        self.name: str = param.name if name is None else name
+        self.type: str = param.type if layer_type is None else layer_type
+        self.memo: dict[Any, Any] = {} if memo is None else memo
+        """What a rule read out of `param` that does not depend on the bottoms, kept across the builds of one
+        prepared net (a planner's search builds it at many batches); never holds a result that depends on them."""
         self.bottoms = bottoms
         self.phase = phase
         self.source = source

@@ -330,6 +330,14 @@ def _axes_blob_shape(ctx: LayerContext, bottom: Shape, axis_value: int, num_axes
     return tuple(bottom[axis:] if num_axes == -1 else bottom[axis : axis + num_axes])
 
 
+def _scale_learned(ctx: LayerContext) -> bool:
+    """Whether the learned scale's lr_mult is not 0 (no ParamSpec: 1), read once per prepared net."""
+    learned = ctx.memo.get("scale_learned")
+    if learned is None:
+        learned = ctx.memo["scale_learned"] = not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0
+    return bool(learned)
+
+
 def _scale_gradient(ctx: LayerContext) -> bool:
     """Whether ScaleLayer's backward computes the scale's gradient: the learned scale's lr_mult is not 0, or the
     second bottom needs backward."""
@@ -337,7 +345,7 @@ def _scale_gradient(ctx: LayerContext) -> bool:
         return False
     if len(ctx.bottoms) == 2:
         return len(ctx.bottom_need_backward) > 1 and ctx.bottom_need_backward[1]
-    return not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0
+    return _scale_learned(ctx)
 
 
 @layer_rule("Scale")
@@ -352,7 +360,7 @@ class ScaleRule(LayerRule):
         # diff") unless the layer works in place or the scale is as big as the bottom.
         if len(ctx.bottoms) != 1 or ctx.param.top[0] == ctx.param.bottom[0]:
             return False
-        learned = not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0
+        learned = _scale_learned(ctx)
         p = ctx.param.scale_param
         try:
             scale = _axes_blob_shape(ctx, ctx.bottoms[0], p.axis, p.num_axes, "scale_param")

@@ -45,6 +45,41 @@ def _uses_cudnn(ctx: LayerContext) -> bool:
     return ctx.type == "Convolution" and p.engine in (p.DEFAULT, p.CUDNN) and not any(d > 1 for d in p.dilation)
 
 
+ConvGeometry = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int, bool, bool]
+"""(channel axis, kernel, stride, pad, dilation, num_output, group, bias_term, uses cuDNN)."""
+
+
+def _conv_geometry(ctx: LayerContext, axes: int) -> ConvGeometry:
+    """BaseConvolutionLayer::LayerSetUp's reading of convolution_param for a bottom of `axes` axes, checked."""
+    p = ctx.param.convolution_param
+    channel_axis = ctx.canonical_axis(p.axis, axes, "convolution_param.axis")
+    num_spatial = axes - (channel_axis + 1)
+    if num_spatial < 0:
+        raise ctx.error("the input has no spatial axes", field="convolution_param.axis")
+    kernel = spatial_param(
+        ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
+        "convolution_param.kernel_size",
+    )
+    if num_spatial and (not kernel or any(k <= 0 for k in kernel)):
+        raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
+    stride = spatial_param(
+        ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
+        "convolution_param.stride",
+    )
+    if any(s <= 0 for s in stride):
+        raise ctx.error("stride dimensions must be positive", field="convolution_param.stride")
+    pad = spatial_param(
+        ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
+    )
+    dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+    num_output = ctx.positive(p.num_output, "convolution_param.num_output")
+    group = ctx.positive(p.group, "convolution_param.group")
+    return (
+        channel_axis, tuple(kernel), tuple(stride), tuple(pad), tuple(dilation), num_output, group, bool(p.bias_term),
+        _uses_cudnn(ctx),
+    )
+
+
 @layer_rule("Convolution", "Deconvolution")
 class ConvolutionRule(LayerRule):
     """BaseConvolutionLayer: weights [out, in/group, k...], optional bias, a per-image im2col buffer.
@@ -60,7 +95,6 @@ class ConvolutionRule(LayerRule):
         return not (engine == ENGINE_CUDNN and _uses_cudnn(ctx))
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
-        p = ctx.param.convolution_param
         reverse = ctx.type == "Deconvolution"
         if len(ctx.param.top) != len(ctx.bottoms):
             raise ctx.error(
@@ -70,31 +104,15 @@ class ConvolutionRule(LayerRule):
         for index, other in enumerate(ctx.bottoms[1:], start=1):
             if other != bottom:
                 raise ctx.error(f"all bottoms must have the same shape; bottom {index} is {list(other)}", field="bottom")
-        channel_axis = ctx.canonical_axis(p.axis, len(bottom), "convolution_param.axis")
+        # The geometry depends on the bottom's number of axes only: read once per prepared net (see ctx.memo).
+        key = ("convolution", len(bottom))
+        geometry = ctx.memo.get(key)
+        if geometry is None:
+            geometry = ctx.memo[key] = _conv_geometry(ctx, len(bottom))
+        channel_axis, kernel, stride, pad, dilation, num_output, group, bias_term, cudnn = geometry
         first_spatial = channel_axis + 1
-        num_spatial = len(bottom) - first_spatial
-        if num_spatial < 0:
-            raise ctx.error("the input has no spatial axes", field="convolution_param.axis")
-        kernel = spatial_param(
-            ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
-            "convolution_param.kernel_size",
-        )
-        if num_spatial and (not kernel or any(k <= 0 for k in kernel)):
-            raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
-        stride = spatial_param(
-            ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
-            "convolution_param.stride",
-        )
-        if any(s <= 0 for s in stride):
-            raise ctx.error("stride dimensions must be positive", field="convolution_param.stride")
-        pad = spatial_param(
-            ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
-        )
-        dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
         is_1x1 = all(k == 1 and s == 1 and q == 0 for k, s, q in zip(kernel, stride, pad))
         channels = bottom[channel_axis]
-        num_output = ctx.positive(p.num_output, "convolution_param.num_output")
-        group = ctx.positive(p.group, "convolution_param.group")
         if channels % group:
             raise ctx.error(f"input channels {channels} are not a multiple of group {group}", field="convolution_param.group")
         if num_output % group:
@@ -103,7 +121,7 @@ class ConvolutionRule(LayerRule):
             )
         conv_out_channels, conv_in_channels = (channels, num_output) if reverse else (num_output, channels)
         weight: Shape = (conv_out_channels, conv_in_channels // group, *kernel)
-        params = [weight] + ([(num_output,)] if p.bias_term else [])
+        params = [weight] + ([(num_output,)] if bias_term else [])
 
         spatial_in = bottom[first_spatial:]
         spatial_out: list[int] = []
@@ -125,9 +143,9 @@ class ConvolutionRule(LayerRule):
             details={
                 "is_1x1": is_1x1,
                 "col_buffer": kernel_dim * group * conv_out_spatial,
-                "bias_multiplier": count_of(spatial_out) if p.bias_term else 0,
+                "bias_multiplier": count_of(spatial_out) if bias_term else 0,
                 "group": group,
-                "cudnn": _uses_cudnn(ctx),
+                "cudnn": cudnn,
                 "num_bottoms": len(ctx.bottoms),
             },
         )
