@@ -386,18 +386,23 @@ def build_net(
         setup = None
         unsupported: str | None = None
         if rule is not None:
-            rule.bottoms.check(len(bottom_ids), "bottom", ctx)
-            num_tops = len(spec.tops)
-            if rule.auto_top_blobs:
-                num_tops = max(num_tops, rule.needed_tops())
-            rule.tops.check(num_tops, "top", ctx)
+            # The blob counts and the fillers depend on the definition only: checked at the first build of a
+            # prepared net, remembered in its memo once they pass.
+            if not ctx.memo.get("structure checked"):
+                rule.bottoms.check(len(bottom_ids), "bottom", ctx)
+                num_tops = len(spec.tops)
+                if rule.auto_top_blobs:
+                    num_tops = max(num_tops, rule.needed_tops())
+                rule.tops.check(num_tops, "top", ctx)
             try:
                 setup = rule.setup(ctx)
             except DeferToPycaffe as deferred:
                 rule = None
                 unsupported = f"{deferred}; only pycaffe can shape it" if str(deferred) else None
             else:
-                check_layer_fillers(ctx)
+                if not ctx.memo.get("structure checked"):
+                    check_layer_fillers(ctx)
+                    ctx.memo["structure checked"] = True
         if setup is None:
             if oracle is None:
                 raise UnsupportedLayerError(
