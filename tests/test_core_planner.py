@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 from conftest import ZOO
@@ -22,6 +23,11 @@ def brute_force_max(f, budget: int, limit: int) -> int:  # type: ignore[no-untyp
     return best
 
 
+def stepped(base: int, slope: int, step_at: int, step: int) -> Callable[[int], int]:
+    """A monotone curve with a jump the affine model cannot see (a buffer that appears past some batch)."""
+    return lambda b: base + slope * b + (step if b >= step_at else 0)
+
+
 @given(
     base=st.integers(0, 10**9),
     slope=st.integers(1, 10**7),
@@ -35,42 +41,33 @@ def test_affine_curve_gives_the_exact_largest_batch(base: int, slope: int, budge
     assert curve.evaluations <= 4  # two to fit the line, two to check it
 
 
-@given(
-    base=st.integers(0, 10**6),
-    slope=st.integers(1, 10**4),
-    step_at=st.integers(1, 300),
-    step=st.integers(0, 10**6),
-    budget=st.integers(0, 5 * 10**6),
-)
+STEPPED_CURVES = {
+    "base": st.integers(0, 10**6),
+    "slope": st.integers(1, 10**4),
+    "step_at": st.integers(1, 300),
+    "step": st.integers(0, 10**6),
+    "budget": st.integers(0, 5 * 10**6),
+}
+
+
+@given(**STEPPED_CURVES)
 @settings(max_examples=200, deadline=None)
 def test_non_affine_curve_falls_back_to_an_exact_search(
     base: int, slope: int, step_at: int, step: int, budget: int
 ) -> None:
-    # A monotone curve with a jump the affine model cannot see (a buffer that appears past some batch).
-    def f(b: int) -> int:
-        return base + slope * b + (step if b >= step_at else 0)
-
+    f = stepped(base, slope, step_at, step)
     curve = MemoryCurve(f)
     assert max_batch(curve, budget, limit=400) == brute_force_max(f, budget, 400)
 
 
-@given(
-    base=st.integers(0, 10**6),
-    slope=st.integers(1, 10**4),
-    step_at=st.integers(1, 300),
-    step=st.integers(0, 10**6),
-    budget=st.integers(0, 5 * 10**6),
-    seeded=st.integers(1, 500),
-)
+@given(**STEPPED_CURVES, seeded=st.integers(1, 500))
 @settings(max_examples=300, deadline=None)
 def test_a_known_point_replaces_one_evaluation_and_the_answer_stays_exact(
     base: int, slope: int, step_at: int, step: int, budget: int, seeded: int
 ) -> None:
     # The estimate seeds the curve with the report's batch: the search fits its line through it instead of
     # building batch 2, affine or not, within the limit or beyond it.
-    def f(b: int) -> int:
-        return base + slope * b + (step if b >= step_at else 0)
-
+    f = stepped(base, slope, step_at, step)
     curve = MemoryCurve(f, known={seeded: f(seeded)})
     assert max_batch(curve, budget, limit=400) == brute_force_max(f, budget, 400)
     if step == 0 and 1 < seeded <= 400:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import ShapeError
 from .base import (
     ENGINE_CPU,
@@ -45,6 +47,30 @@ def _uses_cudnn(ctx: LayerContext) -> bool:
     return ctx.type == "Convolution" and p.engine in (p.DEFAULT, p.CUDNN) and not any(d > 1 for d in p.dilation)
 
 
+def _window(
+    ctx: LayerContext, p: Any, num_spatial: int, *, check_stride: bool
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """kernel, stride, pad and dilation from a convolution_param, read and checked in Caffe's order (the
+    convolution checks its stride; Im2col leaves that to im2col)."""
+    kernel = spatial_param(
+        ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
+        "convolution_param.kernel_size",
+    )
+    if num_spatial and (not kernel or any(k <= 0 for k in kernel)):
+        raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
+    stride = spatial_param(
+        ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
+        "convolution_param.stride",
+    )
+    if check_stride and any(s <= 0 for s in stride):
+        raise ctx.error("stride dimensions must be positive", field="convolution_param.stride")
+    pad = spatial_param(
+        ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
+    )
+    dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+    return kernel, stride, pad, dilation
+
+
 ConvGeometry = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int, bool, bool]
 """(channel axis, kernel, stride, pad, dilation, num_output, group, bias_term, uses cuDNN)."""
 
@@ -56,22 +82,7 @@ def _conv_geometry(ctx: LayerContext, axes: int) -> ConvGeometry:
     num_spatial = axes - (channel_axis + 1)
     if num_spatial < 0:
         raise ctx.error("the input has no spatial axes", field="convolution_param.axis")
-    kernel = spatial_param(
-        ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
-        "convolution_param.kernel_size",
-    )
-    if num_spatial and (not kernel or any(k <= 0 for k in kernel)):
-        raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
-    stride = spatial_param(
-        ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
-        "convolution_param.stride",
-    )
-    if any(s <= 0 for s in stride):
-        raise ctx.error("stride dimensions must be positive", field="convolution_param.stride")
-    pad = spatial_param(
-        ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
-    )
-    dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+    kernel, stride, pad, dilation = _window(ctx, p, num_spatial, check_stride=True)
     num_output = ctx.positive(p.num_output, "convolution_param.num_output")
     group = ctx.positive(p.group, "convolution_param.group")
     return (
@@ -427,20 +438,7 @@ class Im2colRule(LayerRule):
         if num_spatial < 1:
             raise ctx.error(f"the input {list(bottom)} has no spatial axis after the channel axis {channel_axis}",
                             field="convolution_param.axis")
-        kernel = spatial_param(
-            ctx, list(p.kernel_size), optional(p, "kernel_h"), optional(p, "kernel_w"), num_spatial, 0,
-            "convolution_param.kernel_size",
-        )
-        if any(k <= 0 for k in kernel):
-            raise ctx.error("filter dimensions must be positive", field="convolution_param.kernel_size")
-        stride = spatial_param(
-            ctx, list(p.stride), optional(p, "stride_h"), optional(p, "stride_w"), num_spatial, 1,
-            "convolution_param.stride",
-        )
-        pad = spatial_param(
-            ctx, list(p.pad), optional(p, "pad_h"), optional(p, "pad_w"), num_spatial, 0, "convolution_param.pad"
-        )
-        dilation = spatial_param(ctx, list(p.dilation), None, None, num_spatial, 1, "convolution_param.dilation")
+        kernel, stride, pad, dilation = _window(ctx, p, num_spatial, check_stride=False)
         channels = bottom[channel_axis]
         spatial = [
             conv_output_dim(ctx, size, kernel[i], stride[i], pad[i], dilation[i], i)
