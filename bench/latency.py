@@ -76,6 +76,14 @@ def estimate_seconds(train_text: str, item: tuple[int, ...], repeat: int, cold: 
     return times, document
 
 
+def benchmark_nets() -> dict[str, str]:
+    """The training nets timed here, by name (bench/textformat_floor.sh times C++ parsing them too)."""
+    return {
+        "ResNet-50 (zoo)": as_training_net((ZOO / "resnet50_kaiminghe" / "ResNet-50-deploy.prototxt").read_text()),
+        "ResNet-152 (generated)": as_training_net(resnet_deploy(152)),
+    }
+
+
 def parse_seconds(train_text: str, repeat: int) -> list[float]:
     """text_format.Parse alone: the floor under any cold estimate (no hand-written parser, by design)."""
     from google.protobuf import text_format
@@ -114,10 +122,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     item = (3, 224, 224)
-    nets = {
-        "ResNet-50 (zoo)": as_training_net((ZOO / "resnet50_kaiminghe" / "ResNet-50-deploy.prototxt").read_text()),
-        "ResNet-152 (generated)": as_training_net(resnet_deploy(152)),
-    }
+    nets = benchmark_nets()
     rows = []
     for name, text in nets.items():
         cold, document = estimate_seconds(text, item, args.repeat, cold=True)
