@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from zoo_cases import CASES_BY_NAME
 
+from digits_memplugin.core.estimate import Estimator
 from digits_memplugin.core.layers.base import FLOAT_BYTES
 from digits_memplugin.core.memory import SOLVER_STATE_BLOBS, MemoryOptions, job_memory, net_memory
 from digits_memplugin.core.net import build_net
@@ -153,3 +154,34 @@ def test_builds_sharing_a_prepared_net_equal_fresh_builds(engine: str) -> None:
     one_d = _report(training_definition(RESHAPED_NET), engine, 2, {"data": (4, 12)})
     two_d = _report(training_definition(RESHAPED_NET), engine, 2, {"data": (4, 12, 12)})
     assert one_d[0] < two_d[0]
+
+
+TRAIN_VAL = """
+name: "train_val"
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+        data_param { source: "train_db" batch_size: 16 backend: LMDB } }
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TEST }
+        data_param { source: "val_db" batch_size: 10 backend: LMDB } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 8 kernel_size: 3 } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip" inner_product_param { num_output: 5 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" include { phase: TEST } }
+"""
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu-cudnn"])
+def test_a_search_builds_the_test_nets_once_and_costs_them_the_same(engine: str) -> None:
+    """The test nets do not depend on the train batch: one estimator builds them once for all the batches a search
+    tries, and every total equals a fresh build's."""
+    shapes = {"data": (3, 12, 12)}
+    definition = training_definition(TRAIN_VAL)
+    options = MemoryOptions(engine=engine)
+    estimator = Estimator(definition, options, shapes)
+    _, _, first_tests = estimator.report(4)
+    for batch in (1, 9, 33):
+        assert estimator.total(batch) == training_definition(TRAIN_VAL).memory(options, batch, None, shapes)[0].total_bytes
+    _, _, later_tests = estimator.report(64)
+    assert later_tests is first_tests  # built once
+    _, _, other_test_batch = estimator.report(64, 3)
+    assert other_test_batch is not first_tests
+    assert other_test_batch[0].blobs[0].shape[0] == 3

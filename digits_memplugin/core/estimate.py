@@ -112,6 +112,7 @@ class Estimator:
         self.data_shapes = dict(data_shapes)
         self.oracle = oracle
         self._reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
+        self._tests: dict[int | None, list[Net]] = {}
         # Totals outlive this estimator: they are kept on the definition, per way of counting, so that estimating
         # the same net again (another wanted batch, another device) reuses the planner's evaluations.
         key = (options, repr(sorted(self.data_shapes.items())), id(oracle))
@@ -148,7 +149,10 @@ class Estimator:
         return self._totals[key]
 
     def _build(self, key: tuple[int | None, int | None]) -> tuple[MemoryReport, Net, list[Net]]:
-        built = self.definition.memory(self.options, key[0], key[1], self.data_shapes, self.oracle)
+        # The test nets depend on the test batch only: a search over train batches builds them once.
+        tests = self._tests.get(key[1])
+        built = self.definition.memory(self.options, key[0], key[1], self.data_shapes, self.oracle, tests)
+        self._tests[key[1]] = built[2]
         self._totals[key] = built[0].total_bytes
         return built
 

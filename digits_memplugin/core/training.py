@@ -66,19 +66,23 @@ class TrainingDefinition:
         test_batch: int | None = None,
         data_shapes: Mapping[str, Any] | None = None,
         oracle: ShapeOracle | None = None,
+        tests: list[Net] | None = None,
     ) -> tuple[Net, list[Net]]:
-        """Build the nets; `batch` replaces the TRAIN data layers' batch size, `test_batch` the TEST ones'."""
+        """Build the nets; `batch` replaces the TRAIN data layers' batch size, `test_batch` the TEST ones'.
+        `tests`, built before with the same test_batch, data shapes and oracle, are used as they are: the train
+        batch does not change them."""
         train = build_net(
             self.train.param, PHASE_TRAIN, data_shapes=data_shapes, batch_override=batch, oracle=oracle,
             prepared=self.train.prepare(PHASE_TRAIN),
         )
-        tests = [
-            build_net(
-                test.param, PHASE_TEST, data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
-                prepared=test.prepare(PHASE_TEST),
-            )
-            for test in self.tests
-        ]
+        if tests is None:
+            tests = [
+                build_net(
+                    test.param, PHASE_TEST, data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
+                    prepared=test.prepare(PHASE_TEST),
+                )
+                for test in self.tests
+            ]
         return train, tests
 
     def memory(
@@ -88,8 +92,9 @@ class TrainingDefinition:
         test_batch: int | None = None,
         data_shapes: Mapping[str, Any] | None = None,
         oracle: ShapeOracle | None = None,
+        tests: list[Net] | None = None,
     ) -> tuple[MemoryReport, Net, list[Net]]:
-        train, tests = self.build(batch, test_batch, data_shapes, oracle)
+        train, tests = self.build(batch, test_batch, data_shapes, oracle, tests)
         report = job_memory(train, tests, options)
         report.assumptions[:0] = self.assumptions
         return report, train, tests
