@@ -17,7 +17,7 @@ from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeErr
 from digits_memplugin.core.layers.base import PHASE_TEST
 from digits_memplugin.core.net import build_net
 from digits_memplugin.core.prototxt import DEFAULT_LIMITS, MAX_DETAIL, ParseLimits, parse_net, parse_solver
-from digits_memplugin.core.sourcemap import code_spans_outside_strings, count_layer_blocks, layer_lines
+from digits_memplugin.core.sourcemap import code_spans_outside_strings, count_layer_blocks, layer_lines, string_spans
 from digits_memplugin.errors import MemPluginError
 
 INPUT = 'layer { name: "input" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }\n'
@@ -454,6 +454,10 @@ def test_block_scanner_agrees_with_the_token_by_token_reference(pieces: list[tup
     if _name_follows_layer(text):
         return  # not a block either scanner must agree on (see _PIECES)
     assert layer_lines(text) == _reference_lines(text)
+    hidden = [m for m in _REFERENCE_TOKEN.finditer(text) if m.group()[0] in "#\"'"]
+    starts = [0, *(m.end() for m in hidden)]
+    assert list(code_spans_outside_strings(text)) == list(zip(starts, [m.start() for m in hidden] + [len(text)]))
+    assert list(string_spans(text)) == [m.span() for m in hidden if m.group()[0] != "#"]
     blocks = sum(1 for depth, _, _ in _reference_blocks(text) if depth == 0)
     assert count_layer_blocks(text, 10**6) == (blocks, None)
 

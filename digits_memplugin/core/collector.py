@@ -2,7 +2,7 @@
 
 An estimate allocates tens of thousands of short-lived objects (parsed protobuf messages, blobs, layer contexts),
 so the collector runs many times during one; each time it reaches the oldest generation it walks the whole heap,
-caffe_pb2's descriptors included, for 20 to 40 ms. Measured on ResNet-50 (bench/latency.py): a cold estimate's
+caffe_pb2's descriptors included, for 20 to 40 ms. Measured side by side in one process on ResNet-50: a cold estimate's
 median went from 53 to 46 ms with the collector paused, and its slowest from 88 to 54 ms. Reference counting still
 frees almost everything at once; what only the collector can free (protobuf messages point back at their
 parents) waits until the pause ends, and an estimate's input is bounded (`prototxt.ParseLimits`), so that memory is.

@@ -280,7 +280,7 @@ class PreparedNet:
     lines: tuple[int | None, ...]
     filtered: list[tuple[int, Any]]
     layers: tuple[LayerSpec, ...]
-    memos: tuple[dict[Any, Any], ...] = ()
+    memos: tuple[dict[Any, Any], ...]
     """One `LayerContext.memo` per layer, shared by every build of this prepared net."""
 
 
@@ -378,7 +378,7 @@ def build_net(
             line=line,
             data_shapes=shapes,
             batch_override=batch_override,
-            memo=prepared.memos[layer_index] if prepared.memos else None,
+            memo=prepared.memos[layer_index],
             name=name_,
             layer_type=type_,
         )
@@ -388,7 +388,8 @@ def build_net(
         if rule is not None:
             # The blob counts and the fillers depend on the definition only: checked at the first build of a
             # prepared net, remembered in its memo once they pass.
-            if not ctx.memo.get("structure checked"):
+            structure_checked = ctx.memo.get("structure checked", False)
+            if not structure_checked:
                 rule.bottoms.check(len(bottom_ids), "bottom", ctx)
                 num_tops = len(spec.tops)
                 if rule.auto_top_blobs:
@@ -400,7 +401,7 @@ def build_net(
                 rule = None
                 unsupported = f"{deferred}; only pycaffe can shape it" if str(deferred) else None
             else:
-                if not ctx.memo.get("structure checked"):
+                if not structure_checked:
                     check_layer_fillers(ctx)
                     ctx.memo["structure checked"] = True
         if setup is None:

@@ -11,18 +11,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-_TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[{}<>\[\]]|\n|[A-Za-z_][A-Za-z0-9_]*')
 _OPEN = "{<"
 _CLOSE = "}>"
-LAYER_FIELDS = ("layer", "layers")
 INPUT_SHAPE_FIELDS = ("input_shape", "input_dim")
 
-
 _STRING_OR_COMMENT = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+"""A comment, or a quoted string on one line (text format's strings cannot span lines). Scanned from the left,
+a `#` inside a string is part of the string and a quote inside a comment part of the comment."""
 _BLOCK_TOKEN = re.compile(r"[{}<>\[\]]|(?<![A-Za-z0-9_])layers?(?![A-Za-z0-9_])")
-"""What the block scanner needs of `_TOKEN` once strings and comments are blanked out: brackets and the
-`layer`/`layers` names. Other names and newlines are left to the regular expression engine, so the loop runs over
-a fraction of the tokens; lines are counted only where a block is reported."""
+"""What the block scanner needs once strings and comments are blanked out: brackets and the `layer`/`layers`
+names. Other names and newlines are left to the regular expression engine, so the loop runs over a fraction of
+the text; lines are counted only where a block is reported."""
 
 
 def _without_strings(text: str) -> str:
@@ -71,17 +70,16 @@ def _layer_blocks(text: str) -> Iterator[tuple[int, int, int]]:
 def code_spans_outside_strings(text: str) -> Iterator[tuple[int, int]]:
     """(start, end) of every stretch of text that is neither a quoted string nor a comment."""
     position = 0
-    for match in _TOKEN.finditer(text):
-        if match.group()[0] in "#\"'":
-            yield position, match.start()
-            position = match.end()
+    for match in _STRING_OR_COMMENT.finditer(text):
+        yield position, match.start()
+        position = match.end()
     yield position, len(text)
 
 
 def string_spans(text: str) -> Iterator[tuple[int, int]]:
     """(start, end) of every quoted string, quotes included."""
-    for match in _TOKEN.finditer(text):
-        if match.group()[0] in "\"'":
+    for match in _STRING_OR_COMMENT.finditer(text):
+        if match.group()[0] != "#":
             yield match.start(), match.end()
 
 
