@@ -80,6 +80,10 @@ class Settings:
     job_nice: int = 10
     """The nice value training children run at (0-19): where training takes every core, the server's pages, API
     and events keep the CPU first (bench/load.py measures the difference)."""
+    job_stall_seconds: float = 600.0
+    """A training attempt that sends no record and writes no log line for this long is ended by the watchdog and
+    classified (an allocation retried for ever is out of memory, and the fallback goes on; anything else fails).
+    Records come every iteration and every 10 s of a test pass, so only a stuck child stays silent this long."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -194,6 +198,10 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
             raise ConfigError(f"{key} must be a whole number from 0 to 19, got {value!r}")
         return value
+    if field.name == "job_stall_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            raise ConfigError(f"{key} must be a number of seconds of at least 1, got {value!r}")
+        return float(value)
     if field.name == "store_busy_seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")

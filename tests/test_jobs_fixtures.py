@@ -30,6 +30,37 @@ SHORT_SOLVER = LENET_SOLVER.replace("test_iter: 100", "test_iter: 2").replace("s
 LENET_DATA = {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb"}
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            return set(next((line for line in cpuinfo if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+_NEEDS = {"Haswell": {"avx2", "fma"}, "Zen": {"avx2", "fma"}, "SkylakeX": {"avx512f", "avx512bw", "avx512dq", "avx512vl"}}
+BLAS_CORES = [
+    pytest.param(
+        core, id=core or "own-core",
+        marks=pytest.mark.skipif(not _NEEDS.get(core, set()) <= _cpu_flags(), reason=f"this CPU cannot run {core} kernels"),
+    )
+    for core in ("", "Haswell", "SkylakeX", "Zen")
+]
+"""OpenBLAS kernels to run capped attempts under (OPENBLAS_CORETYPE; "" lets OpenBLAS pick for this CPU): which
+call first maps OpenBLAS's buffer differs between them, and a buffer mapped after the cap hangs the attempt."""
+
+
+@pytest.fixture
+def blas_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Training children started in this test run OpenBLAS with the kernel of `request.param`."""
+    core = str(request.param)
+    if core:
+        monkeypatch.setenv("OPENBLAS_CORETYPE", core)
+    else:
+        monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    return core
+
+
 def write_lmdb(path: Path, records: int = 16, shape: tuple[int, int, int] = (1, 28, 28), smaller_after: int | None = None) -> Path:
     """An LMDB of uint8 Datums with labels 0..9; from record `smaller_after` on, items are 8 pixels smaller (a
     corrupt dataset: Caffe's transformer aborts on it, a failure that is not out-of-memory)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from test_jobs_fixtures import (
+    BLAS_CORES,
     LENET_DATA,
     MIB,
     ManagerFactory,
@@ -34,8 +35,9 @@ CAP = 64 * MIB
 WANTED = 512
 
 
+@pytest.mark.parametrize("blas_core", BLAS_CORES, indirect=True)
 def test_a_real_out_of_memory_is_recovered_at_a_smaller_batch_keeping_the_effective_batch(
-    make_manager: ManagerFactory,
+    make_manager: ManagerFactory, blas_core: str,
 ) -> None:
     events: list[tuple[str, dict[str, Any]]] = []
     manager = make_manager(events, cpu_memory_cap=CAP)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import MIB, SHORT_SOLVER, ManagerFactory, lenet_request
+from test_jobs_fixtures import BLAS_CORES, MIB, SHORT_SOLVER, ManagerFactory, lenet_request
 
 from digits_memplugin.core import oom
 from digits_memplugin.core.prototxt import parse_solver
@@ -78,20 +78,37 @@ def test_reports_match_caffes_own_test_loss_and_learning_rate(make_manager: Mana
     assert snapshot["state"].startswith("snapshots/")  # inside the job's folder
 
 
-def test_under_a_cap_caffe_really_fails_to_allocate(make_manager: ManagerFactory) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("blas_core", BLAS_CORES, indirect=True)
+def test_under_a_cap_caffe_really_fails_to_allocate(
+    make_manager: ManagerFactory, blas_core: str, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under every OpenBLAS kernel and thread count: the BLAS buffers are mapped before the cap (a buffer mapped
+    after it would make OpenBLAS retry for ever), so what fails under the cap is Caffe's own allocation."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(threads))
     manager = make_manager(cpu_memory_cap=40 * MIB)
     job = manager.wait(
         manager.submit(lenet_request(batch=400, fallback={"start": "wanted", "max_attempts": 1})).id, timeout=120
     )
     (attempt,) = manager.attempts(job.id)
     log = (manager.folder(job.id) / attempt.log).read_text()
-    fatal = oom.fatal_line(log)
-    assert fatal is not None and "host allocation of size" in fatal
-    outcome = oom.classify(-signal.SIGABRT, log)
-    assert outcome.status == oom.OUT_OF_MEMORY and outcome.out_of_memory is not None
-    assert attempt.status == "out_of_memory" and attempt.signal == "SIGABRT"
+    assert attempt.status == "out_of_memory" and attempt.out_of_memory is not None
+    if attempt.out_of_memory["signature"] == "host_allocation_failed":  # Caffe's malloc failed first
+        fatal = oom.fatal_line(log)
+        assert fatal is not None and "host allocation of size" in fatal
+        outcome = oom.classify(-signal.SIGABRT, log)
+        assert outcome.status == oom.OUT_OF_MEMORY and outcome.out_of_memory is not None
+        assert attempt.signal == "SIGABRT"
+    else:  # with BLAS threads, OpenBLAS's own job table (malloc'd at each threaded gemm) may fail first
+        assert threads > 1 and attempt.out_of_memory["signature"] == "openblas_malloc_failed", attempt
+        assert "OpenBLAS: malloc failed in" in log and attempt.exit_code == 1
     started = records(manager, job.id, 1)[0]
     assert started["memory_cap"] == 40 * MIB and started["baseline_bytes"] > 0
+    blas = started["blas"]
+    assert blas["settled"] and blas["mapped_bytes"] > 0 and "openblas" in blas["library"]
+    assert blas["threads"] == threads
+    if blas_core:
+        assert blas["core"] == blas_core
 
 
 def test_training_never_waits_for_a_server_that_does_not_read(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 * dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
 * lowers its own CPU priority (the attempt's "nice", 10 by default) before Caffe starts its threads, which inherit
   it: on a machine whose cores the training takes, the server's pages, API and events still come first;
-* applies the attempt's memory cap to itself with RLIMIT_DATA, measured from its own footprint once pycaffe and
-  BLAS are loaded, so the cap is what Caffe's buffers may take. RLIMIT_DATA (not RLIMIT_AS) because malloc then
+* applies the attempt's memory cap to itself with RLIMIT_DATA, measured from its own footprint once pycaffe is
+  loaded and the BLAS has mapped its buffers (jobs.blas_warmup: OpenBLAS retries a failed map for ever, so none
+  may be left for after the cap), so the cap is what Caffe's buffers may take. RLIMIT_DATA (not RLIMIT_AS) because malloc then
   fails cleanly and Caffe's CHECK reports "host allocation of size N failed", while address-space reservations
   (LMDB's read-only map, glibc's arena reserves) do not count;
 * disables the solver's own testing and snapshots in the generated solver and does both itself, so that every
@@ -18,7 +19,8 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 * reports the learning rate from Caffe's formulas (core.schedule), which pycaffe does not expose.
 
 Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
-started, constructed, test, iteration, snapshot, finished, error. Exit status 0 after "finished", 3 after "error".
+started, constructed, testing (during a long test pass, at most one every ALIVE_SECONDS), test, iteration,
+snapshot, finished, error. Exit status 0 after "finished", 3 after "error".
 
 A full disk ends the attempt with an "error" record of type "DiskFull" on stdout (a pipe to the server, which
 needs no disk) rather than training on with no log, no progress file and snapshots that cannot be written.
@@ -42,12 +44,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..measure.process_memory import data_bytes, heap_bytes
+from .blas_warmup import warm_up
+
 THREAD_STACK_BYTES = 512 * 1024
 """Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
 address space by default, which RLIMIT_DATA counts; Caffe's threads need a few KiB."""
 MAX_LISTED_VALUES = 16
 """Outputs with more elements are reported by their mean, not element by element."""
+ALIVE_SECONDS = 10.0
+"""At most one "testing" record this often during a test pass (the watchdog's sign of life)."""
 PR_SET_PDEATHSIG = 1
+PR_SET_PTRACER = 0x59616D61
 DISK_FULL = "DiskFull"
 """The type of the error record of an attempt stopped by a full disk."""
 _OPEN_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -70,7 +78,7 @@ class Reporter:
         self._stream = stream
         self._progress = progress
         self._file: int | None = os.open(progress, _OPEN_APPEND, 0o644)
-        self._started = time.monotonic()
+        self._started = self._last = time.monotonic()
         self._held: str | None = None
         self.held_back = 0
         """Iteration records not sent live because the server was not reading (they are in the progress file)."""
@@ -78,7 +86,8 @@ class Reporter:
     def __call__(self, event: str, **fields: Any) -> None:
         """Write one record: to stdout first (the server reads it live, with no disk in between), then to the
         progress file; a full disk there raises DiskFull."""
-        record = {"event": event, "time": time.time(), "seconds": round(time.monotonic() - self._started, 3), **fields}
+        self._last = time.monotonic()
+        record = {"event": event, "time": time.time(), "seconds": round(self._last - self._started, 3), **fields}
         line = json.dumps(record, allow_nan=False, default=_number) + "\n"
         self._send(line, may_wait=event != "iteration")
         if self._file is None:
@@ -93,6 +102,13 @@ class Reporter:
             os.close(self._file)
             self._file = None  # the error record that follows goes to stdout only
             raise DiskFull(f"could not write {self._progress}: no space left on the device") from None
+
+    def alive(self, event: str, **fields: Any) -> None:
+        """A progress record for long stretches with no other (a test pass of many batches), at most one every
+        ALIVE_SECONDS: it tells the server's watchdog that the attempt is still getting somewhere."""
+        now = time.monotonic()
+        if now - self._last >= ALIVE_SECONDS:
+            self(event, **fields)
 
     def _send(self, line: str, may_wait: bool) -> None:
         # The line is ASCII (json.dumps escapes the rest), so its length is its size in bytes.
@@ -120,15 +136,6 @@ def _number(value: Any) -> Any:
     return float(value)
 
 
-def data_bytes() -> int:
-    """This process's data segment (VmData): what RLIMIT_DATA limits."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmData line")
-
-
 def die_with_parent() -> None:
     """Ask the kernel to kill this process when the server that started it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -136,6 +143,13 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+
+
+def let_parent_trace() -> None:
+    """Where Yama restricts ptrace to ancestors, let the server (and the gdb its watchdog starts) read this
+    process's stack if it ever stops making progress (jobs.watchdog). Without Yama there is nothing to do."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PTRACER, os.getppid(), 0, 0, 0)
 
 
 def redirect_stderr(log: Path) -> None:
@@ -146,23 +160,6 @@ def redirect_stderr(log: Path) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
 
 
-def warm_up_blas() -> None:
-    """Run one tiny sgemm in Caffe's BLAS so that its buffers (OpenBLAS maps a large one at the first call) are in
-    the baseline rather than counted against the cap."""
-    try:
-        blas = ctypes.CDLL("libopenblas.so.0")
-    except OSError:
-        try:
-            blas = ctypes.CDLL("libcblas.so.3")
-        except OSError:
-            return
-    values = (ctypes.c_float * 4)(1.0, 2.0, 3.0, 4.0)
-    result = (ctypes.c_float * 4)()
-    row_major, no_trans = 101, 111
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    blas.cblas_sgemm(row_major, no_trans, no_trans, 2, 2, 2, one, values, 2, values, 2, zero, result, 2)
-
-
 def small_thread_stacks(size: int = THREAD_STACK_BYTES) -> None:
     """Make threads started from now on (Caffe's) reserve `size` bytes of stack instead of RLIMIT_STACK."""
     libc = ctypes.CDLL(None)
@@ -170,6 +167,24 @@ def small_thread_stacks(size: int = THREAD_STACK_BYTES) -> None:
     if libc.pthread_attr_init(attr) == 0 and libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) == 0:
         libc.pthread_setattr_default_np(attr)
         libc.pthread_attr_destroy(attr)
+
+
+class Growth:
+    """The attempt's memory since the baseline (pycaffe and the BLAS loaded and warmed up, before the solver):
+    `memory_bytes`, the data segment's growth, is what the cap limits (Caffe's buffers, and whatever else the
+    process maps meanwhile); `allocated_bytes`, malloc's growth, is Caffe's own allocation in CPU mode, the figure
+    the estimator predicts. On a GPU, Caffe's buffers are in neither: NVML's figure for the process is."""
+
+    def __init__(self) -> None:
+        self.baseline = data_bytes()
+        self.heap = heap_bytes()
+
+    def fields(self) -> dict[str, int]:
+        fields = {"memory_bytes": data_bytes() - self.baseline}
+        heap = heap_bytes()
+        if heap is not None and self.heap is not None:
+            fields["allocated_bytes"] = heap - self.heap
+        return fields
 
 
 def output_value(values: Any) -> Any:
@@ -200,7 +215,8 @@ def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
         net.share_with(solver.net)
         sums: dict[str, Any] = {}
         iterations = test_iters[index]
-        for _ in range(iterations):
+        for done in range(iterations):
+            report.alive("testing", net=index, done=done, of=iterations)
             outputs = net.forward()
             for name, values in outputs.items():
                 sums[name] = values.astype("float64") if name not in sums else sums[name] + values
@@ -239,18 +255,22 @@ def train(spec: Mapping[str, Any], report: Reporter) -> None:
         caffe.set_mode_gpu()
     else:
         caffe.set_mode_cpu()
-    warm_up_blas()
+    blas = warm_up(caffe._caffe.__file__)
     small_thread_stacks()
-    baseline = data_bytes()
+    memory = Growth()
     cap = spec.get("memory_cap")
     if cap:
-        resource.setrlimit(resource.RLIMIT_DATA, (baseline + int(cap), baseline + int(cap)))
-    report("started", pid=os.getpid(), baseline_bytes=baseline, memory_cap=cap, resumed_from=spec.get("resume"))
+        limit = memory.baseline + int(cap)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    report(
+        "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.get("resume"),
+        blas=blas.to_dict(),
+    )
 
     solver = caffe.get_solver(spec["solver"])
     if spec.get("resume"):
         solver.restore(spec["resume"])
-    report("constructed", iteration=solver.iter, memory_bytes=data_bytes() - baseline)
+    report("constructed", iteration=solver.iter, **memory.fields())
 
     max_iter, test_interval = int(spec["max_iter"]), int(spec["test_interval"])
     test_iters = [int(n) for n in spec["test_iter"]]
@@ -270,7 +290,7 @@ def train(spec: Mapping[str, Any], report: Reporter) -> None:
             lr=rate,
             loss=weighted_loss(values, weights),
             outputs={name: output_value(v) for name, v in values.items()},
-            memory_bytes=data_bytes() - baseline,
+            **memory.fields(),
         )
         if every and solver.iter % every == 0:
             snapshot(solver, spec, report)
@@ -278,7 +298,7 @@ def train(spec: Mapping[str, Any], report: Reporter) -> None:
         snapshot(solver, spec, report)
     if test_interval and solver.iter % test_interval == 0:
         run_tests(solver, test_iters, report)
-    report("finished", iteration=solver.iter, memory_bytes=data_bytes() - baseline)
+    report("finished", iteration=solver.iter, **memory.fields())
 
 
 def main(argv: list[str]) -> int:
@@ -289,6 +309,7 @@ def main(argv: list[str]) -> int:
     if spec.get("nice"):
         os.nice(int(spec["nice"]))
     die_with_parent()
+    let_parent_trace()
     redirect_stderr(Path(spec["log"]))
     report = Reporter(sys.stdout, Path(spec["progress"]))
     try:

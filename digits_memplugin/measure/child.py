@@ -6,30 +6,27 @@ Usage: python -m digits_memplugin.measure.child SOLVER_PROTOTXT
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 import time
 
-_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+from .process_memory import heap_bytes
 
 
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS]
+def _in_use() -> int:
+    used = heap_bytes()
+    if used is None:
+        raise RuntimeError("this C library has no mallinfo2(): the measurement needs glibc 2.33 or newer")
+    return used
 
 
-def _in_use(libc: ctypes.CDLL) -> int:
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
-
-
-def _settled(libc: ctypes.CDLL, timeout: float = 10.0) -> int:
+def _settled(timeout: float = 10.0) -> int:
     """Reader threads keep filling their queues for a moment after the step: wait until the count holds still."""
     deadline = time.monotonic() + timeout
-    last = _in_use(libc)
+    last = _in_use()
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        now = _in_use(libc)
+        now = _in_use()
         if now == last:
             return now
         last = now
@@ -37,17 +34,15 @@ def _settled(libc: ctypes.CDLL, timeout: float = 10.0) -> int:
 
 
 def main(argv: list[str]) -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Mallinfo2
     import caffe
 
     caffe.set_mode_cpu()
-    before = _in_use(libc)
+    before = _in_use()
     started = time.monotonic()
     solver = caffe.get_solver(argv[0])
-    constructed = _in_use(libc)
+    constructed = _in_use()
     solver.step(1)
-    after = _settled(libc)
+    after = _settled()
     print(
         json.dumps(
             {
