@@ -15,6 +15,8 @@ packages=(
   liblmdb-dev
   # net.cpp includes a gtest header
   libgtest-dev
+  # the job watchdog reads a stuck training child's stack (jobs/watchdog.py)
+  gdb
 )
 if [[ "${1:-}" == "--browser" ]]; then
   packages+=(chromium)

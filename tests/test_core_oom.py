@@ -3,6 +3,7 @@ other failure reported by its glog F line; only out-of-memory retried. The real 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -80,6 +81,12 @@ SIGNATURES = [
         "host_allocation_failed", "cpu", False, 11796480, None, None, None,
     ),
     (
+        # A real log of this pycaffe under RLIMIT_DATA with two OpenBLAS threads (exit status 1, no F line).
+        PREAMBLE + "I20261203 06:35:21.950387 11199 solver.cpp:63] Solver scaffolding done.\n"
+        "OpenBLAS: malloc failed in gemm_driver\n",
+        "openblas_malloc_failed", "cpu", False, None, None, None, None,
+    ),
+    (
         PREAMBLE + "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
         "cpp_bad_alloc", "cpu", False, None, None, None, None,
     ),
@@ -102,6 +109,7 @@ def test_each_signature_is_out_of_memory_with_its_numbers(
 ) -> None:
     outcome = oom.classify(-signal.SIGABRT, log)
     assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry
+    assert oom.classify(1, log).status == oom.OUT_OF_MEMORY  # what the process exits with does not matter
     found = outcome.out_of_memory
     assert found is not None
     assert (found.signature, found.device, found.ambiguous) == (signature, device, ambiguous)
@@ -111,6 +119,48 @@ def test_each_signature_is_out_of_memory_with_its_numbers(
     assert outcome.signal == "SIGABRT" and outcome.exit_code is None
     if ambiguous:
         assert "likely" in found.message
+
+
+BLAS_STACK = ("syscall", "??", "blas_memory_alloc", "cblas_sgemm", "caffe::caffe_cpu_gemm<float>")
+
+
+def test_a_stall_in_a_known_allocation_retry_is_out_of_memory() -> None:
+    stall = oom.Stall(seconds=600, cpu_share=1.0, system_share=0.87, frames=BLAS_STACK, data_limit=50 << 20)
+    outcome = oom.classify(-signal.SIGKILL, "", stall=stall)
+    assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry and outcome.out_of_memory is not None
+    assert outcome.out_of_memory.signature == "blas_allocation_retry" and not outcome.out_of_memory.ambiguous
+    assert "600 s" in outcome.message and "blas_memory_alloc" in outcome.message
+
+
+def test_a_stall_without_a_stack_is_judged_from_proc() -> None:
+    """Only a capped process burning CPU mostly in the kernel is a likely retry; each condition matters."""
+    retry = oom.Stall(seconds=60, cpu_share=0.98, system_share=0.87, frames=None, data_limit=50 << 20)
+    found = oom.stalled_out_of_memory(retry)
+    assert found is not None and found.signature == "allocation_retry" and found.ambiguous
+    assert "likely" in found.message and "87%" in found.message
+    for other in (
+        dataclasses.replace(retry, data_limit=None),  # no cap: an allocation would not fail like this
+        dataclasses.replace(retry, system_share=0.05),  # computing, not calling the kernel
+        dataclasses.replace(retry, cpu_share=0.01),  # idle
+        dataclasses.replace(retry, frames=("PyEval_EvalFrameDefault",)),  # a stack that is no retry
+    ):
+        assert oom.stalled_out_of_memory(other) is None
+        outcome = oom.classify(-signal.SIGKILL, "", stall=other)
+        assert outcome.status == oom.FAILED and not outcome.retry
+        assert outcome.message.startswith("made no progress for 60 s") and "watchdog" in outcome.message
+
+
+def test_a_stall_message_says_what_the_process_was_doing() -> None:
+    busy = oom.Stall(seconds=30, cpu_share=1.0, system_share=0.0, frames=("spin", "main"))
+    assert "using 100% of a CPU" in oom.stall_message(busy) and "spin <- main" in oom.stall_message(busy)
+    idle = oom.Stall(seconds=30, cpu_share=0.0, system_share=0.0, state="S")
+    assert "nearly idle (state S)" in oom.stall_message(idle)
+    assert "could not be read" in oom.stall_message(oom.Stall(seconds=30))
+
+
+def test_a_stall_we_cancelled_is_cancelled() -> None:
+    stall = oom.Stall(seconds=60, cpu_share=1.0, system_share=0.9, frames=BLAS_STACK, data_limit=1 << 20)
+    assert oom.classify(-signal.SIGKILL, "", cancelled=True, stall=stall).status == oom.CANCELLED
 
 
 def test_exit_status_134_reads_as_sigabrt() -> None:

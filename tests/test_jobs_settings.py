@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,13 @@ def test_job_settings_are_read_and_normalised(tmp_path: Path) -> None:
 def test_bad_job_settings_fail_at_start_naming_the_key(key: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=key):
         Settings.from_config({key: value})
+
+
+def test_the_watchdog_silence_is_a_setting_of_seconds() -> None:
+    assert Settings.from_config({}).job_stall_seconds == 600.0
+    settings = Settings.from_config({"MEMPLUGIN_JOB_STALL_SECONDS": 90})
+    assert settings.job_stall_seconds == 90.0
+    assert ManagerConfig.from_settings(settings).stall_seconds == 90.0
+    for value in (0, 0.5, -1, math.inf, math.nan, "600", True, None):
+        with pytest.raises(ConfigError, match="MEMPLUGIN_JOB_STALL_SECONDS must be a number of seconds of at least 1"):
+            Settings.from_config({"MEMPLUGIN_JOB_STALL_SECONDS": value})

@@ -214,6 +214,23 @@ def host_allocation_failed(line: str) -> OutOfMemory | None:
     )
 
 
+_OPENBLAS_MALLOC = re.compile(r"OpenBLAS: malloc failed in (\w+)")
+
+
+@_predicate
+def openblas_malloc_failed(line: str) -> OutOfMemory | None:
+    """CPU mode with more than one BLAS thread: OpenBLAS mallocs its threads' job table at every threaded call
+    (driver/level3/level3_thread.c) and, when that fails, prints ``OpenBLAS: malloc failed in gemm_driver`` and
+    exits with status 1 (seen under the attempt's memory cap, after Caffe's buffers had taken it)."""
+    match = _OPENBLAS_MALLOC.search(line)
+    if match is None:
+        return None
+    return OutOfMemory(
+        "openblas_malloc_failed", "cpu", f"host memory ran out (OpenBLAS could not allocate in {match.group(1)})",
+        line=line,
+    )
+
+
 _PYTHON_MEMORY_ERROR = re.compile(r"^(?:\w+\.)*MemoryError\b")
 
 
@@ -245,6 +262,81 @@ def killed_by_oom_killer(counted: bool = False) -> OutOfMemory:
         "the process was killed with SIGKILL, which this server did not send: likely the kernel's out-of-memory "
         f"killer{evidence} (the machine's or the container's memory ran out)",
         ambiguous=True,
+    )
+
+
+# --- an attempt that made no progress ---------------------------------------------------------------------------
+
+ALLOCATION_RETRY_FRAMES: Final = {"blas_memory_alloc": "blas_allocation_retry"}
+"""Functions that retry a failed allocation for ever, by the signature a stack through them is: OpenBLAS's
+memory.c loops over its allocators until a buffer maps (seen under RLIMIT_DATA, gdb on the stuck child)."""
+SYSTEM_SHARE_OF_A_RETRY: Final = 0.5
+"""Without a stack: a capped process spending at least this share of its CPU time in the kernel is taken to be
+retrying a failing mmap (the OpenBLAS loop measured 87% system time; compute loops measure near 0%)."""
+BUSY_SHARE: Final = 0.5
+"""At least this share of one CPU over the stall counts as burning CPU."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """What the watchdog saw of an attempt that wrote no record and no log line for `seconds`."""
+
+    seconds: float
+    cpu_share: float | None = None
+    """CPU time over wall time during the stall (1.0: one core busy); None when /proc did not say."""
+    system_share: float | None = None
+    """The kernel's share of that CPU time."""
+    frames: tuple[str, ...] | None = None
+    """The main thread's stack, innermost first (function names), where it could be sampled."""
+    data_bytes: int | None = None
+    data_limit: int | None = None
+    """RLIMIT_DATA of the process (None: unlimited or unknown)."""
+    state: str | None = None
+    """The process's state letter in /proc (R running, S sleeping, D in uninterruptible I/O, T stopped...)."""
+
+    @property
+    def busy(self) -> bool:
+        return self.cpu_share is not None and self.cpu_share >= BUSY_SHARE
+
+
+def stalled_out_of_memory(stall: Stall) -> OutOfMemory | None:
+    """A stall that is an allocation retried for ever: a known retry loop on the main thread's stack (certain), or,
+    where the stack could not be read, a capped process burning CPU mostly in the kernel (likely)."""
+    for frame in stall.frames or ():
+        signature = ALLOCATION_RETRY_FRAMES.get(frame)
+        if signature is not None:
+            return OutOfMemory(
+                signature, "cpu",
+                f"host memory ran out: the process retried a failed allocation for {stall.seconds:.0f} s "
+                f"({frame} on its stack) under its memory cap, and the watchdog stopped it",
+                line=" <- ".join(stall.frames or ()),
+            )
+    if (
+        stall.frames is None and stall.busy and stall.data_limit is not None
+        and stall.system_share is not None and stall.system_share >= SYSTEM_SHARE_OF_A_RETRY
+    ):
+        return OutOfMemory(
+            "allocation_retry", "cpu",
+            f"host memory likely ran out: for {stall.seconds:.0f} s the process burned CPU mostly in the kernel "
+            f"({stall.system_share:.0%} system time) under its memory cap, as a failed allocation retried for ever "
+            "does (its stack could not be read to be sure), and the watchdog stopped it",
+            ambiguous=True,
+        )
+    return None
+
+
+def stall_message(stall: Stall) -> str:
+    """Why the watchdog ended an attempt that is not out of memory, for people."""
+    if stall.busy and stall.cpu_share is not None:
+        doing = f"while using {stall.cpu_share:.0%} of a CPU"
+    elif stall.cpu_share is not None:
+        doing = f"while nearly idle (state {stall.state or '?'})"
+    else:
+        doing = "(its CPU use could not be read)"
+    where = f"; its main thread was in {' <- '.join(stall.frames[:6])}" if stall.frames else ""
+    return (
+        f"made no progress for {stall.seconds:.0f} s (no record, no log line) {doing}{where}: stopped by the "
+        "watchdog; resume the job to try again"
     )
 
 
@@ -311,6 +403,7 @@ def classify(
     finished: bool = False,
     runner_error: Mapping[str, Any] | None = None,
     oom_killer: bool | None = None,
+    stall: Stall | None = None,
 ) -> Outcome:
     """Classify an ended attempt.
 
@@ -319,6 +412,8 @@ def classify(
     training, `runner_error` the runner's own error record ({"type": "MemoryError", "message": ...}),
     `oom_killer` whether the kernel's OOM killer killed a process while the attempt ran (None: unknown). A SIGKILL
     we did not send is out-of-memory unless the kernel says it killed nothing: then it is a failure, not retried.
+    `stall`: the watchdog ended the attempt because it made no progress; what it saw decides between
+    out-of-memory (an allocation retried for ever) and a failure.
     """
     code, killed_by = returncode, None
     if returncode is not None and returncode < 0:
@@ -335,6 +430,12 @@ def classify(
         return Outcome(SUCCESS, "training finished", exit_code=0)
     if cancelled:
         return Outcome(CANCELLED, "cancelled", exit_code=code, signal=signal_name, fatal_line=fatal)
+
+    if stall is not None:
+        found = stalled_out_of_memory(stall)
+        if found is not None:
+            return Outcome(OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
+        return Outcome(FAILED, stall_message(stall), exit_code=code, signal=signal_name, fatal_line=fatal)
 
     found = find_out_of_memory(lines)
     if found is None and killed_by == signal.SIGKILL:

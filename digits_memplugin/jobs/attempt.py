@@ -1,5 +1,6 @@
 """One attempt as a child process: started in its own process group, its JSON records and Caffe's log followed
-live, stopped with SIGTERM then SIGKILL, and classified once it has ended (core.oom).
+live, stopped with SIGTERM then SIGKILL, ended by the watchdog when it makes no progress (jobs.watchdog), and
+classified once it has ended (core.oom).
 
 Written with the standard library's threading, subprocess and time: under the gevent server they are
 monkey-patched, so the reads and waits here yield to the hub instead of blocking it; in tests and in the CLI they
@@ -27,7 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.oom import Outcome, classify
+from ..core.oom import Outcome, Stall, classify
+from .watchdog import Watchdog
 
 LOG_TAIL_BYTES = 256 * 1024
 """How much of the end of Caffe's log the classification reads."""
@@ -67,6 +69,8 @@ class AttemptProcess:
         on_record: RecordCallback | None = None,
         on_log: LogCallback | None = None,
         grace_seconds: float = 5.0,
+        stall_seconds: float | None = None,
+        command: list[str] | None = None,
     ) -> None:
         self.folder = folder
         self.spec_file = spec_file
@@ -75,6 +79,9 @@ class AttemptProcess:
         self.on_record = on_record or (lambda record: None)
         self.on_log = on_log or (lambda lines: None)
         self.grace_seconds = grace_seconds
+        self.stall_seconds = stall_seconds
+        """Silence (no record, no log line) after which the watchdog ends the child; None: never."""
+        self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file]
         self.process: subprocess.Popen[str] | None = None
         self._cancel_at: float | None = None
         self._killed = False
@@ -87,6 +94,8 @@ class AttemptProcess:
         self._log_offset = 0
         self._partial = b""
         self._oom_kills: int | None = None
+        self._activity = False
+        self._stall: Stall | None = None
 
     @property
     def pid(self) -> int | None:
@@ -104,7 +113,7 @@ class AttemptProcess:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a symlink
         with os.fdopen(os.open(self.log_path, flags, 0o644), "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "digits_memplugin.jobs.runner", self.spec_file],
+                self.command,
                 cwd=self.folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -146,8 +155,18 @@ class AttemptProcess:
             raise RuntimeError("the attempt was not started")
         reader = threading.Thread(target=self._read_records, args=(process.stdout,), daemon=True)
         reader.start()
+        watchdog = None if self.stall_seconds is None else Watchdog(process.pid, self.stall_seconds)
         while process.poll() is None:
-            self._follow_log()
+            if self._follow_log() or self._activity:
+                self._activity = False
+                if watchdog is not None:
+                    watchdog.activity()
+            if watchdog is not None and self._stall is None and not self.cancelled:
+                self._stall = watchdog.stalled()
+                if self._stall is not None:
+                    with self._lock:  # ended, not cancelled: the classification says why
+                        self._signal(signal.SIGKILL)
+                        self._killed = True
             with self._lock:
                 overdue = (
                     self._cancel_at is not None
@@ -169,6 +188,7 @@ class AttemptProcess:
         outcome = classify(
             returncode, self._log_tail(), cancelled=self.cancelled, finished=self._finished, runner_error=self._error,
             oom_killer=None if kills is None or self._oom_kills is None else kills > self._oom_kills,
+            stall=self._stall,
         )
         return AttemptResult(
             returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error
@@ -183,6 +203,7 @@ class AttemptProcess:
             if not isinstance(record, dict):
                 continue
             self._records += 1
+            self._activity = True
             event = record.get("event")
             if event == "finished":
                 self._finished = True

@@ -95,6 +95,7 @@ RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 MAX_QUEUED_JOBS = 100
 JOB_NICE = 10
+STALL_SECONDS = 600.0
 SIMULATED_GPUS = (
     "the GPUs are simulated (--simulate-gpus): their memory is made up and no CUDA device is behind them, so a job "
     'cannot train there; choose the CPU (device "cpu")'
@@ -175,6 +176,8 @@ class ManagerConfig:
     """How long a store call waits while another process holds the database's write lock."""
     job_nice: int = JOB_NICE
     """The training child's nice value: the web server keeps the CPU first where training takes every core."""
+    stall_seconds: float | None = STALL_SECONDS
+    """Silence after which the watchdog ends an attempt (jobs.watchdog); None: never (not for production)."""
     gpus_simulated: bool = False
     """The demo mode (--simulate-gpus): the GPUs' memory is made up and no CUDA device is behind them, so jobs that
     would train on a GPU are refused at submission rather than failing in Caffe."""
@@ -195,6 +198,7 @@ class ManagerConfig:
             max_queued_jobs=settings.max_queued_jobs,
             store_busy_seconds=settings.store_busy_seconds,
             job_nice=settings.job_nice,
+            stall_seconds=settings.job_stall_seconds,
             gpus_simulated=settings.simulate_gpus is not None,
         )
 
@@ -823,8 +827,6 @@ class JobManager:
             device = {"kind": "gpu", "uuid": entry.device, "cuda_index": child.cuda_index[entry.device]}
         else:
             environment["CUDA_VISIBLE_DEVICES"] = ""
-            if limit.cap_bytes is not None:
-                environment["OPENBLAS_NUM_THREADS"] = "1"  # more BLAS threads each map their own buffer
         log_file = f"{attempt_dir}/caffe.log"
         iters = test_iters(definition, test_batch)
         files = write_attempt(
@@ -877,7 +879,7 @@ class JobManager:
             folder, f"{attempt_dir}/attempt.json", log_file, environment=environment,
             on_record=lambda record: self._on_record(job.id, number, record),
             on_log=lambda lines: self._emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
-            grace_seconds=self.config.grace_seconds,
+            grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
         )
         with self._lock:
             entry.process, entry.attempt, entry.estimated, entry.peak = process, number, plan.bytes or 0, None
