@@ -3,11 +3,18 @@
 Caffe learns a Data layer's shape from the first record of its LMDB and an HDF5Data layer's from its files; the
 estimator needs the same shapes. This module opens what the net names, read-only, and only where the caller
 allows (`allowed` roots): the web server must not read arbitrary paths a user typed into a prototxt.
+
+An LMDB is a folder, but what LMDB opens are the files in it: `data.mdb`, and `lock.mdb` for its reader table.
+Each file is checked, not only the folder: the data file must be a regular file inside the roots (a link out of
+them, a FIFO, a device is refused), and it is opened through files.open_regular, which never opens anything
+else; LMDB then maps that very file (/proc/self/fd) with no lock file at all, so `lock.mdb` is never opened here.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +25,12 @@ from google.protobuf.message import DecodeError
 from .core.errors import NetError
 from .core.layers.data import DataSpec
 from .core.proto import caffe_pb2
+from .files import file_kind, inside, open_regular, read_regular
+
+LMDB_DATA_FILE = "data.mdb"
+"""The data file of an LMDB folder (Caffe opens LMDBs as folders, never as single files)."""
+MAX_LIST_BYTES = 64 * 1024 * 1024
+"""Largest HDF5 list file read."""
 
 
 def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str) -> Path:
@@ -29,43 +42,68 @@ def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str
     return resolved
 
 
+def lmdb_data_file(folder: Path, roots: Iterable[Path] | None, *, name: str, **where: Any) -> Path:
+    """The real path of the data file of the LMDB `folder` (links resolved), checked without opening anything: a
+    regular file inside `roots` (resolved). `name` is how messages show the folder (the path a user gave)."""
+    shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
+    real = Path(os.path.realpath(folder / LMDB_DATA_FILE))
+    if roots is not None and not inside(real, roots):
+        raise NetError(f"{shown} is outside the dataset folders this server may read", **where)
+    try:
+        mode = os.stat(real).st_mode  # stat, not open: stat never waits on a FIFO nor acts on a device
+    except FileNotFoundError:
+        raise NetError(f"{shown} does not exist: {name} is not an LMDB folder", **where) from None
+    except OSError as error:
+        raise NetError(f"cannot read {shown}: {(error.strerror or str(error)).lower()}", **where) from None
+    if not stat.S_ISREG(mode):
+        raise NetError(f"{shown} is not a regular file ({file_kind(mode)}); not read", **where)
+    return real
+
+
 _LMDB_OPEN = threading.Lock()
 """LMDB refuses to open one environment twice in a process ("already open in this process"): two submissions
 reading the same dataset at once (a threaded host app) took turns failing before this lock."""
 
 
-def lmdb_item(path: Path, layer: str) -> DataSpec:
-    """The first Datum of an LMDB: its stored shape, and whether it holds bytes or floats."""
+def lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None) -> DataSpec:
+    """The first Datum of an LMDB: its stored shape, and whether it holds bytes or floats. With `allowed`, its data
+    file must lie inside those folders; `name` is how messages show the folder (default: `path`)."""
     with _LMDB_OPEN:
-        return _lmdb_item(path, layer)
+        return _lmdb_item(path, layer, allowed, name or str(path))
 
 
-def _lmdb_item(path: Path, layer: str) -> DataSpec:
+def _lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None, name: str) -> DataSpec:
     import lmdb
 
     field = "data_param.source"
+    where: dict[str, Any] = {"layer": layer, "layer_type": "Data", "field": field}
     if not path.is_dir():
-        raise NetError(f"LMDB {path} does not exist", layer=layer, layer_type="Data", field=field)
+        raise NetError(f"LMDB {name} does not exist (an LMDB is a folder)", **where)
+    roots = None if allowed is None else [Path(root).resolve() for root in allowed]
+    fd = open_regular(path / LMDB_DATA_FILE, name=f"{name.rstrip('/')}/{LMDB_DATA_FILE}", roots=roots, **where)
     try:
-        env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_readers=4)
+        # The checked file itself, as a single-file environment with no lock file (nothing else is opened).
+        env = lmdb.open(f"/proc/self/fd/{fd}", subdir=False, readonly=True, lock=False, readahead=False)
     except lmdb.Error as error:
-        raise NetError(f"cannot open LMDB {path}: {error}", layer=layer, layer_type="Data", field=field) from None
+        os.close(fd)
+        raise NetError(f"cannot open LMDB {name}: {_lmdb_reason(error)}", **where) from None
     try:
         with env.begin() as txn:
             cursor = txn.cursor()
             if not cursor.first():
-                raise NetError(f"LMDB {path} is empty", layer=layer, layer_type="Data", field=field)
+                raise NetError(f"LMDB {name} is empty", **where)
             value = cursor.value()
     finally:
         env.close()
+        os.close(fd)
     datum = caffe_pb2.Datum()
     try:
         datum.ParseFromString(value)
     except DecodeError as error:
-        raise NetError(f"the first record of {path} is not a Caffe Datum ({error})", layer=layer, field=field) from None
+        raise NetError(f"the first record of {name} is not a Caffe Datum ({error})", layer=layer, field=field) from None
     if datum.encoded:
         raise NetError(
-            f"{path} holds encoded (PNG/JPEG) images, whose size is only known after decoding; give the image "
+            f"{name} holds encoded (PNG/JPEG) images, whose size is only known after decoding; give the image "
             "shape explicitly",
             layer=layer,
             layer_type="Data",
@@ -77,21 +115,30 @@ def _lmdb_item(path: Path, layer: str) -> DataSpec:
 
 
 def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> dict[str, DataSpec]:
-    """Shapes of each top's dataset in the HDF5 files a list file names; rows of the largest file."""
+    """Shapes of each top's dataset in the HDF5 files a list file names (relative names from the list's folder);
+    rows of the largest file. Every file, the list included, is opened only if it is a regular file (inside
+    `allowed`): a FIFO named there would otherwise stop the reader until someone writes to it."""
     import h5py
 
     field = "hdf5_data_param.source"
+    where: dict[str, Any] = {"layer": layer, "layer_type": "HDF5Data", "field": field}
+    roots = None if allowed is None else [Path(root).resolve() for root in allowed]
     if not listing.is_file():
-        raise NetError(f"HDF5 list file {listing} does not exist", layer=layer, layer_type="HDF5Data", field=field)
-    files = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+        raise NetError(f"HDF5 list file {listing} does not exist", **where)
+    data = read_regular(listing, MAX_LIST_BYTES, name=f"HDF5 list file {listing}", roots=roots, **where)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NetError(f"HDF5 list file {listing} is not UTF-8 text", **where) from None
+    files = [line.strip() for line in text.splitlines() if line.strip()]
     if not files:
-        raise NetError(f"HDF5 list file {listing} names no file", layer=layer, layer_type="HDF5Data", field=field)
+        raise NetError(f"HDF5 list file {listing} names no file", **where)
     shapes: dict[str, tuple[int, ...]] = {}
     rows = 0
-    for name in files:
-        file = _confined(Path(name), allowed, layer, field)
+    for file in files:
+        fd = open_regular(listing.parent / file, name=file, roots=roots, **where)
         try:
-            with h5py.File(file, "r") as h5:
+            with h5py.File(f"/proc/self/fd/{fd}", "r") as h5:
                 for top in tops:
                     if top not in h5:
                         raise NetError(f"{file} has no dataset {top!r}", layer=layer, layer_type="HDF5Data", field=field)
@@ -108,7 +155,9 @@ def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Pat
                     shapes[top] = shape[1:]
                     rows = max(rows, shape[0])
         except OSError as error:
-            raise NetError(f"cannot read HDF5 file {file}: {error}", layer=layer, field=field) from None
+            raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", layer=layer, field=field) from None
+        finally:
+            os.close(fd)
     return {top: DataSpec(shape, rows=rows, stored_itemsize=4) for top, shape in shapes.items()}
 
 
@@ -130,7 +179,7 @@ def shapes_from_sources(
                     continue
                 path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source")
                 if path.is_dir():
-                    found[layer.top[0]] = lmdb_item(path, layer.name)
+                    found[layer.top[0]] = lmdb_item(path, layer.name, allowed, name=layer.data_param.source)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
                 listing = _confined(
                     base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source"
@@ -143,6 +192,16 @@ def shapes_from_sources(
                 for prefix in [f"{phase}:" for phase in phases] or [""]:
                     shapes[f"{prefix}{layer.name}/{top}"] = spec
     return shapes
+
+
+def _lmdb_reason(error: Exception) -> str:
+    """LMDB's reason without the path it names (/proc/self/fd/N means nothing to a user)."""
+    return re.sub(r"/proc/self/fd/\d+:\s*", "", str(error)) or type(error).__name__
+
+
+def _h5_reason(error: OSError) -> str:
+    """HDF5's reason without the descriptor path it was opened through."""
+    return re.sub(r"\s*\(?(file )?name = '/proc/self/fd/\d+'[^)]*\)?", "", str(error)) or "not an HDF5 file"
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

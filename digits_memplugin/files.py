@@ -9,6 +9,12 @@ reads only regular UTF-8 files of bounded size inside one folder, and refuses ev
 The check is done on the fully resolved path, and the file is then opened one component at a time with
 O_NOFOLLOW from the folder's own descriptor, so a symlink swapped in between the check and the open is refused
 too instead of being followed.
+
+`open_regular` is the same promise for the data files the server itself reads (an LMDB's data file, HDF5 files,
+list files): a descriptor of a regular file inside the dataset roots, or a NetError. Both take the file with
+O_PATH first, which opens nothing: opening a FIFO, even without blocking, is an open its writer sees (and a
+blocking one stops the server), and opening a device acts on the device. Only a handle that fstat calls a regular
+file is then opened for reading, through /proc/self/fd, so the file read is the very file checked.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from .core.errors import NetError
 from .core.prototxt import DEFAULT_LIMITS
@@ -87,8 +94,14 @@ def _read_confined(root: Path, relative: PurePosixPath, path: str, max_bytes: in
         for component in folders:
             fds.append(os.open(component, directory, dir_fd=fds[-1]))
         component = name
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-        fds.append(os.open(name, flags | getattr(os, "O_NONBLOCK", 0), dir_fd=fds[-1]))
+        handle = _handle(name, fds[-1])
+        fds.append(handle)
+        mode = os.fstat(handle).st_mode
+        if stat.S_ISLNK(mode):  # O_PATH | O_NOFOLLOW takes a link itself rather than failing
+            raise NetError(f"{path!r} changed while it was read (a symlink appeared); not read")
+        if not stat.S_ISREG(mode):
+            raise NetError(f"{path!r} is not a regular file")
+        fds.append(_reopen(handle))
         return _read_regular(fds[-1], path, max_bytes)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR) and fds and _is_symlink(component, fds[-1]):
@@ -101,6 +114,99 @@ def _read_confined(root: Path, relative: PurePosixPath, path: str, max_bytes: in
             os.close(fd)
 
 
+_O_PATH = getattr(os, "O_PATH", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _handle(path: str, dir_fd: int | None = None) -> int:
+    """A descriptor naming `path` (its last component not followed) that has opened nothing: O_PATH. Where O_PATH
+    is missing (not Linux), a non-blocking read-only open, so that at least a FIFO does not wait for a writer."""
+    flags = _NOFOLLOW | (_O_PATH or os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    return os.open(path, flags, dir_fd=dir_fd)
+
+
+def _reopen(handle: int) -> int:
+    """The file behind an O_PATH handle, opened for reading (the same inode, whatever its path names now)."""
+    if not _O_PATH:
+        return os.dup(handle)
+    return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages: "a FIFO", "a folder"..."""
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def inside(path: Path | str, roots: Iterable[Path]) -> bool:
+    """Whether the resolved `path` is one of `roots` (resolved) or lies under one."""
+    target = Path(path)
+    return any(target == root or target.is_relative_to(root) for root in roots)
+
+
+def open_regular(
+    path: Path | str, *, name: str | None = None, roots: Iterable[Path] | None = None, **where: Any
+) -> int:
+    """A read-only descriptor of the regular file `path` names, links followed; the caller closes it.
+
+    With `roots` (resolved folders), the file must lie inside one of them, as the kernel names the opened handle:
+    a folder on the path swapped for a link after the check is caught, not followed out. A FIFO, a device, a
+    socket or a folder is refused without being opened. Refusals are NetErrors naming the path as `name` (default:
+    `path`) with `where` (layer, field...) and never the target of a link.
+    """
+    shown = name or str(path)
+    allowed = None if roots is None else [Path(root) for root in roots]
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError) as error:
+        raise NetError(f"cannot read {shown}: {_reason(error)}", **where) from None
+    if allowed is not None and not inside(real, allowed):
+        raise NetError(f"{shown} is outside the dataset folders this server may read", **where)
+    try:
+        handle = _handle(real)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise NetError(f"{shown} does not exist", **where) from None
+        if error.errno == errno.ELOOP:
+            raise NetError(f"{shown} changed while it was opened (a link appeared); not read", **where) from None
+        raise NetError(f"cannot read {shown}: {_reason(error)}", **where) from None
+    try:
+        mode = os.fstat(handle).st_mode
+        if stat.S_ISLNK(mode):  # resolved a moment ago: a link swapped in since (O_PATH takes the link itself)
+            raise NetError(f"{shown} changed while it was opened (a link appeared); not read", **where)
+        if not stat.S_ISREG(mode):
+            raise NetError(f"{shown} is not a regular file ({file_kind(mode)}); not read", **where)
+        if allowed is not None and _O_PATH:
+            opened = os.readlink(f"/proc/self/fd/{handle}")
+            if not inside(opened, allowed):
+                raise NetError(f"{shown} is outside the dataset folders this server may read", **where)
+        return _reopen(handle)
+    except OSError as error:
+        raise NetError(f"cannot read {shown}: {_reason(error)}", **where) from None
+    finally:
+        os.close(handle)
+
+
+def read_regular(
+    path: Path | str, max_bytes: int, *, name: str | None = None, roots: Iterable[Path] | None = None, **where: Any
+) -> bytes:
+    """The bytes of the regular file `path` (see open_regular), at most max_bytes (more is a NetError)."""
+    shown = name or str(path)
+    fd = open_regular(path, name=shown, roots=roots, **where)
+    try:
+        return _read_regular(fd, shown, max_bytes, quote=False, **where)
+    finally:
+        os.close(fd)
+
+
 def _is_symlink(name: str, dir_fd: int) -> bool:
     try:
         return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
@@ -108,12 +214,13 @@ def _is_symlink(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _read_regular(fd: int, path: str, max_bytes: int) -> bytes:
+def _read_regular(fd: int, path: str, max_bytes: int, *, quote: bool = True, **where: Any) -> bytes:
+    shown = repr(path) if quote else path
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
-        raise NetError(f"{path!r} is not a regular file")
+        raise NetError(f"{shown} is not a regular file", **where)
     if info.st_size > max_bytes:
-        raise NetError(f"{path!r} is {info.st_size} bytes; the limit is {max_bytes}")
+        raise NetError(f"{shown} is {info.st_size} bytes; the limit is {max_bytes}", **where)
     chunks: list[bytes] = []
     size = 0
     while size <= max_bytes:
@@ -123,7 +230,7 @@ def _read_regular(fd: int, path: str, max_bytes: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     if size > max_bytes:
-        raise NetError(f"{path!r} grew past {max_bytes} bytes while it was read; the limit is {max_bytes}")
+        raise NetError(f"{shown} grew past {max_bytes} bytes while it was read; the limit is {max_bytes}", **where)
     return b"".join(chunks)
 
 

@@ -12,7 +12,7 @@ import pytest
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.training import training_definition
-from digits_memplugin.files import confined_loader
+from digits_memplugin.files import confined_loader, open_regular
 
 NET = 'name: "tiny"\nlayer { name: "in" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 } } }\n'
 
@@ -237,3 +237,111 @@ def test_loader_errors_name_the_solver_field(tree: Path, fields: dict[str, str],
         training_definition(solver_text=text, solver_source="solver.prototxt", load=confined_loader(tree))
     assert raised.value.field == field
     assert raised.value.source == "solver.prototxt"
+
+
+# ---------------------------------------------------------------------------------- files that must not be opened
+
+
+def opened(watch: object, name: str) -> list[str]:
+    events = watch.events()  # type: ignore[attr-defined]
+    return [event for event in events if event.startswith("open") and event.endswith(f"/{name}")]
+
+
+def test_the_loader_never_opens_a_fifo(tree: Path) -> None:
+    """Opening a FIFO, even without blocking, is an open the writer's side sees; a device's open acts on the
+    device. The loader takes the file with O_PATH, which opens nothing, and reads only a regular file."""
+    from test_hardening_paths import Watch
+
+    os.mkfifo(tree / "fifo.prototxt")
+    watch = Watch(tree)
+    try:
+        with pytest.raises(NetError, match="not a regular file"):
+            confined_loader(tree)("fifo.prototxt")
+        assert opened(watch, "fifo.prototxt") == []
+        assert confined_loader(tree)("train_val.prototxt")[0] == NET
+        assert opened(watch, "train_val.prototxt")  # the watch does see the opens it should
+    finally:
+        watch.close()
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    """(a dataset root, a folder outside it), each with a file; links and a FIFO in the root."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "in.bin").write_bytes(b"inside")
+    (outside / "secret.bin").write_bytes(b"secret")
+    (root / "link_in.bin").symlink_to(root / "in.bin")
+    (root / "link_out.bin").symlink_to(outside / "secret.bin")
+    os.mkfifo(root / "fifo.bin")
+    (root / "folder").mkdir()
+    return root, outside
+
+
+def read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as file:
+        return file.read()
+
+
+def test_open_regular_reads_regular_files_inside_the_roots_links_resolved(roots: tuple[Path, Path]) -> None:
+    root, _ = roots
+    assert read_all(open_regular(root / "in.bin", roots=[root])) == b"inside"
+    assert read_all(open_regular(root / "link_in.bin", roots=[root])) == b"inside"
+    assert read_all(open_regular(root / "in.bin")) == b"inside"  # no roots: any regular file
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("link_out.bin", "outside the dataset folders"),
+        ("fifo.bin", "not a regular file (a FIFO)"),
+        ("folder", "not a regular file (a folder)"),
+        ("missing.bin", "does not exist"),
+    ],
+)
+def test_open_regular_refuses_without_opening_naming_the_path_as_given(
+    roots: tuple[Path, Path], name: str, says: str
+) -> None:
+    from test_hardening_paths import Watch
+
+    root, outside = roots
+    watches = [Watch(root), Watch(outside)]
+    try:
+        with pytest.raises(NetError) as raised:
+            open_regular(root / name, name=f"data/{name}", roots=[root], layer="l", field="f")
+        error = raised.value
+        assert says in error.message and f"data/{name}" in error.message, error
+        assert (error.layer, error.field) == ("l", "f")
+        assert str(outside) not in str(error)
+        assert opened(watches[0], name) == [] and opened(watches[1], "secret.bin") == []
+    finally:
+        for watch in watches:
+            watch.close()
+
+
+def test_open_regular_refuses_a_device_without_opening_it() -> None:
+    with pytest.raises(NetError, match="not a regular file"):
+        open_regular("/dev/zero")
+
+
+def test_open_regular_refuses_a_file_whose_real_place_is_outside_once_open(
+    roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race: the path resolves inside, then a folder on it becomes a link out before the open. Where the
+    kernel says the opened handle is decides, not the name checked."""
+    root, outside = roots
+    (root / "sub").mkdir()
+    (root / "sub" / "secret.bin").write_bytes(b"inside")
+    real_realpath = os.path.realpath
+
+    def realpath_then_swap(path: str | os.PathLike[str], **kwargs: bool) -> str:
+        resolved = real_realpath(path, **kwargs)
+        if str(path).endswith("secret.bin") and not (root / "sub").is_symlink():
+            (root / "sub").rename(root / "sub.moved")
+            (root / "sub").symlink_to(outside, target_is_directory=True)
+        return resolved
+
+    monkeypatch.setattr(os.path, "realpath", realpath_then_swap)
+    with pytest.raises(NetError, match="outside the dataset folders"):
+        open_regular(root / "sub" / "secret.bin", roots=[root])

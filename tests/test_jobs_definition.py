@@ -181,3 +181,135 @@ def test_digits_stage_rules_take_the_phases_data(tmp_path: Path, datasets: Path)
     data_layers = [layer for layer in definition.training.train.param.layer if layer.type == "Data"]
     assert {layer.data_param.backend for layer in data_layers} == {caffe_pb2.DataParameter.LMDB}
     assert definition.data_shapes["train-data/data"].shape == (1, 28, 28)
+
+
+# --- the data checked again when each attempt starts (issue 18, items 4-6) -------------------------------------------
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """Real data outside the roots, for links to point at."""
+    from test_jobs_fixtures import write_lmdb
+
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    write_lmdb(folder / "secret_lmdb")
+    (folder / "secret.binaryproto").write_bytes(MEAN.SerializeToString())
+    write_h5(folder / "secret.h5", 40)
+    return folder
+
+
+MEAN = caffe_pb2.BlobProto(num=1, channels=1, height=28, width=28, data=[0.5] * 28 * 28)
+
+
+def write_h5(path: Path, rows: int) -> None:
+    with h5py.File(path, "w") as h5:
+        h5["data"] = np.zeros((rows, 4), dtype=np.float32)
+        h5["label"] = np.zeros((rows,), dtype=np.float32)
+
+
+def lenet_reading(source: str, mean: str = "") -> str:
+    """LeNet whose TRAIN Data layer reads `source` (and subtracts `mean`)."""
+    transform = f'transform_param {{ scale: 0.00390625 mean_file: "{mean}" }}' if mean else ""
+    train = (
+        'layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TRAIN }\n'
+        f'  {transform} data_param {{ source: "{source}" batch_size: 64 backend: LMDB }} }}\n'
+    )
+    start = LENET.index("layer {")
+    end = LENET.index("\n}\n", start) + 3
+    return LENET[:start] + train + LENET[end:]
+
+
+def link_out(path: Path, target: Path) -> None:
+    """`path` (a file or a folder) replaced by a link to `target`."""
+    if path.is_dir() and not path.is_symlink():
+        path.rename(path.with_name(path.name + ".old"))
+    else:
+        path.unlink()
+    path.symlink_to(target)
+
+
+def replace_with_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+SWAPS: dict[str, tuple[str, str, Any, str, str]] = {
+    # case: (net kind, path swapped (under the root), how, what the message names, what it says)
+    "lmdb-folder-linked-out": ("lmdb", "swap_lmdb", lambda p, o: link_out(p, o / "secret_lmdb"), "swap_lmdb",
+                               "changed since the job was submitted"),
+    "lmdb-data-file-linked-out": ("lmdb", "swap_lmdb/data.mdb", lambda p, o: link_out(p, o / "secret_lmdb" / "data.mdb"),
+                                  "swap_lmdb/data.mdb", "outside the dataset folders"),
+    "lmdb-data-file-a-fifo": ("lmdb", "swap_lmdb/data.mdb", lambda p, o: replace_with_fifo(p), "swap_lmdb/data.mdb",
+                              "FIFO"),
+    "lmdb-folder-removed": ("lmdb", "swap_lmdb", lambda p, o: p.rename(p.with_name("gone")), "swap_lmdb",
+                            "no longer exists"),
+    "mean-file-linked-out": ("mean", "mean.binaryproto", lambda p, o: link_out(p, o / "secret.binaryproto"),
+                             "mean.binaryproto", "changed since the job was submitted"),
+    "hdf5-file-linked-out": ("hdf5", "h5/train.h5", lambda p, o: link_out(p, o / "secret.h5"), "h5/train.h5",
+                             "changed since the job was submitted"),
+    "hdf5-folder-linked-out": ("hdf5", "h5", link_out, "h5/train.h5",
+                               "changed since the job was submitted"),
+}
+
+
+def swappable(kind: str, folder: Path, root: Path) -> JobDefinition:
+    """A definition reading data of `kind` under `root`, loaded (checked) as a submission is."""
+    import shutil
+
+    if kind == "hdf5":
+        (root / "h5").mkdir()
+        for name, rows in (("train", 40), ("test", 15)):
+            write_h5(root / "h5" / f"{name}.h5", rows)
+            (root / f"{name}_h5.txt").write_text(f"h5/{name}.h5\n")
+        return load(folder, [root], HDF5_NET, HDF5_SOLVER)
+    shutil.copytree(root / "mnist_train_lmdb", root / "swap_lmdb")
+    (root / "mean.binaryproto").write_bytes(MEAN.SerializeToString())
+    net = lenet_reading("swap_lmdb", "mean.binaryproto" if kind == "mean" else "")
+    return load(folder, [root], net, data={"test": "mnist_test_lmdb"})
+
+
+@pytest.mark.parametrize("case", sorted(SWAPS))
+def test_each_attempt_checks_the_data_again_and_names_what_changed(
+    tmp_path: Path, datasets: Path, outside: Path, case: str
+) -> None:
+    """A queued job's data swapped after the submission's checks (a folder or file replaced by a link out of the
+    roots, a FIFO, a removal) is refused when the attempt's files are written, naming the path, not its target."""
+    kind, swapped, swap, named, says = SWAPS[case]
+    folder = tmp_path / "job"
+    definition = swappable(kind, folder, datasets)
+    write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None, gpu=None)  # as checked
+    swap(datasets / swapped, outside)
+    with pytest.raises(NetError) as raised:
+        write_attempt(definition, folder, "attempts/2", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    error = raised.value
+    assert named in error.message and says in error.message, error
+    assert str(outside) not in str(error)
+    assert error.layer in ("mnist", "data") and error.field is not None
+    assert not (folder / "attempts" / "2" / "solver.prototxt").exists()  # nothing for a child to start on
+
+
+def test_the_child_is_handed_the_real_paths_and_its_own_lmdb_lock(tmp_path: Path, datasets: Path) -> None:
+    """Caffe opens an LMDB folder's lock.mdb for writing even read-only: the attempt's nets name a folder of the
+    job's own whose data.mdb links to the dataset's real data file; every other path is the checked real path."""
+    (datasets / "nested").mkdir()
+    (datasets / "nested" / "real_lmdb").symlink_to(datasets / "mnist_train_lmdb")  # a link inside the root
+    (datasets / "mean.binaryproto").write_bytes(MEAN.SerializeToString())
+    (datasets / "mean_link.binaryproto").symlink_to(datasets / "mean.binaryproto")
+    folder = tmp_path / "job"
+    net = lenet_reading("nested/real_lmdb", "mean_link.binaryproto")
+    definition = load(folder, [datasets], net, data={"test": "mnist_test_lmdb"})
+    files = write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    train = parse_net((folder / files.nets[0]).read_text())
+    data = {layer.include[0].phase: layer for layer in train.layer if layer.type == "Data"}
+    for phase, dataset in ((0, "mnist_train_lmdb"), (1, "mnist_test_lmdb")):
+        handed = Path(data[phase].data_param.source)
+        assert handed.parent == (folder / "data" / "lmdb").resolve(), handed
+        assert sorted(os.listdir(handed)) == ["data.mdb"]  # the child's lock.mdb will be made here
+        assert os.readlink(handed / "data.mdb") == str((datasets / dataset / "data.mdb").resolve())
+    assert data[0].transform_param.mean_file == str((datasets / "mean.binaryproto").resolve())
+    # The same dataset in the test net's file is handed the same folder (Caffe keys its readers by source).
+    test = parse_net((folder / files.nets[1]).read_text())
+    assert {layer.data_param.source for layer in test.layer if layer.type == "Data"} == {
+        layer.data_param.source for layer in train.layer if layer.type == "Data"
+    }

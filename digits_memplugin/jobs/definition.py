@@ -8,13 +8,23 @@ names a file is examined before anything runs (by name, so fork-only layers are 
 writers (HDF5Output, detection outputs) are redirected into ``<job>/outputs``; any other path-like field, and
 Python layers (which import code), are refused with a clear error. List files are rewritten into the job's folder
 with every entry checked. The solver's own paths (net files, snapshot_prefix) are replaced.
+
+An LMDB source is checked down to its data file (a regular file inside a root, links resolved). A job may wait in
+the queue for hours, so when each attempt starts (`write_attempt`, just before the child is started) every path
+the job reads is checked again: each must still be the real path checked at submission, with no link on it, of
+the same kind. The child is handed those real paths; for an LMDB, a folder of the job's own whose data.mdb links
+to the dataset's data file, because Caffe opens LMDBs read-only but still opens (creates, writes) the folder's
+lock.mdb, and a prototxt cannot ask it not to: its lock table is written in the job's folder, never the dataset's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import shutil
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +40,8 @@ from ..core.net import ShapeOracle, filter_layers, net_state
 from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
-from ..datasets import shapes_from_sources
+from ..datasets import LMDB_DATA_FILE, lmdb_data_file, shapes_from_sources
+from ..files import file_kind, inside, read_regular
 
 NET_SOURCE = "net.prototxt"
 SOLVER_SOURCE = "solver.prototxt"
@@ -99,6 +110,8 @@ class JobDefinition:
     threads: int = 0
     """Threads Caffe starts for this job: a prefetch thread per prefetching data layer, plus a reader per Data
     layer (as the estimator counts them). Each reserves a stack, which a memory cap (RLIMIT_DATA) counts."""
+    roots: tuple[Path, ...] = ()
+    """The dataset folders (resolved) its data was checked against; each attempt checks it again against them."""
 
     @property
     def test_batch(self) -> int | None:
@@ -174,7 +187,7 @@ def load_definition(
         raise NetError("max_iter must be positive", source=SOLVER_SOURCE, field="max_iter")
     if schedule.policy == "poly":
         schedule = dataclasses.replace(schedule, max_iter=iterations)
-    definition = JobDefinition(training, shapes, schedule, None, [], iterations)
+    definition = JobDefinition(training, shapes, schedule, None, [], iterations, roots=tuple(resolved_roots))
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
     _, train, tests = definition.estimator("cpu", oracle).report(None, None)
     definition.net_batch = net_batch(train)
@@ -298,7 +311,10 @@ class _Confiner:
         if kind == READ_FILE:
             setattr(message, name, str(self.read(value, where, want="file")))
         elif kind == READ_DB:
-            setattr(message, name, str(self.read(value, where, want="dir")))
+            folder = self.read(value, where, want="dir")
+            if message.backend == caffe_pb2.DataParameter.LMDB:
+                lmdb_data_file(folder, self.roots, name=value, **where)  # the file LMDB opens, not only its folder
+            setattr(message, name, str(folder))
         elif kind == HDF5_LIST:
             setattr(message, name, self.hdf5_list(value, where))
         elif kind == IMAGE_LIST:
@@ -345,10 +361,9 @@ class _Confiner:
 
     def _read_list(self, value: str, where: Mapping[str, Any]) -> tuple[Path, list[str]]:
         listing = self.read(value, where, want="file")
-        if listing.stat().st_size > MAX_LIST_BYTES:
-            raise NetError(f"{value} is larger than {MAX_LIST_BYTES} bytes", **where)
+        data = read_regular(listing, MAX_LIST_BYTES, name=value, roots=self.roots, **where)
         try:
-            text = listing.read_text(encoding="utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise NetError(f"{value} is not a UTF-8 list file", **where) from None
         return listing, [line.strip() for line in text.splitlines() if line.strip()]
@@ -447,6 +462,107 @@ def check_job_folder(jobs_root: Path, folder: Path) -> None:
                 raise NetError(f"{path.relative_to(folder)} in the job's folder is a link; not written through")
 
 
+LMDB_FOLDER = "data/lmdb"
+"""Under the job's folder: one folder per LMDB the job reads, made again for each attempt, whose data.mdb links
+to the dataset's data file; the child's LMDB writes its lock.mdb there."""
+CHANGED = "changed since the job was submitted"
+
+
+class _Recheck:
+    """Paths checked at submission, checked again: each must still be its own real path (no link on it), of the
+    same kind, inside the roots. Folders' real paths are remembered, so an image list costs an lstat per image."""
+
+    def __init__(self, roots: Sequence[Path]) -> None:
+        self.roots = roots
+        self._folders: dict[str, bool] = {}
+
+    def _real_folder(self, folder: str) -> bool:
+        real = self._folders.get(folder)
+        if real is None:
+            real = self._folders[folder] = os.path.realpath(folder) == folder
+        return real
+
+    def path(self, value: str, where: Mapping[str, Any], *, want: str, missing_ok: bool = False) -> None:
+        path = os.path.normpath(value)
+        if not os.path.isabs(path) or not inside(path, self.roots):
+            raise NetError(f"{value} {CHANGED}: it is not inside the dataset folders any more; not read", **where)
+        if not self._real_folder(os.path.dirname(path)):
+            raise NetError(f"{value} {CHANGED}: a link now stands on its path; not read", **where)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if missing_ok:
+                return
+            raise NetError(f"{value} {CHANGED}: it no longer exists", **where) from None
+        except OSError as error:
+            raise NetError(f"{value} cannot be read: {(error.strerror or str(error)).lower()}", **where) from None
+        if stat.S_ISLNK(mode):
+            raise NetError(f"{value} {CHANGED}: it is now a link; not read", **where)
+        if want == "dir" and not stat.S_ISDIR(mode):
+            raise NetError(f"{value} {CHANGED}: it is no longer a folder ({file_kind(mode)}); not read", **where)
+        if want == "file" and not stat.S_ISREG(mode):
+            raise NetError(f"{value} {CHANGED}: it is no longer a regular file ({file_kind(mode)}); not read", **where)
+
+
+def _listed(list_file: str, folder: Path, where: Mapping[str, Any]) -> list[str]:
+    """The lines of a list file the server wrote into the job's data folder at submission."""
+    data_folder = (folder / "data").resolve()
+    text = read_regular(list_file, MAX_LIST_BYTES, name=Path(list_file).name, roots=[data_folder], **where)
+    return [line.strip() for line in text.decode("utf-8", "replace").splitlines() if line.strip()]
+
+
+def confirm_data(definition: JobDefinition, folder: Path) -> dict[str, str]:
+    """Just before an attempt's child starts: every path the job reads, checked again (the data may have changed
+    while the job waited, or between attempts). A NetError names the path and what changed; nothing is written
+    then. Returns what the child is handed for each LMDB source: a folder of the job's own (see LMDB_FOLDER)."""
+    check = _Recheck(definition.roots)
+    lmdbs: dict[str, Path] = {}
+    for param in _unique_params(definition.training):
+        for layer in param.layer:
+            for message, field, dotted in _string_fields(layer):
+                kind = HANDLED_FIELDS.get((message.DESCRIPTOR.name, field.name))
+                value = getattr(message, field.name)
+                if not value or kind not in (READ_FILE, READ_DB, HDF5_LIST, IMAGE_LIST):
+                    continue
+                where = {"layer": layer.name, "layer_type": layer.type, "field": dotted}
+                if kind == READ_FILE:
+                    check.path(value, where, want="file")
+                elif kind == READ_DB:
+                    check.path(value, where, want="dir")
+                    if message.backend == caffe_pb2.DataParameter.LMDB and value not in lmdbs:
+                        try:
+                            lmdbs[value] = lmdb_data_file(Path(value), definition.roots, name=value, **where)
+                        except NetError as error:
+                            raise NetError(f"the data {CHANGED}: {error.message}", **where) from None
+                elif kind == HDF5_LIST:
+                    for entry in _listed(value, folder, where):
+                        check.path(entry, where, want="file")
+                elif kind == IMAGE_LIST and field.name == "source":
+                    for line in _listed(value, folder, where):
+                        image, _, label = line.rpartition(" ")
+                        check.path(image or label, where, want="file", missing_ok=True)  # Caffe says if one is missing
+    return _lmdb_folders(folder, lmdbs)
+
+
+def _lmdb_folders(folder: Path, lmdbs: Mapping[str, Path]) -> dict[str, str]:
+    """The job's own LMDB folders, made afresh: `<job>/data/lmdb/<n>-<name>/data.mdb` -> the dataset's data file."""
+    base = folder / LMDB_FOLDER
+    if os.path.lexists(base):
+        if base.is_symlink() or not base.is_dir():
+            base.unlink()  # not ours: removed, never followed
+        else:
+            shutil.rmtree(base)
+    base.mkdir(parents=True)
+    handed: dict[str, str] = {}
+    for index, (source, data_file) in enumerate(lmdbs.items()):
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(source).name).strip(".") or "lmdb"
+        own = base / f"{index}-{name}"
+        own.mkdir()
+        (own / LMDB_DATA_FILE).symlink_to(data_file)
+        handed[source] = str(own.resolve())
+    return handed
+
+
 @dataclasses.dataclass(frozen=True)
 class AttemptFiles:
     """The generated files of one attempt, relative to the job's folder."""
@@ -506,8 +622,10 @@ def write_attempt(
 ) -> AttemptFiles:
     """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
     nets at `test_batch` (None: their own), the solver with `iter_size`, Caffe's own testing and snapshots off (the
-    runner does both), the snapshot prefix in the job's folder, CPU or GPU `gpu` (CUDA's number in the child)."""
+    runner does both), the snapshot prefix in the job's folder, CPU or GPU `gpu` (CUDA's number in the child).
+    The job's data is checked again first (`confirm_data`): a NetError then, and nothing is written."""
     training = definition.training
+    handed = confirm_data(definition, folder)
     (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
     (folder / "snapshots").mkdir(exist_ok=True)
     nets = []
@@ -515,6 +633,9 @@ def write_attempt(
     def write(net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
         copy = caffe_pb2.NetParameter()
         copy.CopyFrom(net.param)
+        for layer in copy.layer:
+            if layer.HasField("data_param") and layer.data_param.source in handed:
+                layer.data_param.source = handed[layer.data_param.source]
         if batch is not None:
             set_batch(copy, net_state(copy, phase, state), net.source, batch)
         relative = f"{attempt_dir}/{name}"
