@@ -200,6 +200,9 @@ def test_the_page_catches_up_after_a_dropped_connection_and_cancel_stops_the_chi
         row = page.locator("#attempts tbody tr")
         expect(row).to_have_attribute("data-status", "cancelled")
         expect(row.locator('[data-role="why"]')).to_contain_text("SIGTERM")
+        # The row drawn by the page's script labels its memory figures as the server's page does.
+        expect(row.locator('[data-role="memory"] [data-role="allocated"]')).to_contain_text("Caffe ")
+        expect(row.locator('[data-role="memory"] [data-role="peak"]')).to_contain_text("process ")
         expect(page.locator("#delete-form")).to_be_visible()
         expect(listed).to_have_attribute("data-status", "cancelled")
         # The job document says the child has ended, and it has.

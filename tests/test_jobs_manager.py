@@ -82,8 +82,12 @@ def test_the_planner_alone_avoids_the_failure_under_the_same_cap(make_manager: M
     assert [a.status for a in attempts] == ["success"]
     assert attempts[0].batch_size * attempts[0].iter_size >= WANTED and attempts[0].iter_size > 1
     assert attempts[0].peak_bytes is not None and attempts[0].estimated_bytes is not None
-    # The estimate the plan rested on was close to what the child really used.
-    assert abs(attempts[0].peak_bytes - attempts[0].estimated_bytes) < 0.15 * attempts[0].estimated_bytes
+    # The estimate the plan rested on was close to what the child really used, and closer to what Caffe itself
+    # allocated (the quantity it predicts; the process also grows by what Python maps meanwhile).
+    estimated, allocated = attempts[0].estimated_bytes, attempts[0].allocated_bytes
+    assert abs(attempts[0].peak_bytes - estimated) < 0.15 * estimated
+    assert allocated is not None and abs(allocated - estimated) < 0.05 * estimated
+    assert allocated <= attempts[0].peak_bytes
 
 
 def test_a_crash_that_is_not_out_of_memory_is_not_retried(make_manager: ManagerFactory, datasets: Path) -> None:

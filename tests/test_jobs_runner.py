@@ -73,6 +73,9 @@ def test_reports_match_caffes_own_test_loss_and_learning_rate(make_manager: Mana
     memory = [r["memory_bytes"] for r in got if "memory_bytes" in r]
     assert 0 < memory[0] < max(memory)  # the first iteration allocates activations, diffs and history
     assert manager.attempts(job.id)[0].peak_bytes == max(memory)
+    allocated = [r["allocated_bytes"] for r in got if "allocated_bytes" in r]
+    assert len(allocated) == len(memory) and 0 < allocated[0] < max(allocated)
+    assert manager.attempts(job.id)[0].allocated_bytes == max(allocated)
     snapshot = next(r for r in got if r["event"] == "snapshot")
     assert (manager.folder(job.id) / snapshot["state"]).is_file()
     assert snapshot["state"].startswith("snapshots/")  # inside the job's folder

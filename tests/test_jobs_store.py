@@ -47,6 +47,30 @@ def test_a_newer_schema_is_refused_not_guessed(tmp_path: Path) -> None:
         JobStore(tmp_path / "jobs.sqlite")
 
 
+def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> None:
+    """Version 1 (before attempts had allocated_bytes) as the previous release wrote it: the columns it had."""
+    path = tmp_path / "jobs.sqlite"
+    JobStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN allocated_bytes")
+        db.execute("UPDATE schema_version SET version = 1")
+    old = JobStore(path)
+    try:
+        assert old.schema_version == SCHEMA_VERSION == 2
+        old.add_job(job())
+        old.add_attempt(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=8, iter_size=1,
+                                started_at=1.0, log="attempts/1/caffe.log"))
+        ended = old.update_attempt("j1", 1, peak_bytes=3 << 20, allocated_bytes=2 << 20)
+        assert (ended.peak_bytes, ended.allocated_bytes) == (3 << 20, 2 << 20)
+    finally:
+        old.close()
+    reopened = JobStore(path)
+    try:
+        assert reopened.attempts("j1")[0].allocated_bytes == 2 << 20
+    finally:
+        reopened.close()
+
+
 def test_jobs_round_trip_with_json_columns_as_text(store: JobStore, tmp_path: Path) -> None:
     store.add_job(job())
     store.update_job("j1", progress={"train": {"iteration": 3, "loss": 0.5}}, snapshot={"iteration": 2})

@@ -101,6 +101,10 @@ def test_a_finished_job_page_shows_plan_attempts_progress_and_log(client: FlaskC
     attempts = re.findall(r'<tr data-attempt="(\d+)" data-status="(\w+)">', html)
     assert attempts == [("1", "success")]
     assert "0 → 4" in html
+    # Each memory figure says what it counts: the estimate, Caffe's own allocation beside it, the process's growth.
+    memory = html.split('data-role="memory"')[1].split("</td>")[0]
+    labels = re.findall(r'data-role="(\w+)" title="[^"]+">(\w+) [\d.]+ [KMG]?i?B<', memory)
+    assert labels == [("estimated", "estimated"), ("allocated", "Caffe"), ("peak", "process"), ("limit", "limit")], memory
     assert "Creating Layer" in html.split('id="job-log"')[1]  # Caffe's log, its last lines
     assert 'name: &#34;LeNet&#34;' in html  # the network as submitted
     # Finished: Delete, no Cancel, nothing to refresh.

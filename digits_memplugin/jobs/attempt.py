@@ -53,6 +53,8 @@ class AttemptResult:
     peak_bytes: int | None
     finished: bool
     error: dict[str, Any] | None
+    allocated_bytes: int | None = None
+    """Caffe's own allocation at its largest (the runner's allocated_bytes), where the records gave it."""
 
 
 class AttemptProcess:
@@ -91,6 +93,7 @@ class AttemptProcess:
         self._records = 0
         self._last_iteration: int | None = None
         self._peak: int | None = None
+        self._allocated: int | None = None
         self._log_offset = 0
         self._partial = b""
         self._oom_kills: int | None = None
@@ -191,7 +194,8 @@ class AttemptProcess:
             stall=self._stall,
         )
         return AttemptResult(
-            returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error
+            returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error,
+            self._allocated,
         )
 
     def _read_records(self, stream: IO[str]) -> None:
@@ -214,6 +218,9 @@ class AttemptProcess:
             memory = record.get("memory_bytes")
             if isinstance(memory, int):
                 self._peak = memory if self._peak is None else max(self._peak, memory)
+            allocated = record.get("allocated_bytes")
+            if isinstance(allocated, int):
+                self._allocated = allocated if self._allocated is None else max(self._allocated, allocated)
             self.on_record(record)
         stream.close()
 

@@ -911,7 +911,8 @@ class JobManager:
             "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
             "signal": outcome.signal, "message": outcome.message,
             "out_of_memory": None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
-            "peak_bytes": None if peak < 0 else peak, "end_iteration": result.last_iteration,
+            "peak_bytes": None if peak < 0 else peak, "allocated_bytes": result.allocated_bytes,
+            "end_iteration": result.last_iteration,
         }
         attempt = self._durable(
             job.id, f"the end of attempt {number}", lambda: self.store.update_attempt(job.id, number, **ended)

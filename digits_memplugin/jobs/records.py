@@ -120,7 +120,11 @@ class Attempt:
     """The estimate for its batch, raised by the fallback's correction."""
     correction: float | None = None
     peak_bytes: int | None = None
-    """The most memory it was seen using (CPU: data segment growth; GPU: as NVML reports the process)."""
+    """The process's memory at its largest (CPU: its data segment's growth since the baseline, which the cap
+    limits: Caffe's buffers plus what Python and the libraries map meanwhile; GPU: NVML's figure for the process)."""
+    allocated_bytes: int | None = None
+    """Caffe's own allocation at its largest, the figure the estimate predicts (CPU: malloc's growth since the
+    baseline); None on a GPU, where NVML's peak_bytes is Caffe's."""
     finished_at: float | None = None
     exit_code: int | None = None
     signal: str | None = None

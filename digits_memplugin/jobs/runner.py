@@ -175,9 +175,9 @@ class Growth:
     process maps meanwhile); `allocated_bytes`, malloc's growth, is Caffe's own allocation in CPU mode, the figure
     the estimator predicts. On a GPU, Caffe's buffers are in neither: NVML's figure for the process is."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_cpu: bool) -> None:
         self.baseline = data_bytes()
-        self.heap = heap_bytes()
+        self.heap = heap_bytes() if on_cpu else None
 
     def fields(self) -> dict[str, int]:
         fields = {"memory_bytes": data_bytes() - self.baseline}
@@ -257,7 +257,7 @@ def train(spec: Mapping[str, Any], report: Reporter) -> None:
         caffe.set_mode_cpu()
     blas = warm_up(caffe._caffe.__file__)
     small_thread_stacks()
-    memory = Growth()
+    memory = Growth(on_cpu=device["kind"] != "gpu")
     cap = spec.get("memory_cap")
     if cap:
         limit = memory.baseline + int(cap)

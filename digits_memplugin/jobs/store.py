@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ..errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_SECONDS = 10.0
 """How long a store call waits for another process's write lock before it gives up with StoreBusy."""
 _RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
@@ -78,6 +78,7 @@ CREATE TABLE attempts (
     estimated_bytes INTEGER,
     correction REAL,
     peak_bytes INTEGER,
+    allocated_bytes INTEGER,
     started_at REAL NOT NULL,
     finished_at REAL,
     exit_code INTEGER,
@@ -90,6 +91,11 @@ CREATE TABLE attempts (
 );
 CREATE INDEX jobs_by_status ON jobs (status, position);
 """
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE attempts ADD COLUMN allocated_bytes INTEGER",),
+}
+"""Statements that take the schema from version N to N + 1."""
 
 _JSON_JOB_FIELDS = frozenset({"spec", "snapshot", "progress"})
 _JSON_ATTEMPT_FIELDS = frozenset({"out_of_memory"})
@@ -199,6 +205,11 @@ class JobStore:
                 return
             row = db.execute("SELECT version FROM schema_version").fetchone()
             version = None if row is None else row[0]
+            while isinstance(version, int) and version < SCHEMA_VERSION and version in MIGRATIONS:
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+                db.execute("UPDATE schema_version SET version = ?", (version,))
             if version != SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path} has jobs schema version {version}; this release reads version {SCHEMA_VERSION}"

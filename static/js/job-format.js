@@ -62,6 +62,25 @@
       el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""));
   }
 
+  /** The memory cell of an attempt, each figure labelled with what it counts (macros.html: attempt_row). */
+  function memoryParts(attempt) {
+    const part = (role, title, text) => el("span", { dataset: { role }, title }, text);
+    const parts = [part("estimated", "What the estimator predicted for this batch",
+      "estimated " + formatBytes(attempt.estimated_bytes))];
+    if (attempt.allocated_bytes !== null && attempt.allocated_bytes !== undefined) {
+      parts.push(" · ", part("allocated",
+        "What Caffe itself allocated at most (malloc's growth): the figure the estimate predicts",
+        "Caffe " + formatBytes(attempt.allocated_bytes)));
+    }
+    const onGpu = attempt.allocated_bytes === null || attempt.allocated_bytes === undefined;
+    parts.push(" · ", part("peak", onGpu ? "The process at its largest as NVML reports it"
+      : "How much the process grew at most (Caffe, Python and the libraries): what the limit applies to",
+    "process " + formatBytes(attempt.peak_bytes)));
+    parts.push(" · ", part("limit", "The memory cap, or the device's free memory when the attempt started",
+      "limit " + formatBytes(attempt.limit_bytes)));
+    return parts;
+  }
+
   /** A row of a job's attempts table (macros.html: attempt_row). */
   function attemptRow(attempt) {
     const why = [];
@@ -78,9 +97,7 @@
       el("td", { dataset: { role: "iter_size" } }, String(attempt.iter_size)),
       el("td", { dataset: { role: "test" } }, test),
       el("td", { dataset: { role: "iterations" }, className: "text-nowrap" }, attempt.start_iteration + " → " + end),
-      el("td", { dataset: { role: "memory" }, className: "small text-nowrap" },
-        formatBytes(attempt.estimated_bytes) + " / " + formatBytes(attempt.limit_bytes) + " / " +
-        formatBytes(attempt.peak_bytes)),
+      el("td", { dataset: { role: "memory" }, className: "small text-nowrap" }, ...memoryParts(attempt)),
       el("td", { dataset: { role: "duration" }, className: "text-nowrap" }, duration(attempt.duration)),
       el("td", { dataset: { role: "why" }, className: "small" }, ...why));
   }
