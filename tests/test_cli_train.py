@@ -35,7 +35,8 @@ def train(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 def test_help_documents_the_flags() -> None:
     result = subprocess.run([SCRIPT, "train", "--help"], capture_output=True, text=True, timeout=60, check=True)
-    for flag in ("--device", "--batch", "--memory-cap", "--data-dir", "--dataset-root", "--start", "--json"):
+    for flag in ("--device", "--batch", "--memory-cap", "--data-dir", "--dataset-root", "--start", "--stall-seconds",
+                 "--json"):
         assert flag in result.stdout
     overview = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "train" in overview.stdout
@@ -83,5 +84,8 @@ def test_errors_are_one_line_without_traceback(files: list[str], tmp_path: Path)
     outside = train(*files, "--data", "train=/etc")
     assert outside.returncode == 2
     assert "outside the dataset folders" in outside.stderr and "Traceback" not in outside.stderr
+    for bad in ("0.5", "soon", "inf"):
+        stall = train(*files, "--stall-seconds", bad)
+        assert stall.returncode == 2 and "--stall-seconds" in stall.stderr and "Traceback" not in stall.stderr
     failing = train(*files, "--memory-cap", "8MiB")  # not even the test net fits
     assert failing.returncode == 1 and "does not fit even when nothing else runs" in failing.stdout

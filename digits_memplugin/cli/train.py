@@ -57,8 +57,22 @@ def add_parser(subparsers: Any) -> None:
         "--start", choices=("plan", "wanted"), default="plan",
         help='first attempt at the planned batch (default) or at the wanted batch as given ("wanted")',
     )
+    parser.add_argument(
+        "--stall-seconds", type=positive_seconds, default=600.0, metavar="S",
+        help="end an attempt that writes no progress and no log line for this long (default: %(default)g)",
+    )
     parser.add_argument("--json", action="store_true", help="print the job document (with attempts) at the end")
     parser.set_defaults(run=run)
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {text!r}")
+    return value
 
 
 def batch(text: str) -> int | str:
@@ -102,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     roots = tuple(root.absolute() for root in args.dataset_root) or (Path.cwd(),)
     printer = Printer()
     manager = JobManager(
-        ManagerConfig(data_dir=args.data_dir.absolute(), dataset_roots=roots),
+        ManagerConfig(data_dir=args.data_dir.absolute(), dataset_roots=roots, stall_seconds=args.stall_seconds),
         DeviceReader(),
         on_event=EventThrottle(printer, 2.0),
     )
