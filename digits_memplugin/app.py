@@ -13,7 +13,7 @@ from flask_socketio import SocketIO
 
 from .extension import init_app
 from .settings import Settings
-from .web.access import check_request
+from .web.access import HostCheckMiddleware, check_request, host_names
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -24,7 +24,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     if not app.config.get("SECRET_KEY"):
         app.config["SECRET_KEY"] = _persistent_secret(settings.data_dir)
     socketio = SocketIO(app, async_mode=settings.async_mode)
-    init_app(app, socketio=socketio)
+    plugin = init_app(app, socketio=socketio)
+    # Outermost, so that the socketio path is checked too: a rebinding page's websocket is refused before it opens.
+    app.wsgi_app = HostCheckMiddleware(app.wsgi_app, lambda: host_names(plugin.settings, app.config))  # type: ignore[method-assign]
 
     @app.get("/")
     def index() -> ResponseReturnValue:

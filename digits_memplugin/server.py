@@ -1,12 +1,21 @@
-"""Serving an app that carries the plugin on gevent's WSGI server, with a clean stop on SIGTERM or SIGINT."""
+"""Serving an app that carries the plugin on gevent's WSGI server, with a clean stop on SIGTERM or SIGINT.
+
+gevent's handler is adjusted for what the plugin promises about connections (docs/security.md, "Hosts and
+connections"): a connection is closed after a body it could not read (a malformed chunk would otherwise leave the
+rest of the body to be read as the next request: request smuggling), after a websocket, and when a request's head or
+body does not arrive within the read timeout.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import socket
 import sys
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
@@ -15,21 +24,136 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 log = logging.getLogger(__name__)
 
+_TIMEOUT_BODY = json.dumps(
+    {"error": "the request's line and headers did not arrive in time; the connection is closed", "status": 408}
+).encode()
+REQUEST_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
 
-class WebsocketClosingHandler(WSGIHandler):  # type: ignore[misc]
-    """gevent's request handler, which closes the connection once a websocket on it has ended.
 
-    simple-websocket takes the socket over during the upgrade request; when the websocket ends, gevent would go
-    on reading the connection for a next HTTP request and find the client's last websocket frame there, logging
-    it as an invalid HTTP request (its bytes in the log) at every disconnect.
+class HeadTimedOut(OSError):
+    """A request's line and headers did not arrive within the read timeout."""
+
+
+class GuardedInput:
+    """The request body as the application reads it: each read waits at most `timeout` seconds for data, and a
+    read that fails (a malformed chunk, the timeout, the client gone) is noted, so the connection is closed after
+    the response instead of being read on as if it were at the start of a next request."""
+
+    def __init__(self, stream: Any, sock: Any, timeout: float | None) -> None:
+        self._stream = stream
+        self._socket = sock
+        self._timeout = timeout
+        self.failed = False
+
+    def guard(self, read: Callable[..., Any], *args: Any) -> Any:
+        previous = self._socket.gettimeout()
+        self._socket.settimeout(self._timeout)
+        try:
+            return read(*args)
+        except Exception:
+            self.failed = True
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                self._socket.settimeout(previous)
+
+    def read(self, length: int | None = None) -> bytes:
+        return self.guard(self._stream.read, length)  # type: ignore[no-any-return]
+
+    def readline(self, size: int | None = None) -> bytes:
+        return self.guard(self._stream.readline, size)  # type: ignore[no-any-return]
+
+    def readlines(self, hint: int | None = None) -> list[bytes]:
+        return list(self)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+
+class _Drained:
+    """Stands in for gevent's input once the connection is to be closed: nothing more of the body is read."""
+
+    def _discard(self) -> None:
+        return None
+
+
+class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
+    """gevent's request handler, closing the connection where reading on could go wrong.
+
+    - After a websocket: simple-websocket takes the socket over during the upgrade request; when the websocket
+      ends, gevent would go on reading the connection for a next HTTP request and find the client's last websocket
+      frame there, logging it as an invalid HTTP request (its bytes in the log) at every disconnect.
+    - After a body that could not be read to its end (malformed chunked framing, a client that stopped sending):
+      gevent answered the application's 400 and then read what followed the bad chunk as a new request, so a
+      request hidden in a body ran (request smuggling). The 400 now says `Connection: close` and nothing more is
+      read. A body the application left unread is still read out (so keep-alive goes on), but under the timeout.
+    - Read timeout (the server's `read_timeout`): the request line and headers must arrive within it from the
+      moment the handler waits for them (a connection without a whole request line by then, idle kept-alive ones
+      included, is closed; one with headers still missing gets 408 first), and a body may pause at most that long
+      between two reads. A websocket, once open, is not timed.
     """
 
+    wsgi_input: Any
+    _guarded: GuardedInput | None = None
+    _head_deadline: float | None = None
+
+    @contextlib.contextmanager
+    def _head_timer(self) -> Iterator[None]:
+        if self._head_deadline is None:
+            yield
+            return
+        left = max(self._head_deadline - time.monotonic(), 0.001)
+        with gevent.Timeout(left, HeadTimedOut("the request's line and headers did not arrive in time")):
+            yield
+
+    def read_requestline(self) -> str:
+        timeout = self.server.read_timeout
+        self._head_deadline = None if timeout is None else time.monotonic() + timeout
+        with self._head_timer():  # a timeout here is an OSError: gevent closes the connection without a word
+            return super().read_requestline()  # type: ignore[no-any-return]
+
+    def read_request(self, raw_requestline: str) -> bool:
+        with self._head_timer():
+            return super().read_request(raw_requestline)  # type: ignore[no-any-return]
+
+    def _handle_client_error(self, ex: BaseException) -> tuple[str, bytes]:
+        if isinstance(ex, HeadTimedOut):
+            log.info("closing a connection from %s: %s", self.client_address, ex)
+            return "408", REQUEST_TIMEOUT_RESPONSE
+        return super()._handle_client_error(ex)  # type: ignore[no-any-return]
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        if self._guarded is not None and self._guarded.failed:
+            headers = [(name, value) for name, value in headers if name.lower() != "connection"]
+            headers.append(("Connection", "close"))  # gevent closes the connection after this response
+        return super().start_response(status, headers, exc_info)
+
     def run_application(self) -> None:
+        self._guarded = None
+        if self.environ.get("wsgi.input") is self.wsgi_input:  # a body gevent reads for the application
+            self._guarded = GuardedInput(self.wsgi_input, self.socket, self.server.read_timeout)
+            self.environ["wsgi.input"] = self._guarded
         try:
             super().run_application()
         finally:
+            self._finish_body()
             if self.environ.get("HTTP_UPGRADE", "").lower() == "websocket":
                 self.close_connection = True
+
+    def _finish_body(self) -> None:
+        """Read out what the application left of the body, under the timeout; or, where a read failed, close."""
+        guarded = self._guarded
+        if guarded is None:
+            return
+        if not guarded.failed:
+            with contextlib.suppress(Exception):
+                guarded.guard(self.wsgi_input._discard)
+        if guarded.failed:
+            self.close_connection = True
+            self.wsgi_input = _Drained()
 
 
 class NoDelayWSGIServer(WSGIServer):  # type: ignore[misc]
@@ -40,12 +164,18 @@ class NoDelayWSGIServer(WSGIServer):  # type: ignore[misc]
     acknowledgement by up to 40 ms: every request on a kept-alive connection took about 45 ms instead of 2.
     """
 
+    handler_class = ConnectionHandler
+    read_timeout: float | None = None
+    """Seconds a request's head may take, and a body may pause (ConnectionHandler); None: no timeout."""
+
+    def __init__(self, *args: Any, read_timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_timeout = read_timeout
+
     def handle(self, sock: socket.socket, address: Any) -> None:
         with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to turn off
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().handle(sock, address)
-
-    handler_class = WebsocketClosingHandler
 
 
 def serve(app: Flask, host: str, port: int) -> None:
@@ -55,7 +185,10 @@ def serve(app: Flask, host: str, port: int) -> None:
     served through simple-websocket, which engineio drives on gevent without gevent-websocket.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = NoDelayWSGIServer((host, port), app, log=None, error_log=log)
+    from .extension import get_plugin
+
+    read_timeout = get_plugin(app).settings.read_timeout_seconds
+    server = NoDelayWSGIServer((host, port), app, log=None, error_log=log, read_timeout=read_timeout)
     server.start()
     bound_host, bound_port = server.address[:2]
     # The address line is machine-readable on purpose: tests and scripts started with --port 0 read it.

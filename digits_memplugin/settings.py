@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,15 @@ class Settings:
     """When set, writing requests need it (``Authorization: Bearer``, or a page session signed in with it)."""
     auth_reads: bool = False
     """With api_token set, reading requests (pages, GET endpoints, socketio) need it too."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names requests may name in their Host header, besides localhost, an IP address and the machine's own
+    name (`hostname`): the names a server bound to 0.0.0.0 is reached by. ".example.org" allows its subdomains
+    too; "*" allows any name (no protection against DNS rebinding: only behind a proxy that checks Host itself).
+    A list, or one string of names separated by commas or spaces."""
+    read_timeout_seconds: float = 30.0
+    """The standalone server (`serve`): how long a request's line and headers may take to arrive, and how long its
+    body may pause between two reads, before the connection is closed (a connection idle between two requests is
+    closed after it too). Websockets, once open, are not timed."""
     pycaffe_fallback: bool = True
     """Ask pycaffe (in a child process) for the shapes of layer types the estimator has no rule for."""
     dataset_roots: tuple[Path, ...] | None = None
@@ -149,6 +159,12 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be True or False, got {value!r}")
         return value
+    if field.name == "allowed_hosts":
+        return _host_names(key, value)
+    if field.name == "read_timeout_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 3600:
+            raise ConfigError(f"{key} must be a number of seconds from 1 to 3600, got {value!r}")
+        return float(value)
     if field.name == "pycaffe_fallback":
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be True or False, got {value!r}")
@@ -207,3 +223,25 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
         return float(value)
     return value  # pragma: no cover - every field is handled above
+
+
+_HOST_NAME = re.compile(r"(\*|\.?[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*)")
+
+
+def _host_names(key: str, value: Any) -> tuple[str, ...]:
+    """MEMPLUGIN_ALLOWED_HOSTS: names without ports, lowercased, a final dot dropped ("gpu1.lab." is "gpu1.lab")."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{key} must be a list of host names or one string of them, got {value!r}")
+    names = []
+    for item in value:
+        name = item.strip().lower()
+        name = name[:-1] if name.endswith(".") and name != "." else name
+        if not _HOST_NAME.fullmatch(name):
+            raise ConfigError(f"{key}: {item!r} is not a host name (a name such as 'gpu1.lab.example', "
+                              "'.lab.example' for its subdomains too, or '*'; no port, no scheme)")
+        names.append(name)
+    return tuple(dict.fromkeys(names))

@@ -201,7 +201,7 @@ def chunked(server: Server, path: str, content_type: str, chunks: list[bytes], e
     host, port = server.url.split("//")[1].rstrip("/").split(":")
     with socket.create_connection((host, int(port)), timeout=8) as connection:
         connection.sendall(
-            f"POST /memplugin/api{path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+            f"POST /memplugin/api{path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
         )
         try:

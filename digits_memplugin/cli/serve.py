@@ -46,7 +46,45 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="with a token: reading (pages, GET endpoints, live events) needs it too",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name browsers reach this server by (repeatable; '.example.org' for its subdomains too): "
+        "requests naming another host are refused, which keeps other sites out through DNS rebinding. An IP "
+        "address, localhost, this machine's name and --host are always allowed; also MEMPLUGIN_ALLOWED_HOSTS "
+        "(comma-separated) in the environment",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a connection whose request line and headers take longer than this to arrive, or whose body "
+        "pauses this long (default: 30)",
+    )
     parser.set_defaults(run=run)
+
+
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
+
+
+def _allowed_hosts(args: argparse.Namespace) -> list[str]:
+    """--allowed-host names, MEMPLUGIN_ALLOWED_HOSTS from the environment, and --host when it is a name."""
+    names = list(args.allowed_host or [])
+    names += os.environ.get("MEMPLUGIN_ALLOWED_HOSTS", "").replace(",", " ").split()
+    if args.host not in WILDCARD_ADDRESSES and not _is_address(args.host):
+        names.append(args.host)
+    return names
+
+
+def _is_address(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -85,6 +123,18 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"digits-memplugin serve: warning: listening on {args.host} without an API token: anyone who can reach "
             "this port can start and cancel training jobs (see docs/security.md)",
+            file=sys.stderr,
+        )
+    config["MEMPLUGIN_ALLOWED_HOSTS"] = _allowed_hosts(args)
+    if args.read_timeout is not None:
+        config["MEMPLUGIN_READ_TIMEOUT_SECONDS"] = args.read_timeout
+    if args.host in WILDCARD_ADDRESSES:
+        import socket
+
+        print(
+            f"digits-memplugin serve: note: listening on every address; requests must name this server by an IP "
+            f"address, as localhost or as {socket.gethostname()}: give any other name it is reached by with "
+            "--allowed-host NAME (requests naming other hosts are refused, against DNS rebinding)",
             file=sys.stderr,
         )
     try:

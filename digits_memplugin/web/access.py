@@ -11,13 +11,22 @@ Three modes, decided per app:
 
 In every mode a browser's cross-site write is refused (its Origin names another host), so a page on another site
 cannot make a visitor's browser create or cancel jobs.
+
+And in every mode a request must name this server in its Host header: an IP address, localhost, the machine's own
+name, or a name in MEMPLUGIN_ALLOWED_HOSTS. A DNS rebinding attack points a name the attacker owns at this server:
+the browser then takes the attacker's page and this server for one origin (Origin and Host agree, so the cross-site
+check passes), and only the Host header, still the attacker's name, tells them apart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+import ipaddress
+import json
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Blueprint, current_app, jsonify, redirect, render_template, request, session, url_for
@@ -44,6 +53,114 @@ class LoginForm(FlaskForm):  # type: ignore[misc]
 def token_fingerprint(token: str) -> str:
     """What a signed-in session keeps: changing the token signs every session out."""
     return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def host_name(header: str) -> str | None:
+    """The name a Host header gives, without its port, lowercased, a final dot dropped; None when it is not one.
+
+    "[::1]:5000" gives "::1"; "Gpu1.Lab.:80" gives "gpu1.lab".
+    """
+    header = header.strip().lower()
+    if header.startswith("["):
+        address, bracket, port = header[1:].partition("]")
+        if not bracket or (port and not (port[:1] == ":" and port[1:].isdigit() and port[1:].isascii())):
+            return None
+        return address if _is_address(address) else None
+    name, colon, port = header.partition(":")
+    if colon and not (port.isdigit() and port.isascii()):
+        return None
+    name = name[:-1] if name.endswith(".") else name
+    if not name or not all(char.isascii() and (char.isalnum() or char in "-._") for char in name):
+        return None
+    return name
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def host_allowed(header: str | None, names: Iterable[str]) -> bool:
+    """Whether a request naming `header` in its Host header is one for this server.
+
+    An IP address is always one: a browser sends it only for a page loaded from that address, which no DNS answer
+    can change. A missing Host (HTTP/1.0) is allowed too: browsers always send one. `names` as
+    MEMPLUGIN_ALLOWED_HOSTS holds them ("*" for any, ".lab.example" for it and its subdomains).
+    """
+    if header is None:
+        return True
+    name = host_name(header)
+    if name is None:
+        return False
+    if _is_address(name):
+        return True
+    for allowed_name in names:
+        if allowed_name == "*" or name == allowed_name.lstrip("."):
+            return True
+        if allowed_name.startswith(".") and name.endswith(allowed_name):
+            return True
+    return False
+
+
+def host_names(settings: Any, config: Any = None) -> tuple[str, ...]:
+    """The names this server answers to, besides IP addresses: localhost, the machine's own name, the host app's
+    SERVER_NAME when it has one, then MEMPLUGIN_ALLOWED_HOSTS."""
+    names = ["localhost", socket.gethostname().lower()]
+    server_name = (config or {}).get("SERVER_NAME")
+    if isinstance(server_name, str) and server_name:
+        names.append(host_name(server_name) or "")
+    return tuple(name for name in dict.fromkeys([*names, *settings.allowed_hosts]) if name)
+
+
+def wrong_host_message(header: str, names: Iterable[str]) -> str:
+    shown = header if len(header) <= 100 else header[:100] + "..."
+    return (
+        f"this server does not answer to the host {shown!r}: requests must name it by an IP address or as "
+        f"{', '.join(names)}. A server reached by another name (one bound to 0.0.0.0, or behind a proxy) lists it "
+        "in MEMPLUGIN_ALLOWED_HOSTS (`digits-memplugin serve --allowed-host NAME`). This check keeps pages of other "
+        "sites out through DNS rebinding."
+    )
+
+
+def check_host() -> ResponseReturnValue | None:
+    """Refuse a request whose Host header names a host this server does not answer to (400, JSON)."""
+    plugin = current_app.extensions["memplugin"]
+    header = request.environ.get("HTTP_HOST")
+    names = host_names(plugin.settings, current_app.config)
+    if host_allowed(header, names):
+        return None
+    return jsonify(error=wrong_host_message(str(header), names), status=400), 400
+
+
+def socket_host_allowed() -> tuple[bool, str]:
+    """The Host check for a socketio connection (in its connect handler): (allowed, why not)."""
+    plugin = current_app.extensions["memplugin"]
+    header = request.environ.get("HTTP_HOST")
+    names = host_names(plugin.settings, current_app.config)
+    if host_allowed(header, names):
+        return True, ""
+    return False, wrong_host_message(str(header), names)
+
+
+class HostCheckMiddleware:
+    """The Host check in front of a whole WSGI app, the socketio path included: the standalone app refuses a
+    rebinding page's websocket before it is opened, not only at the plugin's namespace."""
+
+    def __init__(self, app: Any, names: Callable[[], Iterable[str]]) -> None:
+        self.app = app
+        self.names = names
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        header = environ.get("HTTP_HOST")
+        names = tuple(self.names())
+        if host_allowed(header, names):
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        body = json.dumps({"error": wrong_host_message(str(header), names), "status": 400}).encode()
+        start_response("400 Bad Request", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
 
 
 def request_kind() -> str:
@@ -120,7 +237,11 @@ def socket_allowed(auth: object) -> bool:
 
 
 def check_request() -> ResponseReturnValue | None:
-    """The blueprint's before_request: refuse what the current mode does not allow."""
+    """The blueprint's before_request: refuse a wrong Host (every endpoint), then what the current mode does not
+    allow."""
+    wrong_host = check_host()
+    if wrong_host is not None:
+        return wrong_host
     if request.endpoint in OPEN_ENDPOINTS:
         return None
     ok, status, message = allowed(request_kind())
@@ -139,15 +260,28 @@ def login() -> ResponseReturnValue:
     if form.validate_on_submit():
         if hmac.compare_digest(form.token.data.encode(), token.encode()):
             session[SESSION_KEY] = token_fingerprint(token)
-            target = request.args.get("next", "")
-            # Only a path on this server: never a redirect elsewhere.
-            if not target.startswith("/") or target.startswith("//"):
-                target = url_for("memplugin.home")
-            return redirect(target)
+            return redirect(same_site_path(request.args.get("next", "")) or url_for("memplugin.home"))
         error = "That is not the API token."
     status = 401 if request.method == "POST" else 200
     reads = current_app.extensions["memplugin"].settings.auth_reads
     return render_template("memplugin/login.html", form=form, error=error, reads_need_token=reads), status
+
+
+def same_site_path(target: str) -> str | None:
+    """`target` when it is a path on this server, else None: never a redirect elsewhere.
+
+    Browsers drop tabs and newlines from a URL and read a backslash as a slash, so "/%09/evil.example" (a tab,
+    once decoded) and "/" + backslash + "evil.example" lead to evil.example as "//evil.example" does: a control
+    character, a space or a backslash anywhere refuses the target, as does one not starting with a single slash.
+    """
+    if not target.startswith("/") or target.startswith("//"):
+        return None
+    if any(ord(char) < 0x21 or ord(char) == 0x7F or char == "\\" for char in target):
+        return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return None
+    return target
 
 
 def logout() -> ResponseReturnValue:

@@ -27,7 +27,7 @@ from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 
 from .. import __version__
 from ..jobs.throttle import ClientRateLimiter
-from .access import socket_allowed
+from .access import socket_allowed, socket_host_allowed
 
 DEVICES_EVENT = "devices"
 DEVICES_ROOM = "devices"
@@ -155,7 +155,11 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         return super().trigger_event(event, *args)
 
     def on_connect(self, auth: Any = None) -> None:
-        """Refuse a connection the access rules do not allow to read (a token in `auth` counts as the bearer)."""
+        """Refuse a connection naming a host this server does not answer to (DNS rebinding), then one the access
+        rules do not allow to read (a token in `auth` counts as the bearer)."""
+        host_ok, why = socket_host_allowed()
+        if not host_ok:
+            raise ConnectionRefusedError(why)
         if not socket_allowed(auth):
             raise ConnectionRefusedError("unauthorized: this server needs its API token")
         emit("hello", {"version": __version__})

@@ -1,0 +1,508 @@
+"""Hosts and connections (docs/security.md): a request must name this server in its Host header (DNS rebinding);
+a malformed body closes its connection (request smuggling); a request's head and body must arrive in time (read
+timeout); and signing in redirects only to a path on this server.
+
+The Host check and the redirect go through the Flask test client (which names "localhost"); what happens to
+connections is tested with raw sockets against `digits-memplugin serve` on gevent."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask_socketio import SocketIO
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
+
+import digits_memplugin
+from digits_memplugin import create_app
+from digits_memplugin.extension import get_plugin
+from digits_memplugin.settings import ConfigError, Settings
+from digits_memplugin.web.access import host_allowed, host_name, same_site_path
+
+pytest_plugins = ["test_jobs_fixtures"]
+
+API = "/memplugin/api"
+NS = "/memplugin"
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+EVIL = "attacker.example:5000"
+
+
+def app_with(data_dir: Path, **config: Any) -> Flask:
+    return create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True,
+                       **config})
+
+
+def as_evil(**headers: str) -> dict[str, str]:
+    """What a browser sends once the attacker's name points at this server: Host and Origin agree."""
+    return {"Host": EVIL, "Origin": f"http://{EVIL}", **headers}
+
+
+# ============================================================================ DNS rebinding: the Host check
+
+
+def assert_wrong_host(response: Any) -> None:
+    assert response.status_code == 400, (response.status_code, response.get_data(as_text=True)[:300])
+    document = response.get_json()
+    assert document["status"] == 400
+    assert "attacker.example" in document["error"] and "MEMPLUGIN_ALLOWED_HOSTS" in document["error"]
+    assert "Traceback" not in document["error"]
+
+
+def test_a_job_posted_under_another_host_name_is_refused_and_nothing_is_created(
+    data_dir: Path, datasets: Path
+) -> None:
+    app = app_with(data_dir, MEMPLUGIN_DATASET_ROOTS=[str(datasets)])
+    try:
+        client = app.test_client()
+        body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4}
+        assert_wrong_host(client.post(f"{API}/jobs", json=body, headers=as_evil()))
+        assert not get_plugin(app).jobs.started  # not even the job manager was started
+        assert client.get(f"{API}/jobs").get_json()["jobs"] == []
+        assert not (data_dir / "jobs").exists() or not any((data_dir / "jobs").iterdir())
+    finally:
+        get_plugin(app).close()
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/memplugin/", "/memplugin/jobs", f"{API}/jobs", f"{API}/devices", f"{API}/health",
+             "/memplugin/login", "/memplugin/static/css/memplugin.css", "/socket.io/?EIO=4&transport=polling",
+             "/no/such/page"],
+)
+def test_every_read_under_another_host_name_is_refused_too(data_dir: Path, path: str) -> None:
+    """A rebinding page reads as well as writes: pages, the API, assets and the socketio handshake are refused."""
+    assert_wrong_host(app_with(data_dir).test_client().get(path, headers=as_evil()))
+
+
+def test_a_socketio_connection_under_another_host_name_is_refused(data_dir: Path) -> None:
+    app = app_with(data_dir)
+    socketio = get_plugin(app).socketio
+    refused = socketio.test_client(app, namespace=NS, headers=as_evil())
+    assert not refused.is_connected(namespace=NS)
+    accepted = socketio.test_client(app, namespace=NS, headers={"Host": "127.0.0.1:5000"})
+    assert accepted.is_connected(namespace=NS)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "localhost:5000", "LocalHost.:5000", "127.0.0.1", "127.0.0.1:5000", "[::1]:5000", "[::1]",
+     "192.0.2.7:8080", "[2001:db8::7]", socket.gethostname(), f"{socket.gethostname()}:5000"],
+)
+def test_addresses_localhost_and_the_machines_name_are_always_answered(data_dir: Path, host: str) -> None:
+    """An IP address cannot be rebound (a browser sends one only for a page loaded from that address)."""
+    response = app_with(data_dir).test_client().get(f"{API}/jobs", headers={"Host": host})
+    assert response.status_code == 200, response.get_json()
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["attacker.example", "localhost.attacker.example", "127.0.0.1.nip.io", "lab.example.attacker.example",
+     "evil-lab.example", "[::1", "[::1]x", "[not-an-address]", "a b", "host:port", "a:1:2", "", ":5000",
+     "gpu1.lab.example@attacker.example"],
+)
+def test_other_names_and_malformed_hosts_are_refused(data_dir: Path, host: str) -> None:
+    client = app_with(data_dir, MEMPLUGIN_ALLOWED_HOSTS="gpu1.lab.example, .lab.example").test_client()
+    response = client.get(f"{API}/jobs", headers={"Host": host})
+    assert response.status_code == 400 and "MEMPLUGIN_ALLOWED_HOSTS" in response.get_json()["error"]
+
+
+@pytest.mark.parametrize("host", ["gpu1.lab.example", "GPU1.lab.example.:443", "lab.example", "a.b.lab.example"])
+def test_configured_names_and_subdomains_are_answered(data_dir: Path, host: str) -> None:
+    client = app_with(data_dir, MEMPLUGIN_ALLOWED_HOSTS=["gpu1.lab.example", ".lab.example"]).test_client()
+    assert client.get(f"{API}/jobs", headers={"Host": host}).status_code == 200
+    # ... and the cross-site check still holds between two allowed names
+    other = client.post(f"{API}/jobs", json={}, headers={"Host": host, "Origin": "http://localhost:5000"})
+    assert other.status_code == 403
+
+
+def test_a_star_answers_any_name(data_dir: Path) -> None:
+    client = app_with(data_dir, MEMPLUGIN_ALLOWED_HOSTS="*").test_client()
+    assert client.get(f"{API}/jobs", headers={"Host": EVIL}).status_code == 200
+
+
+def test_the_check_holds_on_a_host_app_and_leaves_the_hosts_own_pages_alone(tmp_path: Path) -> None:
+    host = Flask("host")
+    host.config.update(SECRET_KEY="x", MEMPLUGIN_DATA_DIR=str(tmp_path), SERVER_NAME=None)
+    socketio = SocketIO(host, async_mode="threading")
+    digits_memplugin.init_app(host, socketio, allowed_hosts=["digits.lab.example"])
+
+    @host.get("/digits-home")
+    def digits_home() -> str:
+        return "the host's page"
+
+    client = host.test_client()
+    assert_wrong_host(client.get(f"{API}/jobs", headers=as_evil()))
+    assert_wrong_host(client.post(f"{API}/jobs", json={}, headers=as_evil()))
+    assert client.get("/digits-home", headers=as_evil()).status_code == 200  # the host decides for its own pages
+    assert client.get(f"{API}/jobs", headers={"Host": "digits.lab.example:5000"}).status_code == 200
+    refused = socketio.test_client(host, namespace=NS, headers=as_evil())
+    assert not refused.is_connected(namespace=NS)
+    assert socketio.test_client(host, namespace=NS, headers={"Host": "digits.lab.example"}).is_connected(NS)
+
+
+def test_host_names_are_read_without_port_case_or_final_dot() -> None:
+    assert host_name("Gpu1.Lab.:80") == "gpu1.lab"
+    assert host_name("[::1]:5000") == "::1"
+    assert host_name("１２７.0.0.1") is None  # no look-alike digits
+    assert host_allowed(None, ())  # HTTP/1.0 without Host: no browser sends that
+    assert not host_allowed("localhost", ())  # only what the caller lists, and addresses
+    assert host_allowed("10.0.0.1:80", ())
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("a.example, B.example.", ("a.example", "b.example")), (["*"], ("*",)), (None, ()), ("", ()),
+     ([".lab.example", ".lab.example"], (".lab.example",))],
+)
+def test_allowed_hosts_setting(value: Any, expected: tuple[str, ...]) -> None:
+    assert Settings.from_config({"MEMPLUGIN_ALLOWED_HOSTS": value}).allowed_hosts == expected
+
+
+@pytest.mark.parametrize("value", ["http://a.example", "a.example:80", "a..example", "[::1]", 5, ["a b"], "a/b"])
+def test_a_malformed_allowed_host_is_refused_at_start_naming_the_key(value: Any) -> None:
+    with pytest.raises(ConfigError, match="MEMPLUGIN_ALLOWED_HOSTS"):
+        Settings.from_config({"MEMPLUGIN_ALLOWED_HOSTS": value})
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 3601, float("nan"), float("inf"), "30", True])
+def test_a_malformed_read_timeout_is_refused_at_start_naming_the_key(value: Any) -> None:
+    with pytest.raises(ConfigError, match="MEMPLUGIN_READ_TIMEOUT_SECONDS"):
+        Settings.from_config({"MEMPLUGIN_READ_TIMEOUT_SECONDS": value})
+
+
+# ============================================================================ the redirect after signing in
+
+TOKEN = "s3cret-token-of-some-length"
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/%09/evil.example/x", "/memplugin/"),  # a tab, dropped by browsers: //evil.example/x
+        ("/%0A/evil.example", "/memplugin/"),
+        ("/%0D%0A/evil.example", "/memplugin/"),
+        ("/%5Cevil.example", "/memplugin/"),  # a backslash, read as a slash by browsers
+        ("/%5C/evil.example", "/memplugin/"),
+        ("%5C%5Cevil.example", "/memplugin/"),
+        ("//evil.example/x", "/memplugin/"),
+        ("/%20/evil.example", "/memplugin/"),
+        ("https://evil.example/x", "/memplugin/"),
+        ("javascript:alert(1)", "/memplugin/"),
+        ("%20//evil.example", "/memplugin/"),
+        ("/%00/evil.example", "/memplugin/"),
+        ("/memplugin/jobs?sort=name", "/memplugin/jobs?sort=name"),
+        ("/memplugin/jobs", "/memplugin/jobs"),
+    ],
+)
+def test_signing_in_redirects_only_to_a_path_on_this_server(data_dir: Path, target: str, expected: str) -> None:
+    client = app_with(data_dir, MEMPLUGIN_API_TOKEN=TOKEN, WTF_CSRF_ENABLED=False).test_client()
+    signed_in = client.post(f"/memplugin/login?next={target}", data={"token": TOKEN})
+    assert signed_in.status_code == 302
+    assert signed_in.headers["Location"] == expected
+
+
+def test_same_site_path_refuses_what_a_browser_would_take_elsewhere() -> None:
+    for target in ["/\t/evil.example", "/\\evil.example", "\\\\evil.example", "/\n/evil", "/ /evil", "http:/x",
+                   "//x", "", "x/y", "/\x7f/evil"]:
+        assert same_site_path(target) is None, repr(target)
+    assert same_site_path("/memplugin/jobs/ab12?x=%2F%2Fy") == "/memplugin/jobs/ab12?x=%2F%2Fy"
+
+
+# ============================================================================ connections on the real gevent server
+
+READ_TIMEOUT = 2.0
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[bytes], host: str, port: int, log: Path) -> None:
+        self.process, self.host, self.port, self.log = process, host, port, log
+
+    def connect(self, timeout: float = 10.0) -> socket.socket:
+        return socket.create_connection((self.host, self.port), timeout=timeout)
+
+    @property
+    def good_host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`serve --read-timeout 2 --allowed-host memplugin.test` on a free port; its output goes to a file."""
+    folder = tmp_path_factory.mktemp("hosts")
+    log = folder / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(folder / "data"),
+             "--read-timeout", str(READ_TIMEOUT), "--allowed-host", "memplugin.test"],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=folder, env={**os.environ, "MEMPLUGIN_ALLOWED_HOSTS": ""},
+        )
+    deadline = time.monotonic() + 90
+    while not (match := re.search(r"serving on http://(127\.0\.0\.1):(\d+)/", log.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("serve did not start:\n" + log.read_text())
+        time.sleep(0.1)
+    yield Served(process, match.group(1), int(match.group(2)), log)
+    process.terminate()
+    process.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def read_all(connection: socket.socket, timeout: float) -> tuple[bytes, bool]:
+    """Everything the server sends within `timeout` seconds, and whether it closed the connection meanwhile."""
+    connection.settimeout(timeout)
+    received = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            data = connection.recv(65536)
+            if not data:
+                return received, True
+            received += data
+    except TimeoutError:
+        return received, False
+    except ConnectionResetError:
+        return received, True
+    return received, False
+
+
+def statuses(received: bytes) -> list[int]:
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", received)]
+
+
+def body_of(received: bytes) -> dict[str, Any]:
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    return json.loads(body[:length])  # type: ignore[no-any-return]
+
+
+def test_rebinding_through_the_real_server_is_refused_json(served: Served) -> None:
+    with served.connect() as connection:
+        body = b"{}"
+        connection.sendall(
+            f"POST {API}/jobs HTTP/1.1\r\nHost: attacker.example:{served.port}\r\n"
+            f"Origin: http://attacker.example:{served.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        )
+        received, _ = read_all(connection, 10)
+    assert statuses(received) == [400], received[:300]
+    assert "MEMPLUGIN_ALLOWED_HOSTS" in body_of(received)["error"]
+    # the name given with --allowed-host is answered
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/jobs HTTP/1.1\r\nHost: memplugin.test:{served.port}\r\nConnection: close\r\n\r\n"
+                           .encode())
+        received, _ = read_all(connection, 10)
+    assert statuses(received) == [200] and body_of(received)["jobs"] == []
+
+
+def websocket_upgrade(served: Served, host: str) -> tuple[socket.socket, bytes]:
+    connection = served.connect()
+    key = base64.b64encode(os.urandom(16)).decode()
+    connection.sendall(
+        f"GET /socket.io/?EIO=4&transport=websocket HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+        f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        .encode()
+    )
+    connection.settimeout(10)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = connection.recv(1)
+        if not data:
+            break
+        head += data
+    return connection, head
+
+
+def send_text_frame(connection: socket.socket, text: str) -> None:
+    payload = text.encode()
+    assert len(payload) < 126
+    mask = os.urandom(4)
+    masked = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+    connection.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+
+
+def read_text_frame(connection: socket.socket) -> str:
+    def exactly(count: int) -> bytes:
+        data = b""
+        while len(data) < count:
+            chunk = connection.recv(count - len(data))
+            assert chunk, "the websocket was closed"
+            data += chunk
+        return data
+
+    first, second = exactly(2)
+    length = second & 0x7F
+    if length == 126:
+        (length,) = struct.unpack("!H", exactly(2))
+    elif length == 127:
+        (length,) = struct.unpack("!Q", exactly(8))
+    payload = exactly(length)
+    assert first & 0x0F in (0x1, 0x9, 0xA), first
+    return payload.decode("utf-8", "replace")
+
+
+def test_a_rebinding_websocket_is_refused_before_it_opens(served: Served) -> None:
+    connection, head = websocket_upgrade(served, f"attacker.example:{served.port}")
+    with connection:
+        assert head.startswith(b"HTTP/1.1 400"), head
+    connection, head = websocket_upgrade(served, served.good_host)  # the harness: the same upgrade, the right name
+    with connection:
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+
+def test_a_websocket_stays_open_past_the_read_timeout(served: Served) -> None:
+    """The read timeout is for HTTP requests: an open websocket that is quiet for longer is not cut."""
+    connection, head = websocket_upgrade(served, served.good_host)
+    with connection:
+        assert head.startswith(b"HTTP/1.1 101"), head
+        assert read_text_frame(connection).startswith("0{")  # engine.io's open packet
+        time.sleep(READ_TIMEOUT * 2)
+        send_text_frame(connection, f"40{NS},")
+        frames = [read_text_frame(connection) for _ in range(2)]
+        assert any(frame.startswith(f"40{NS},") for frame in frames), frames
+
+
+SMUGGLED = f"DELETE {API}/jobs/NOPE HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "bad_chunk",
+    ["ffffffffffffffffZ", "ffffffffffffffffff\r\n", "4\r\nabcdXX", "zz\r\n", "4\nabcd\r\n"],
+    ids=["non-hex", "too-long", "no-crlf-after-data", "not-a-size", "lf-only"],
+)
+def test_a_malformed_chunked_body_closes_the_connection_and_runs_nothing_after_it(
+    served: Served, bad_chunk: str
+) -> None:
+    """Issue 18 item 8: a 400 and then a 404 for the DELETE hidden in the body. Now: the 400 says Connection: close,
+    and the connection is closed at once (not at the read timeout), with nothing run after it."""
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n{bad_chunk}{SMUGGLED}".encode()
+        )
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+        elapsed = time.monotonic() - started
+    assert statuses(received) == [400], received
+    assert closed and elapsed < READ_TIMEOUT, (closed, elapsed)
+    assert b"connection: close" in received.lower()
+    assert "error" in body_of(received)
+
+
+def test_a_well_formed_chunked_body_keeps_the_connection_for_the_next_request(served: Served) -> None:
+    """The harness of the test above: after a good body the next request on the connection is answered."""
+    body = json.dumps({"net": LENET, "data_shapes": {"*": [1, 28, 28]}}).encode()
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            + f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        received, closed = read_all(connection, 30)
+    assert statuses(received) == [200, 200] and closed
+
+
+def test_half_a_request_head_gets_408_and_is_closed_after_the_read_timeout(served: Served) -> None:
+    with served.connect() as connection:
+        connection.sendall(f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Ty".encode())
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 4)
+        elapsed = time.monotonic() - started
+    assert closed and READ_TIMEOUT * 0.8 < elapsed < READ_TIMEOUT * 3, (closed, elapsed, received)
+    assert statuses(received) == [408], received
+    assert "did not arrive in time" in body_of(received)["error"]
+
+
+def test_a_head_sent_a_byte_at_a_time_is_timed_as_a_whole(served: Served) -> None:
+    """Slowloris: each byte comes well within the timeout, the head as a whole does not."""
+    head = f"Host: {served.good_host}\r\nX-Slow: {'a' * 200}\r\n\r\n".encode()
+    started = time.monotonic()
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/health HTTP/1.1\r\n".encode())
+        for byte in head:  # until the server answers: bytes sent after its close would reset the connection
+            if select.select([connection], [], [], 0)[0] or time.monotonic() - started > READ_TIMEOUT * 3:
+                break
+            connection.sendall(bytes([byte]))
+            time.sleep(0.05)
+        received, closed = read_all(connection, READ_TIMEOUT * 2)
+    assert statuses(received) == [408] and closed, received
+    assert time.monotonic() - started < READ_TIMEOUT * 4
+
+
+def test_an_idle_connection_is_closed_after_the_read_timeout(served: Served) -> None:
+    with served.connect() as connection:
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 4)
+    assert closed and received == b"" and time.monotonic() - started < READ_TIMEOUT * 3
+
+
+def test_a_body_that_stops_coming_is_answered_and_closed_after_the_read_timeout(served: Served) -> None:
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n{\"net\": ".encode()
+        )
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 4)
+        elapsed = time.monotonic() - started
+    assert closed and elapsed < READ_TIMEOUT * 3, (closed, elapsed, received)
+    assert statuses(received) == [400], received
+    assert "error" in body_of(received)
+
+
+def test_slow_connections_do_not_hold_the_server(served: Served) -> None:
+    """Issue 18 item 11: 40 slow connections were held for 70 s. They are closed after the read timeout, and the
+    server answers others meanwhile."""
+    slow = [served.connect() for _ in range(40)]
+    try:
+        for connection in slow:
+            connection.sendall(f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\n".encode())
+        with served.connect() as other:
+            other.sendall(f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n".encode())
+            assert statuses(read_all(other, 10)[0]) == [200]
+        time.sleep(READ_TIMEOUT * 2)
+        outcomes = [read_all(connection, 1.0) for connection in slow]
+        assert all(closed and statuses(received) == [408] for received, closed in outcomes), outcomes[:3]
+    finally:
+        for connection in slow:
+            connection.close()
+
+
+# ============================================================================ the serve command's options
+
+
+def test_serve_allows_its_host_option_and_the_named_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from digits_memplugin.cli.serve import _allowed_hosts
+
+    monkeypatch.setenv("MEMPLUGIN_ALLOWED_HOSTS", "env1.example, env2.example")
+    args = argparse.Namespace(host="gpu1.lab.example", allowed_host=["a.example"])
+    assert _allowed_hosts(args) == ["a.example", "env1.example", "env2.example", "gpu1.lab.example"]
+    monkeypatch.delenv("MEMPLUGIN_ALLOWED_HOSTS")
+    for address in ("0.0.0.0", "::", "10.1.2.3", "::1"):  # addresses are answered anyway
+        assert _allowed_hosts(argparse.Namespace(host=address, allowed_host=None)) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--allowed-host", "http://gpu1.example"], "MEMPLUGIN_ALLOWED_HOSTS"),
+     (["--read-timeout", "0"], "MEMPLUGIN_READ_TIMEOUT_SECONDS")],
+)
+def test_serve_refuses_a_malformed_option_with_a_message(tmp_path: Path, flags: list[str], message: str) -> None:
+    result = subprocess.run([SCRIPT, "serve", "--port", "0", "--data-dir", str(tmp_path), *flags],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
