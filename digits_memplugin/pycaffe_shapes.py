@@ -1,10 +1,16 @@
 """Real Caffe's answer for a net's shapes, from a child pycaffe process: the estimator's fallback and yardstick.
 
 `core.net.build_net` takes a `ShapeOracle` for layer types it has no rule for; `pycaffe_oracle` is that oracle.
-It writes the net to a temporary file and runs ``python -m digits_memplugin.pycaffe_shapes NET PHASE OUT``, which
-builds `caffe.Net` in CPU mode and writes every layer's top and param shapes as JSON. Caffe aborts the whole
+It writes the net to a temporary file and runs ``python -m digits_memplugin.pycaffe_shapes NET PHASE``, which
+builds `caffe.Net` in CPU mode and prints every layer's top and param shapes as JSON. Caffe aborts the whole
 process on a failed CHECK, so it never runs in the caller's process; a glog ``F...`` line becomes a `NetError`
 naming the layer the log was setting up.
+
+Caffe's layers open what their parameters name as they are set up, and the nets come from anyone who can ask for
+an estimate. So a net reaches the child only through `core.sanitize.check_net` (no layer that opens a file or
+imports code, such as HDF5Output, a data layer or a Python layer; no path-bearing field), and the child builds it
+confined (`digits_memplugin.sandbox`: it may read but not create, truncate, change or delete any file, open a
+socket or start a program) in its own empty folder, reporting on a pipe.
 
 The core must not start processes (it is imported by the web server), which is why this lives outside it.
 `caffe_net` gives the whole picture (blob names and shapes, split layers included, loss weights, the layers that
@@ -27,6 +33,7 @@ from typing import Any
 from .core.errors import NetError, ShapeError, UnsupportedLayerError
 from .core.layers import Shape
 from .core.net import Net
+from .core.sanitize import check_net
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a child may take: building a VGG-sized net fills ~140M weights, a few seconds on one core."""
@@ -69,38 +76,46 @@ class CaffeNet:
 
 def caffe_net(net_param: Any, phase: str, *, timeout: float = DEFAULT_TIMEOUT) -> CaffeNet:
     """Build `net_param` (a caffe_pb2.NetParameter, data layers already replaced by Input layers) with pycaffe in
-    a child process for `phase` ("TRAIN" or "TEST"). Raises NetError when Caffe rejects the net."""
+    a confined child process for `phase` ("TRAIN" or "TEST"). Raises NetError when Caffe rejects the net, and
+    before any child starts when the net holds a layer that opens a file or imports code, or names a path."""
     if phase not in ("TRAIN", "TEST"):
         raise ValueError(f"phase must be TRAIN or TEST, got {phase!r}")
+    check_net(net_param)
     from google.protobuf import text_format
 
     with tempfile.TemporaryDirectory(prefix="memplugin-shapes-") as folder:
         net_path = Path(folder) / "net.prototxt"
-        out_path = Path(folder) / "shapes.json"
         net_path.write_text(text_format.MessageToString(net_param))
+        work = Path(folder) / "work"
+        work.mkdir()  # the child's own empty folder: a relative path it is given names nothing
         env = {
             **os.environ,
             "GLOG_logtostderr": "1",
             "GLOG_minloglevel": "0",
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
         }
         try:
             result = subprocess.run(
-                [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(net_path), phase, str(out_path)],
+                [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(net_path), phase],
                 check=False,
-                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,  # pipes: the confined child may not write to a file
                 text=True,
                 errors="replace",
                 timeout=timeout,
                 env=env,
-                cwd=folder,
+                cwd=work,
             )
         except subprocess.TimeoutExpired:
             raise NetError(f"pycaffe did not build the net within {timeout:g} s") from None
-        if result.returncode != 0 or not out_path.is_file():
-            raise caffe_error(result.stderr, net_param, result.returncode)
-        report = json.loads(out_path.read_text())
+    try:
+        report = json.loads(result.stdout) if result.returncode == 0 else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        raise caffe_error(result.stderr, net_param, result.returncode)
     return _caffe_net(report, result.stderr)
 
 
@@ -157,17 +172,12 @@ def caffe_error(log: str, net_param: Any, returncode: int) -> NetError:
     splits = {f"{top}_{layer.name}_{index}_split" for layer in net_param.layer for index, top in enumerate(layer.top)}
     created = [name for name in created if name in types or name in splits]
     if fatal is None:
-        # A Python exception (a Python layer's import or setup): the first exception line is the cause (the layer
-        # factory prints it, then Boost.Python raises its own); else the last line says what.
+        # A Python exception (pycaffe's, or the child's own, such as not being able to confine itself): the first
+        # exception line is the cause; else the last line says what.
         exceptions = [line for line in lines if _EXCEPTION.match(line)]
         last = next((line for line in reversed(lines) if line.strip() and not line.startswith((" ", "\t"))), "")
         message = exceptions[0] if exceptions else last
         layer = created[-1] if created else None
-        for candidate in net_param.layer:
-            module = candidate.python_param.module if candidate.type == "Python" else ""
-            if module and re.search(rf"\b{re.escape(module)}\b", message):
-                layer = candidate.name
-                break
         detail = message or f"pycaffe exited with status {returncode} and no message"
         return NetError(f"pycaffe rejected the net: {detail}", layer=layer, layer_type=types.get(layer or ""))
     message = fatal.group("message").strip()
@@ -244,14 +254,25 @@ def differences(net: Net, built: CaffeNet) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """Child: build the net with pycaffe in CPU mode and write its layers and blobs as JSON."""
-    if len(argv) != 3:
-        print("usage: python -m digits_memplugin.pycaffe_shapes NET_PROTOTXT TRAIN|TEST OUT_JSON", file=sys.stderr)
+    """Child: build the net with pycaffe in CPU mode, confined, and print its layers and blobs as JSON."""
+    if len(argv) != 2:
+        print("usage: python -m digits_memplugin.pycaffe_shapes NET_PROTOTXT TRAIN|TEST", file=sys.stderr)
         return 2
-    net_path, phase, out_path = argv
+    net_path, phase = argv
+    # stdout carries the report only: whatever Caffe or a library prints goes to stderr, with the log.
+    report = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import caffe
 
+    from .sandbox import ConfinementError, confine
+
     caffe.set_mode_cpu()
+    try:
+        confine()
+    except ConfinementError as error:
+        print(f"RuntimeError: the pycaffe child could not confine itself, so it builds no net: {error}",
+              file=sys.stderr)
+        return 3
     net = caffe.Net(net_path, caffe.TRAIN if phase == "TRAIN" else caffe.TEST)
     blob_names = list(net._blob_names)
     layers = []
@@ -267,13 +288,14 @@ def main(argv: list[str]) -> int:
                 "param_shapes": [list(blob.shape) for blob in layer.blobs],
             }
         )
-    report = {
+    result = {
         "layers": layers,
         # Lists, not pycaffe's dicts: anonymous loss tops are all named "(automatic)".
         "blobs": [[name, list(blob.shape)] for name, blob in zip(blob_names, net._blobs)],
         "loss_weights": [[name, weight] for name, weight in zip(blob_names, net._blob_loss_weights)],
     }
-    Path(out_path).write_text(json.dumps(report))
+    with report:
+        report.write(json.dumps(result))
     return 0
 
 

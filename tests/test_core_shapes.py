@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import ZOO
 
-from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeError
+from digits_memplugin.core.errors import NetError, PrototxtSyntaxError
 from digits_memplugin.core.net import Net, build_net, input_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition, fill_num_classes, training_definition
@@ -223,7 +223,7 @@ def test_fork_only_fields_are_a_clear_error_here_and_in_caffe(
     if "solver" in failing:
         command = ["-c", "import sys, caffe; caffe.get_solver(sys.argv[1])", str(ZOO / failing)]
     else:
-        command = ["-m", "digits_memplugin.pycaffe_shapes", str(ZOO / failing), "TEST", str(tmp_path / "out.json")]
+        command = ["-m", "digits_memplugin.pycaffe_shapes", str(ZOO / failing), "TEST"]
     result = subprocess.run(
         [sys.executable, *command], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path
     )
@@ -244,26 +244,26 @@ def ssd_deploy() -> TrainingDefinition:
     return ZooNet(f"{SSD}/deploy.prototxt").definition()
 
 
-def test_ssd_deploy_has_layers_only_pycaffe_can_shape_and_its_detection_output_needs_a_file() -> None:
+def test_ssd_deploy_is_shaped_by_pycaffe_which_never_sees_the_files_detection_output_names() -> None:
     """The SSD layers (Normalize, Permute, PriorBox, DetectionOutput) are registered in this Caffe, so pycaffe
-    shapes them; DetectionOutput reads its label map at set-up, which is not there, and says so."""
+    shapes them. DetectionOutput's save_output_param names a label map, a name-size file and an output folder it
+    would read, delete and create at set-up: none of it changes a shape, so pycaffe gets the layer without it."""
     definition = ssd_deploy()
-    with pytest.raises(ShapeError) as error:
-        build_net(definition.train.param, "TEST", oracle=pycaffe_oracle)
-    assert (error.value.layer, error.value.layer_type) == ("detection_out", "DetectionOutput")
-    assert "File not found: data/coco/labelmap_coco.prototxt" in error.value.message
+    detection = next(layer for layer in definition.train.param.layer if layer.type == "DetectionOutput")
+    assert detection.detection_output_param.save_output_param.label_map_file == "data/coco/labelmap_coco.prototxt"
+    sent: list[Any] = []
 
+    def oracle(net_param: Any, phase: str) -> Any:
+        sent.append(net_param)
+        return pycaffe_oracle(net_param, phase)
 
-def test_ssd_deploy_without_saved_output_matches_pycaffe_through_the_oracle() -> None:
-    definition = ssd_deploy()
-    for layer in definition.train.param.layer:
-        if layer.type == "DetectionOutput":
-            layer.detection_output_param.ClearField("save_output_param")
-    net = build_net(definition.train.param, "TEST", oracle=pycaffe_oracle)
+    net = build_net(definition.train.param, "TEST", oracle=oracle)
     from_oracle = {layer.type for layer in net.layers if layer.from_oracle}
     assert from_oracle <= {"Normalize", "Permute", "PriorBox", "DetectionOutput"}
     assert "DetectionOutput" in from_oracle
     assert net.blob("mbox_conf_flatten").shape == (1, 8732 * 81)
+    assert len(sent) == 1
+    assert all(not layer.detection_output_param.HasField("save_output_param") for layer in sent[0].layer)
     assert differences(net, caffe_net(input_net(net), "TEST")) == []
 
 

@@ -78,49 +78,52 @@ def test_an_unknown_layer_type_is_unsupported_by_caffe_too() -> None:
     assert "no layer type 'NoSuchLayer'" in str(error.value)
 
 
-def test_a_python_layer_with_bottoms_is_shaped_by_pycaffe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "doubler.py").write_text(
-        "import caffe\n"
-        "class Doubler(caffe.Layer):\n"
-        "    def setup(self, bottom, top):\n"
-        "        pass\n"
-        "    def reshape(self, bottom, top):\n"
-        "        top[0].reshape(bottom[0].num, 2 * bottom[0].channels, *bottom[0].data.shape[2:])\n"
-        "    def forward(self, bottom, top):\n"
-        "        pass\n"
-        "    def backward(self, top, propagate_down, bottom):\n"
-        "        pass\n"
-    )
+def test_a_python_layer_with_bottoms_takes_the_given_shapes_and_its_module_is_never_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "doubler.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\nclass Doubler:\n    pass\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     text = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 4 } } }
 layer { name: "double" type: "Python" bottom: "data" top: "double" python_param { module: "doubler" layer: "Doubler" } }
-layer { name: "conv" type: "Convolution" bottom: "double" top: "conv" convolution_param { num_output: 1 kernel_size: 3 } }
+layer { name: "shuffle" type: "PixelShuffle" bottom: "double" top: "shuffle" pixelshuffle_param { upscale_factor: 2 } }
+layer { name: "conv" type: "Convolution" bottom: "shuffle" top: "conv" convolution_param { num_output: 1 kernel_size: 3 } }
 """
-    net = build_net(parse_net(text), "TEST", oracle=pycaffe_oracle)
-    assert net.blob("double").shape == (2, 6, 4, 4)
-    assert net.layers[1].from_oracle
-    assert net.params[0].shape == (1, 6, 3, 3)
+    net = build_net(parse_net(text), "TEST", data_shapes={"double": (2, 8, 4, 4)}, oracle=pycaffe_oracle)
+    assert net.blob("double").shape == (2, 8, 4, 4)
+    assert not net.layers[1].from_oracle
+    assert net.blob("shuffle").shape == (2, 2, 8, 8)  # pycaffe shaped the layer after it, from an Input of (2, 8, 4, 4)
+    assert net.params[0].shape == (1, 2, 3, 3)
+    assert not marker.exists()
 
 
-def test_without_an_oracle_a_python_layer_with_bottoms_says_why_it_is_unsupported() -> None:
+def test_without_the_shapes_a_python_layer_with_bottoms_says_what_to_give() -> None:
     text = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
 layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "m" layer: "L" } }
 """
-    with pytest.raises(UnsupportedLayerError, match="a Python layer with bottoms computes its own top shapes"):
-        build_net(parse_net(text), "TEST")
-
-
-def test_a_python_layer_that_cannot_be_imported_names_the_exception() -> None:
-    text = """
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
-layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "no_such_module_here" layer: "L" } }
-"""
-    with pytest.raises(NetError) as error:
+    with pytest.raises(ShapeError) as error:
         build_net(parse_net(text), "TEST", oracle=pycaffe_oracle)
-    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in error.value.message
-    assert error.value.layer == "py"
+    assert (error.value.layer, error.value.layer_type, error.value.field) == ("py", "Python", "top")
+    assert "Python layer m.L, which the estimator never imports" in error.value.message
+    assert "--data-shape py/py=" in error.value.message
+
+
+def test_a_net_with_a_python_layer_or_a_file_is_refused_before_any_child_starts() -> None:
+    python = parse_net("""
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "sys" layer: "exit" } }
+""")
+    with pytest.raises(UnsupportedLayerError) as error:
+        caffe_net(python, "TEST", timeout=0.001)  # a child would not even start in that time
+    assert (error.value.layer, error.value.field) == ("py", "python_param.module")
+    assert "never handed to pycaffe" in error.value.message
+    named = parse_net(PIXEL_SHUFFLE_NET.replace("upscale_factor: 2 }", 'upscale_factor: 2 } '
+                                                "hdf5_data_param { source: \"list.txt\" }"))
+    with pytest.raises(NetError) as refused:
+        caffe_net(named, "TRAIN", timeout=0.001)
+    assert (refused.value.layer, refused.value.field) == ("shuffle", "hdf5_data_param.source")
 
 
 def test_the_child_is_time_limited() -> None:

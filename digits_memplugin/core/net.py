@@ -15,11 +15,14 @@ from .errors import NetError, ShapeError, UnsupportedLayerError
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
 from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, check_layer_fillers
 from .proto import caffe_pb2
+from .sanitize import opened_field, refusal, sanitized
 
 PHASES = {PHASE_TRAIN: caffe_pb2.TRAIN, PHASE_TEST: caffe_pb2.TEST}
 
 ShapeOracle = Callable[[Any, str], Mapping[str, tuple[list[Shape], list[Shape]]]]
-"""Asks real Caffe for shapes: (NetParameter with data layers as Input, phase) -> layer name -> (tops, params)."""
+"""Asks real Caffe for shapes: (NetParameter, phase) -> layer name -> (tops, params). The net it is given holds
+Input layers for what the rules shaped, then the layers it must shape, with no layer that opens a file or imports
+code and no path-bearing field (`core.sanitize`)."""
 
 
 @dataclasses.dataclass
@@ -339,7 +342,7 @@ def build_net(
     """
     if prepared is None:
         prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
-    net_param, source, lines, filtered = prepared.net_param, prepared.source, prepared.lines, prepared.filtered
+    net_param, source, lines = prepared.net_param, prepared.source, prepared.lines
     shapes = dict(data_shapes or {})
 
     blobs: list[Blob] = []
@@ -410,10 +413,10 @@ def build_net(
                     (unsupported or "layer type is not known to the estimator") + " (and no pycaffe fallback was given)",
                     source=source, line=line, layer=name_, layer_type=type_, field="type",
                 )
-            if oracle_shapes is None:
-                oracle_shapes = _ask_oracle(
-                    oracle, net_param, filtered, layers, blobs, prepared.phase, source, lines
-                )
+            if oracle_shapes is None or name_ not in oracle_shapes:
+                # One question covers this layer and the rule-less ones after it, as far as the net can be sent
+                # without a layer that opens a file; a layer past that asks again, with more already shaped.
+                oracle_shapes = _ask_oracle(oracle, prepared, layers, blobs)
             if name_ not in oracle_shapes:
                 raise UnsupportedLayerError(
                     "layer type is not known to the estimator, and pycaffe did not report its shapes",
@@ -612,31 +615,77 @@ def _force_backward(net: Net) -> None:
 
 
 def _ask_oracle(
-    oracle: ShapeOracle,
-    net_param: Any,
-    filtered: list[tuple[int, Any]],
-    built: list[Layer],
-    blobs: list[Blob],
-    phase: str,
-    source: str,
-    lines: Sequence[int | None],
+    oracle: ShapeOracle, prepared: PreparedNet, built: list[Layer], blobs: list[Blob]
 ) -> Mapping[str, tuple[list[Shape], list[Shape]]]:
-    """The oracle's shapes for the filtered net; its errors name a layer but not where it is written, so that is
-    added."""
+    """The oracle's shapes for the rule-less layers from the next one to build (`len(built)`) on, keyed by name; its
+    errors name a layer but not where it is written, so that is added."""
     try:
-        return oracle(_input_net(net_param, filtered, built, blobs), phase)
+        oracle_param, asked = _oracle_net(prepared, built, blobs)
+        answer = oracle(oracle_param, prepared.phase)
     except NetError as error:
         if error.source is None:
-            error.source = source
-            orig = next((index for index, layer in filtered if layer.name == error.layer), None)
-            error.line = _line(lines, orig)
+            error.source = prepared.source
+            orig = next((index for index, layer in prepared.filtered if layer.name == error.layer), None)
+            error.line = _line(prepared.lines, orig)
         raise
+    return {name: shapes for name, shapes in answer.items() if name in asked}
+
+
+def _oracle_net(prepared: PreparedNet, built: list[Layer], blobs: list[Blob]) -> tuple[Any, set[str]]:
+    """The net pycaffe is asked to build, and the names of the rule-less layers it shapes.
+
+    Every layer shaped so far becomes an Input layer of the blobs it created, at their shapes now (an in-place
+    layer may have reshaped them since): pycaffe never sees a data layer, a Python layer or a layer that writes, and
+    fills no weights it is not asked about. Then come the layers from the next one to build, sanitized (no
+    include/exclude rules, no path-bearing field), up to the last rule-less one before the first layer that would
+    open a file to be set up or is a data layer (a later question covers what lies past it). The first of them has
+    no rule (or its rule deferred to pycaffe): if it opens a file to be set up (a data layer without a rule, such as
+    AnnotatedData), it is refused here."""
+    net_param = prepared.net_param
+    oracle_param = caffe_pb2.NetParameter()
+    oracle_param.name = net_param.name
+    if net_param.force_backward:
+        oracle_param.force_backward = True
+    for layer in built:
+        if layer.source_index is None:
+            continue  # a split layer: Caffe inserts it again
+        named = len(prepared.layers[layer.index].tops)
+        created = [blobs[i] for i in layer.tops[:named] if blobs[i].producer == layer.index]
+        if created:
+            replacement = oracle_param.layer.add()
+            replacement.name = layer.name
+            replacement.type = "Input"
+            for blob in created:
+                replacement.top.append(blob.name)
+                replacement.input_param.shape.add().dim.extend(blob.shape)
+    pending: list[Any] = []
+    asked: set[str] = set()
+    sent = 0
+    for position, spec in enumerate(prepared.layers[len(built) :]):
+        if spec.orig is None:
+            continue
+        original = net_param.layer[spec.orig]  # its bottoms as written: Caffe inserts the splits again
+        opened = opened_field(original)
+        current = position == 0  # the layer being built: no rule, or its rule deferred to pycaffe
+        if opened is not None:
+            if current:
+                raise refusal(original, opened)
+            break
+        if spec.rule is not None and spec.rule.is_data and not current:
+            break
+        pending.append(sanitized(original))
+        if spec.rule is None or current:
+            asked.add(spec.name)
+            sent = len(pending)
+    oracle_param.layer.extend(pending[:sent])
+    return oracle_param, asked
 
 
 def input_net(net: Net) -> Any:
     """The net Caffe would build for `net`'s phase, as a NetParameter pycaffe can build without any dataset: the
     layers the phase keeps (no include/exclude rules left, splits left for Caffe to insert again), each data
-    layer replaced by an Input layer of the shapes computed for its tops."""
+    layer replaced by an Input layer of the shapes computed for its tops, each path-bearing field cleared (a layer
+    that opens a file to be set up, such as HDF5Output, stays: pycaffe_shapes refuses such a net)."""
     if net.param is None:
         raise ValueError("the net does not know the NetParameter it was built from")
     filtered = [(layer.source_index, net.param.layer[layer.source_index]) for layer in net.layers
@@ -645,8 +694,8 @@ def input_net(net: Net) -> Any:
 
 
 def _input_net(net_param: Any, filtered: list[tuple[int, Any]], built: list[Layer], blobs: list[Blob]) -> Any:
-    """The filtered net (before splits: Caffe inserts them again) with its data layers, as far as they are built,
-    replaced by Input layers of the shapes computed so far."""
+    """The filtered net (before splits: Caffe inserts them again) with its data layers replaced by Input layers of
+    the shapes computed for them, every layer sanitized."""
     oracle_param = caffe_pb2.NetParameter()
     oracle_param.name = net_param.name
     if net_param.force_backward:
@@ -662,8 +711,5 @@ def _input_net(net_param: Any, filtered: list[tuple[int, Any]], built: list[Laye
             for blob_id in built_layer.tops[: len(layer.top)]:
                 replacement.input_param.shape.add().dim.extend(blobs[blob_id].shape)
             continue
-        copy = oracle_param.layer.add()
-        copy.CopyFrom(layer)
-        copy.ClearField("include")
-        copy.ClearField("exclude")
+        oracle_param.layer.append(sanitized(layer))
     return oracle_param

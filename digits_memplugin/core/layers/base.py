@@ -133,12 +133,12 @@ class LayerContext:
             message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field
         )
 
-    def data_shape(self, top: str) -> Shape | None:
+    def data_shape(self, top: str, *, wildcard: bool = True) -> Shape | None:
         """A shape given by the caller for this layer's top: by ``PHASE:layer/top`` (TRAIN and TEST data layers
         often share a name but read different datasets), ``layer/top``, the top's name, or ``*`` for the first
-        top of every data layer (the image, whatever the net calls it)."""
+        top of every data layer (the image, whatever the net calls it) unless `wildcard` is False."""
         keys = [f"{self.phase}:{self.name}/{top}", f"{self.name}/{top}", top]
-        if len(self.param.top) and top == self.param.top[0]:
+        if wildcard and len(self.param.top) and top == self.param.top[0]:
             keys.append("*")
         for key in keys:
             if key in self.data_shapes:

@@ -448,6 +448,34 @@ class SilenceRule(LayerRule):
         return LayerSetup(tops=[])
 
 
+@layer_rule("HDF5Output")
+class HDF5OutputRule(LayerRule):
+    """HDF5OutputLayer: no tops; LayerSetUp creates (truncates) hdf5_output_param.file_name, which the estimator
+    never does (this rule is why such a net never goes to pycaffe). Each Forward copies the data and label bottoms
+    into host blobs of their legacy 4-D shapes and writes them: it CHECKs at most 4 axes (num(), channels()...)
+    and the same num on both, so Caffe would abort at the first iteration; refused here."""
+
+    bottoms = Count(exact=2)
+    tops = Count(exact=0)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        nums = [legacy_dim(ctx, bottom, 0) for bottom in ctx.bottoms]
+        if nums[0] != nums[1]:
+            raise ctx.error(
+                f"data and label must have the same batch size, got {nums[0]} and {nums[1]} (Caffe aborts at the "
+                "first forward)",
+                field="bottom",
+            )
+        return LayerSetup(tops=[])
+
+    def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
+        # Forward_gpu copies into mutable_cpu_data too: host memory on every engine.
+        return [
+            Buffer("data_blob", count_of(ctx.bottoms[0]), host_only=True),
+            Buffer("label_blob", count_of(ctx.bottoms[1]), host_only=True),
+        ]
+
+
 @layer_rule("ArgMax")
 class ArgMaxRule(LayerRule):
     """ArgMaxLayer: the top_k indices (and values) along an axis, or over each item."""

@@ -12,7 +12,6 @@ from .base import (
     DATA_PREFETCH,
     Buffer,
     Count,
-    DeferToPycaffe,
     LayerContext,
     LayerRule,
     LayerSetup,
@@ -43,11 +42,13 @@ class DataSpec:
     stored_itemsize: int = 1
 
 
-def _spec(ctx: LayerContext, top: str, what: str) -> DataSpec:
-    value = ctx.data_shape(top)
+def _spec(ctx: LayerContext, top: str, what: str, *, wildcard: bool = True, missing: str | None = None) -> DataSpec:
+    """The caller's DataSpec for `top`; `missing` replaces the message saying that none was given."""
+    value = ctx.data_shape(top, wildcard=wildcard)
     if value is None:
         raise ctx.error(
-            f"the shape of top {top!r} comes from the {what}, which is not available here; give the dataset's "
+            missing
+            or f"the shape of top {top!r} comes from the {what}, which is not available here; give the dataset's "
             f"item shape for {top!r} (for example --data-shape {top}=3,256,256)",
             field="top",
         )
@@ -296,17 +297,24 @@ class InputRule(LayerRule):
 
 @layer_rule("Python")
 class PythonRule(LayerRule):
-    """A Python layer without bottoms (a data layer): its top shapes must be given, batch first. A Python layer
-    with bottoms computes anything; pycaffe is asked for its shapes."""
+    """A Python layer: its module is never imported here (importing runs anyone's code, and pycaffe would call it),
+    so its top shapes must be given, batch first, as for a data layer; a planner's batch replaces the first
+    dimension. A Python layer with bottoms is no different: what it computes from them is unknown, so the given
+    shapes are all there is (the ``*`` shorthand for a data layer's image does not reach it). What the layer
+    allocates inside is not counted."""
 
     is_data = True
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
-        if ctx.bottoms:
-            raise DeferToPycaffe("a Python layer with bottoms computes its own top shapes")
+        p = ctx.param.python_param
         shapes = []
         for top in ctx.param.top:
-            spec = _spec(ctx, top, f"Python layer {ctx.param.python_param.module}.{ctx.param.python_param.layer}")
+            missing = (
+                f"the shape of top {top!r} comes from Python layer {p.module}.{p.layer}, which the estimator never "
+                f"imports (that would run its code); give the shape of {top!r}, batch first (for example "
+                f"--data-shape {ctx.name}/{top}=1,3,256,256)"
+            )
+            spec = _spec(ctx, top, "Python layer", wildcard=not ctx.bottoms, missing=missing)
             shape = spec.shape
             if ctx.batch_override is not None and shape:
                 shape = (ctx.batch_override, *shape[1:])
