@@ -154,6 +154,56 @@ def test_a_broken_prototxt_shows_its_line_number(page: Page, server: Server, tmp
     expect(page.locator("#device-list > li").first).to_have_attribute("data-verdict", "fits")
 
 
+def test_an_error_stays_shown_while_devices_update(page: Page, server: Server) -> None:
+    """Issue 14, 1: every `devices` event (every 2 s) used to clear the error and send the estimates again. The same
+    definition on the same devices is not sent again: the error stays, and the server hears nothing more."""
+    open_form(page, server)
+    page.get_by_label("Custom network", exact=True).check()
+    page.fill("#item_shape", "1,28,28")
+    page.fill("#classes", "10")
+    # An unknown type goes to the pycaffe fallback, a child process per device: seconds, longer than the 2 s
+    # between `devices` events, which used to abort the estimate and send it again, for ever.
+    page.fill("#custom_network", LENET.text.replace('type: "Pooling"', 'type: "Foo"', 1))
+    error = page.locator("#custom_network-error")
+    expect(error).to_contain_text("Foo", timeout=120_000)
+    posted: list[str] = []
+    page.on("request", lambda request: posted.append(request.url) if request.method == "POST" else None)
+
+    def next_update() -> None:  # the panel's reading time moves at each `devices` event
+        shown = page.locator("#panel-updated").text_content() or ""
+        expect(page.locator("#panel-updated")).not_to_have_text(shown, timeout=10_000)
+
+    next_update()  # the fields were filled one by one: the last of their estimates has gone out by now
+    expect(error).to_contain_text("Foo")
+    posted.clear()
+    for _ in range(3):
+        next_update()
+        expect(error).to_contain_text("Foo")
+        expect(page.locator("#custom_network")).to_have_class(re.compile("is-invalid"))
+    assert posted == [], f"estimates sent again for an unchanged definition: {posted}"
+    expect(page.locator("#estimate-status")).not_to_have_text(re.compile("Estimating"))
+    page.fill("#custom_network", LENET.text)  # a change is estimated at once
+    expect(error).to_be_empty()
+    expect(page.locator("#device-list > li").first).to_have_attribute("data-verdict", "fits")
+    assert posted, "the corrected definition was not estimated"
+
+
+def test_enter_in_a_field_creates_the_model(page: Page, server: Server) -> None:
+    """Issue 14, 2: Enter submits the form with Create, not with Auto (the first button on the page)."""
+    open_form(page, server)
+    page.fill("#train_source", TRAIN_DB)
+    page.fill("#max_iter", "2")
+    page.select_option("#device", "cpu")
+    page.fill("#model_name", "enter-creates")
+    page.press("#model_name", "Enter")
+    expect(page).to_have_url(re.compile(r"/memplugin/jobs/[\w-]+$"))
+    job_id = page.url.rsplit("/", 1)[1]
+    document = server.job(job_id)
+    assert document["name"] == "enter-creates"
+    assert document["batch"]["requested"] is None  # Auto filled nothing in: the network's own batch
+    server.request("POST", f"jobs/{job_id}/cancel")
+
+
 def test_layer_names_are_shown_as_text(page: Page, server: Server) -> None:
     open_form(page, server)
     evil = '<img src=x onerror="alert(1)">'

@@ -197,23 +197,36 @@
   let controller = null;
   let running = null;
   const results = new Map();
+  /** The request and the devices of the estimate in flight, and of the last one the server answered (well or with
+   * errors): the same definition is not sent again, nor restarted while the server works on it (the pycaffe
+   * fallback takes seconds), unless a device's free memory moved (`force`). */
+  let answeredKey = null;
+  let pendingKey = null;
+  const requestKey = (request, devices) => JSON.stringify([request, devices.map((d) => d.key).sort()]);
 
   function setStatus(text) {
     statusLine.textContent = text;
   }
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
-  function runEstimate() {
-    running = estimateDevices().finally(() => { running = null; });
+  function runEstimate(force = false) {
+    running = estimateDevices(force).finally(() => { running = null; });
     return running;
   }
 
-  async function estimateDevices() {
+  /** Estimate on every device, unless the server already answered this very request on these devices (an error
+   * stays shown until the text, the batch, the shapes or the set of devices change). */
+  async function estimateDevices(force) {
+    const { request, errors } = baseRequest();
+    const devices = panel.plannableDevices();
+    const key = request ? requestKey(request, devices) : null;
+    if (!force && key !== null && (key === answeredKey || key === pendingKey)) return;
     const current = ++generation;
     if (controller) controller.abort();
     controller = new AbortController();
     const signal = controller.signal;
-    const { request, errors } = baseRequest();
+    answeredKey = null;
+    pendingKey = key;
     clearEstimateErrors();
     if (errors) {
       for (const [name, message] of Object.entries(errors)) setError(name, message);
@@ -222,7 +235,6 @@
       setStatus("No estimate: fix the fields marked in red.");
       return;
     }
-    const devices = panel.plannableDevices();
     if (!devices.length) return;
     setStatus("Estimating…");
     let answers;
@@ -237,10 +249,15 @@
         ),
       );
     } catch (error) {
-      if (error.name !== "AbortError" && current === generation) setStatus("No estimate: the server did not answer.");
+      if (error.name !== "AbortError" && current === generation) {
+        pendingKey = null;
+        setStatus("No estimate: the server did not answer.");
+      }
       return;
     }
     if (current !== generation) return;
+    answeredKey = key;
+    pendingKey = null;
     const failed = answers.find((answer) => !answer.ok);
     if (failed) {
       panel.clearEstimates();
@@ -297,13 +314,15 @@
     panel.drawCurve(points, mark, engine);
   }
 
-  const schedule = MP.debounce(runEstimate, DEBOUNCE_MS);
+  const schedule = MP.debounce(() => runEstimate(), DEBOUNCE_MS);
+  const scheduleForced = MP.debounce(() => runEstimate(true), DEBOUNCE_MS);
 
   // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
 
   autoButton.addEventListener("click", async (event) => {
     event.preventDefault();
     if (schedule.pending()) await schedule.now();
+    else if (scheduleForced.pending()) await scheduleForced.now();
     else if (running) await running;
     else if (!results.size) await runEstimate();
     const target = targetDevice();
@@ -339,7 +358,9 @@
     schedule();
   });
 
-  /** A devices document: redraw the rows; re-estimate when a device's free memory moved enough to matter. */
+  /** A devices document: redraw the rows; re-estimate when a device's free memory moved enough to matter, or the
+   * set of devices changed (the request's key then differs: the same definition on the same devices is not sent
+   * again, so an error stays shown). */
   function onDevices(document_) {
     panel.updateDevices(document_);
     const moved = document_.devices.some((device) => {
@@ -347,8 +368,8 @@
       return estimate && plannableDevice(device) &&
         Math.abs(device.memory_free - estimate.free_bytes) > REESTIMATE_FRACTION * (device.memory_total || 0);
     });
-    const appeared = document_.devices.some((device) => plannableDevice(device) && !results.has(device.key));
-    if (moved || appeared) schedule();
+    if (moved) scheduleForced();
+    else schedule();
   }
   const plannableDevice = (device) => MP.plannable(device);
 
