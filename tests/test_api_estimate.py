@@ -175,7 +175,8 @@ def test_curve_points_and_linear_model(client: FlaskClient) -> None:
     for batch in (1, 16, 64):
         expected = post(client, {"net": LENET, "data_shapes": SHAPES, "batch": batch}).get_json()["total_bytes"]
         assert points[batch]["total_bytes"] == expected
-        assert model["fixed_bytes"] + model["bytes_per_item"] * batch == expected
+        # linear but for glibc's whole pages under each allocation of 1 MiB or more (CPU engine): a few KiB off
+        assert abs(model["fixed_bytes"] + model["bytes_per_item"] * batch - expected) <= 0.001 * expected
     # a million MNIST images in one blob is over Caffe's INT_MAX elements: reported per point, not a failure
     assert points[10**6]["total_bytes"] is None and "INT_MAX" in points[10**6]["error"]
     bad = post(client, {"net": LENET, "data_shapes": SHAPES, "curve_batches": list(range(1, 100))})

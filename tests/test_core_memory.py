@@ -10,7 +10,7 @@ from zoo_cases import CASES_BY_NAME
 
 from digits_memplugin.core.estimate import Estimator
 from digits_memplugin.core.layers.base import FLOAT_BYTES
-from digits_memplugin.core.memory import SOLVER_STATE_BLOBS, MemoryOptions, job_memory, net_memory
+from digits_memplugin.core.memory import SOLVER_STATE_BLOBS, MemoryOptions, _allocation, job_memory, net_memory
 from digits_memplugin.core.net import build_net
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.core.training import training_definition
@@ -81,7 +81,7 @@ def test_test_nets_share_the_train_nets_params() -> None:
     test_params = sum(m.categories.get("params", 0) for m in report.layers if m.phase == "TEST")
     train_params = sum(m.categories.get("params", 0) for m in report.layers if m.phase == "TRAIN")
     assert test_params == 0
-    assert train_params == sum(p.count * FLOAT_BYTES + 16 for p in train.params)
+    assert train_params == sum(_allocation(p.count * FLOAT_BYTES, MemoryOptions()) for p in train.params)
     # The test net has no diffs but its loss top, whose diff holds the loss weight (Layer::SetLossWeights).
     test_diffs = sum(m.categories.get("activation_diffs", 0) for m in report.layers if m.phase == "TEST")
     assert test_diffs == FLOAT_BYTES + 16

@@ -25,6 +25,7 @@ from .layers.base import (
     ENGINE_GPU,
     ENGINES,
     FLOAT_BYTES,
+    LAYER_BUFFERS,
     PARAM_DIFFS,
     PARAMS,
     PHASE_TRAIN,
@@ -54,13 +55,55 @@ DEFAULT_CUDNN_HANDLE_BYTES = 0
 """Device memory per cuDNN handle. BVLC creates group x 3 handles per cuDNN convolution layer."""
 CPU_ALLOCATION_OVERHEAD = 16
 """glibc's chunk header and alignment per malloc'd buffer (CPU engine only)."""
-CPU_RUNTIME_BYTES = 300 * 1024
+CPU_MMAP_THRESHOLD = 1024 * 1024
+"""glibc serves a request this large or larger with its own mmap, whole pages plus a header: its threshold starts at
+128 KiB and rises to the size of any mmap'd chunk freed; importing pycaffe (numpy, protobuf) leaves it between 900
+KiB and 950 KiB, measured with mallinfo2's hblks."""
+CPU_PAGE_BYTES = 4096
+CPU_SIZE_BYTES = 8
+"""glibc's SIZE_SZ: the size field in front of every chunk."""
+CPU_ALIGNMENT = 16
+CPU_RUNTIME_BYTES = 408 * 1024
 """A CPU training process's own bookkeeping, once: protobuf's descriptor tables for caffe.proto, built at the first
-parse, plus registries (measured with valgrind's massif on LeNet)."""
+parse, the solver's objects, registries. This and the constants below were measured with bench/bookkeeping.py
+(mallinfo2 of pycaffe on nets of 20 tiny layers of one type, so that bookkeeping is nearly all there is)."""
 CPU_THREAD_BYTES = 30 * 1024
 """Per prefetch or reader thread: its thread-local storage blocks and its own Caffe RNG (massif)."""
-CPU_LAYER_BYTES = 8 * 1024
-"""Per layer: the layer object, its LayerParameter copy, its blobs' bookkeeping (fitted on the zoo's small nets)."""
+CPU_LAYER_BYTES = 1536
+"""Per layer of a net: the layer object, its LayerParameter copy, the net's per-layer vectors and names."""
+CPU_BLOB_BYTES = 614
+"""Per blob of a net (an in-place top is no new blob): the Blob and SyncedMemory objects, its shape, its name."""
+CPU_PARAM_BYTES = 800
+"""Per param blob a layer makes, in every net (a test net's layers make their own before sharing the train net's)."""
+CPU_LEARNABLE_PARAM_BYTES = 1330
+"""Per learnable param of the train net (shared names count once): the solver's history, update and temp Blobs."""
+CPU_LAYER_BUFFER_BYTES = 400
+"""Per internal blob of a layer type not in CPU_LAYER_TYPE_BYTES (each Buffer of its rule, gradients aside)."""
+CPU_LAYER_TYPE_BYTES: dict[str, int] = {
+    # Measured per layer type: its internal blobs (Convolution's five int shape blobs, col_buffer_ and
+    # bias_multiplier_; BatchNorm's seven...), and for a layer that wraps inner layers, their objects too.
+    "Convolution": 2840,
+    "Deconvolution": 2840,
+    "BatchNorm": 1880,
+    "Pooling": 665,
+    "Dropout": 460,
+    "Softmax": 850,
+    "LRN": 1075,
+    "Scale": 820,
+    "PReLU": 630,
+    "InnerProduct": 30,
+    "SoftmaxWithLoss": 3040,
+    "SigmoidCrossEntropyLoss": 2025,
+    "EuclideanLoss": 410,
+    "Accuracy": 300,
+    "Data": 5400,
+    "ImageData": 5400,
+    "WindowData": 5400,
+}
+CPU_LRN_WITHIN_CHANNEL_BYTES = 7000
+"""LRN with WITHIN_CHANNEL: its five inner layers (split, square, pool, power, product) and their five blobs."""
+CPU_SCALE_BIAS_BYTES = 1765
+"""Scale with bias_term: its inner Bias layer (a copy of the Scale's LayerParameter) and bias_multiplier_."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +177,40 @@ class MemoryReport:
         return max(self.steady_bytes, self.construction_bytes)
 
 
-def _allocation(nbytes: int, options: MemoryOptions) -> int:
+def _allocation(nbytes: int, options: MemoryOptions, single: bool = True) -> int:
+    """What one malloc of `nbytes` costs on the CPU engine (glibc's chunk header and rounding; a chunk served by
+    mmap is whole pages), or on a GPU engine the bytes themselves. `single` False: the bytes of several
+    allocations a rule added up, charged the header once."""
     if nbytes <= 0:
         return 0
-    if options.engine == ENGINE_CPU:
-        return nbytes + CPU_ALLOCATION_OVERHEAD
-    return nbytes
+    if options.engine != ENGINE_CPU:
+        return nbytes
+    if single and nbytes >= CPU_MMAP_THRESHOLD:
+        chunk = ((nbytes + CPU_SIZE_BYTES + CPU_ALIGNMENT - 1) & ~(CPU_ALIGNMENT - 1)) + CPU_SIZE_BYTES
+        return -(-chunk // CPU_PAGE_BYTES) * CPU_PAGE_BYTES
+    return nbytes + CPU_ALLOCATION_OVERHEAD
+
+
+def cpu_bookkeeping_bytes(net: Net, layers: Sequence[LayerMemory], learnable: bool) -> int:
+    """Caffe's own objects for one net on the CPU engine, beyond the bytes of its blobs: per layer, per blob, per
+    param blob (`learnable`: the train net, whose owned params have solver state) and per internal blob."""
+    total = CPU_BLOB_BYTES * len(net.blobs) + CPU_PARAM_BYTES * len(net.params)
+    if learnable:
+        total += CPU_LEARNABLE_PARAM_BYTES * sum(1 for param in net.params if param.owner is None)
+    for layer, memory in zip(net.layers, layers):
+        extra = CPU_LAYER_TYPE_BYTES.get(layer.type)
+        if extra is None:
+            extra = CPU_LAYER_BUFFER_BYTES * sum(
+                1 for buffer in memory.buffers if buffer.category == LAYER_BUFFERS and not buffer.name.endswith(".diff")
+            )
+        elif layer.type == "LRN" and layer.param.lrn_param.norm_region == layer.param.lrn_param.WITHIN_CHANNEL:
+            extra += CPU_LRN_WITHIN_CHANNEL_BYTES
+        elif layer.type == "Scale" and layer.param.scale_param.bias_term:
+            extra += CPU_SCALE_BIAS_BYTES
+        elif layer.type == "InnerProduct" and not layer.param.inner_product_param.bias_term:
+            extra = 0  # its only own blob is bias_multiplier_
+        total += CPU_LAYER_BYTES + extra
+    return total
 
 
 def net_memory(
@@ -215,7 +286,9 @@ def net_memory(
         for buffer in layer.rule.buffers(layer.ctx, layer.setup, options.engine):
             if options.on_gpu and buffer.host_only:
                 continue
-            nbytes = _allocation(buffer.bytes, options)
+            # A rule gives bytes (itemsize 1) for what it added up over many allocations (a reader's queued
+            # records, an unrolled net's blobs): no page rounding for the sum.
+            nbytes = _allocation(buffer.bytes, options, single=buffer.itemsize != 1)
             if nbytes:
                 memory.categories[buffer.category] += nbytes
                 memory.buffers.append(buffer)
@@ -250,9 +323,10 @@ def share_trained_layers(train: Net, test: Net) -> list[str]:
 
 def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> MemoryReport:
     """The footprint of a training job: the train net, each test net (sharing the train net's params), solver."""
-    layers = net_memory(train, options, 0)
+    per_net = [net_memory(train, options, 0)]
     for index, test in enumerate(tests, start=1):
-        layers += net_memory(test, options, index, share_trained_layers(train, test))
+        per_net.append(net_memory(test, options, index, share_trained_layers(train, test)))
+    layers = [layer for net_layers in per_net for layer in net_layers]
     assumptions = []
     context = 0
     if options.engine == ENGINE_CPU:
@@ -264,7 +338,9 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
             if layer.type in ("Data", "ImageData", "WindowData")
         )
         layer_count = sum(len(net.layers) for net in nets)
-        context = CPU_RUNTIME_BYTES + threads * CPU_THREAD_BYTES + layer_count * CPU_LAYER_BYTES
+        context = CPU_RUNTIME_BYTES + threads * CPU_THREAD_BYTES + sum(
+            cpu_bookkeeping_bytes(net, net_layers, net is train) for net, net_layers in zip(nets, per_net)
+        )
         assumptions.append(
             f"Caffe's own bookkeeping in the training process: {context / MiB:.1f} MiB "
             f"(protobuf descriptors, {threads} data threads, {layer_count} layers)"

@@ -200,7 +200,7 @@ class RecurrentRule(LayerRule):
         """The unrolled net's blobs and layer buffers, less what the layer shares with the outer net: x, cont and
         x_static share the bottoms' data (x and x_static their diffs too), the output shares the top's data and
         diff, and every param is the layer's own (counted with the outer net's params)."""
-        from ..memory import CPU_ALLOCATION_OVERHEAD, CPU_LAYER_BYTES, MemoryOptions, net_memory
+        from ..memory import CPU_ALLOCATION_OVERHEAD, CPU_PARAM_BYTES, MemoryOptions, cpu_bookkeeping_bytes, net_memory
 
         net = setup.details["unrolled_net"]
         steps = setup.details["steps"]
@@ -219,7 +219,8 @@ class RecurrentRule(LayerRule):
         counted = net if training or net.phase != "TRAIN" else dataclasses.replace(net, phase="TEST")
         # Each LayerMemory category already counts the allocator's overhead once per allocation; the outer count
         # adds it once more per Buffer, which is taken off here.
-        for index, (layer, memory) in enumerate(zip(net.layers, net_memory(counted, MemoryOptions(engine=engine)))):
+        memories = net_memory(counted, MemoryOptions(engine=engine))
+        for index, (layer, memory) in enumerate(zip(net.layers, memories)):
             for category, nbytes in memory.categories.items():
                 if category in skipped or nbytes <= 0:
                     continue
@@ -227,11 +228,13 @@ class RecurrentRule(LayerRule):
                     Buffer(f"unrolled[{index}].{layer.name}.{category}", nbytes - overhead, itemsize=1,
                            category=category)
                 )
-        # Caffe's bookkeeping of the unrolled layers, as the memory model counts it for the outer net's layers.
+        # Caffe's bookkeeping of the unrolled net, as the memory model counts it for the outer nets: its layers,
+        # blobs and param blobs, less the params it owns (they are the layer's own, counted in the outer net).
         if engine == ENGINE_CPU:
+            owned = sum(1 for param in net.params if param.owner is None)
+            bookkeeping = cpu_bookkeeping_bytes(net, memories, learnable=False) - owned * CPU_PARAM_BYTES
             buffers.append(
-                Buffer("unrolled.layers", len(net.layers) * CPU_LAYER_BYTES - overhead, itemsize=1,
-                       category=CONTEXT, host_only=True)
+                Buffer("unrolled.bookkeeping", bookkeeping - overhead, itemsize=1, category=CONTEXT, host_only=True)
             )
         # LayerSetUp zeroes the recurrent outputs' diffs, touching them whether or not backward does.
         for name in self.recurrent_outputs(steps):
