@@ -313,7 +313,7 @@ class BatchNormRule(LayerRule):
             Buffer("num_by_chans", num * channels),
         ]
         in_place = ctx.param.top[0] == ctx.param.bottom[0]
-        if ctx.phase == "TRAIN" and in_place:
+        if ctx.need_backward and in_place:  # Backward_cpu/gpu copy the top's diff there first, when in place
             buffers.append(Buffer("x_norm.diff", count))
         return buffers
 

@@ -54,6 +54,13 @@ def _outer_inner(ctx: LayerContext, axis_value: int, field: str) -> tuple[int, i
     return axis, outer, inner
 
 
+def _inner_loss_weight(ctx: LayerContext) -> float:
+    """The first loss_weight the inner layer of a loss layer sees when it gets a copy of the outer layer's
+    LayerParameter after LossLayer::LayerSetUp: the given weight, else the 1 that LossLayer::LayerSetUp adds."""
+    weights = ctx.param.loss_weight
+    return weights[0] if len(weights) else 1.0
+
+
 @layer_rule("SoftmaxWithLoss")
 class SoftmaxWithLossRule(LossRule):
     """SoftmaxWithLossLayer: an inner Softmax into prob_ (the input's size); optional second top is prob."""
@@ -82,6 +89,12 @@ class SoftmaxWithLossRule(LossRule):
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
         scores = ctx.bottoms[0]
         buffers = [Buffer("prob", count_of(scores))]
+        # LayerSetUp copies this layer's LayerParameter into the inner Softmax after LossLayer::LayerSetUp added
+        # the default loss_weight 1 (when none is given, or when InsertSplits moved it to a Split layer). The inner
+        # layer's SetUp (Layer::SetLossWeights) then writes a non-zero weight into prob_'s diff: allocated at set-up
+        # in every net, TRAIN and TEST, and never read. mutable_cpu_diff(): host memory, pinned on a GPU.
+        if _inner_loss_weight(ctx) != 0:
+            buffers.append(Buffer("prob.diff", count_of(scores), host_only=True))
         p = ctx.param.softmax_param
         if not (engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN)):
             buffers += [Buffer(f"softmax.{b.name}", b.count) for b in softmax_buffers(scores, setup.details["axis"])]
@@ -118,7 +131,15 @@ class SigmoidCrossEntropyLossRule(LossRule):
         return LayerSetup(tops=[()])
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        return [Buffer("sigmoid_output", count_of(ctx.bottoms[0]))]
+        count = count_of(ctx.bottoms[0])
+        buffers = [Buffer("sigmoid_output", count)]
+        # The inner Sigmoid is built in the constructor from the LayerParameter the net gives (after InsertSplits,
+        # before LossLayer::LayerSetUp adds its default): only a loss_weight written in the prototxt (and left on
+        # this layer by InsertSplits) reaches it, and SetLossWeights then writes it into sigmoid_output_'s diff.
+        weights = ctx.param.loss_weight
+        if len(weights) and weights[0] != 0:
+            buffers.append(Buffer("sigmoid_output.diff", count, host_only=True))
+        return buffers
 
 
 @layer_rule("ContrastiveLoss")

@@ -67,9 +67,12 @@ class PReLURule(LayerRule):
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
         bottom = ctx.bottoms[0]
         per_item = count_of(bottom[1:])
-        buffers = [Buffer("multiplier", per_item)]
-        if ctx.phase == "TRAIN" and engine != ENGINE_CPU:
-            buffers.append(Buffer("backward_buff", per_item))
+        # LayerSetUp fills multiplier_ on the host. Only Backward_gpu reads it on the device, beside backward_buff_'s
+        # diff, and only when the slope's gradient is computed (param_propagate_down_[0]: its lr_mult is not 0).
+        buffers = [Buffer("multiplier", per_item, host_only=True)]
+        slope_gradient = ctx.need_backward and (not len(ctx.param.param) or ctx.param.param[0].lr_mult != 0)
+        if slope_gradient and engine != ENGINE_CPU:
+            buffers += [Buffer("multiplier.gpu", per_item), Buffer("backward_buff.diff", per_item)]
         if len(ctx.param.top) and ctx.param.top[0] == ctx.param.bottom[0]:
             buffers.append(Buffer("bottom_memory", count_of(bottom)))
         return buffers

@@ -62,8 +62,15 @@ class LSTMUnitRule(LayerRule):
         return index < 2  # Backward_cpu writes the diffs of c_{t-1} and the gates when either needs backward
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        # X_acts_ holds the gate activations for the GPU kernels only; Forward_cpu recomputes them.
-        return [] if engine == ENGINE_CPU else [Buffer("X_acts", count_of(ctx.bottoms[1]))]
+        # X_acts_ holds the gate activations for the GPU kernels only; Forward_cpu recomputes them. Backward_gpu
+        # writes their gradient into X_acts_'s diff, unless neither c_{t-1} nor the gates need one.
+        if engine == ENGINE_CPU:
+            return []
+        count = count_of(ctx.bottoms[1])
+        buffers = [Buffer("X_acts", count)]
+        if ctx.need_backward and any(ctx.bottom_need_backward[:2]):
+            buffers.append(Buffer("X_acts.diff", count))
+        return buffers
 
 
 def _layer(net: Any, name: str, layer_type: str, bottoms: list[str], tops: list[str]) -> Any:

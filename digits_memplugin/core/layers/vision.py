@@ -407,9 +407,11 @@ class LRNRule(LayerRule):
         if cudnn:
             return [Buffer("lcn_temp", 2 * count)]  # CuDNNLCNLayer's two temporaries of the input's size
         pool = setup.details["pool_output"]
-        train = ctx.phase == "TRAIN"
         buffers = [Buffer("square_output", count), Buffer("pool_output", pool), Buffer("power_output", pool)]
-        if train:
+        # The inner layers get fresh LayerParameters (no loss weight), so set-up touches no diff; only
+        # WithinChannelBackward does, and it returns at once unless propagate_down[0]. Net::Backward calls it only
+        # for a layer that needs backward, in the train net.
+        if ctx.need_backward and ctx.bottom_need_backward and ctx.bottom_need_backward[0]:
             buffers += [
                 Buffer("product_input.diff", count),
                 Buffer("square_input.diff", count),
