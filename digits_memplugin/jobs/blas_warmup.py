@@ -14,8 +14,10 @@ round: rounds repeat until one maps nothing more, which is the check that nothin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +62,8 @@ def warm_up(extension: str) -> WarmUp:
     library = _defining_library(blas, "cblas_sgemm")
     if library is None:
         return WarmUp(None, None, None, 0, 0, True)
-    calls = _calls(blas)
+    operands = _Operands()
+    calls = _calls(blas, operands)
     before = data_bytes()
     rounds, settled = 0, False
     while rounds < MAX_ROUNDS and not settled:
@@ -69,7 +72,30 @@ def warm_up(extension: str) -> WarmUp:
             call()
         rounds += 1
         settled = rounds > 1 and data_bytes() == start
-    return WarmUp(library, _core(blas), _threads(blas), data_bytes() - before, rounds, settled)
+    mapped = data_bytes() - before
+    del calls  # the calls hold the operands; the BLAS keeps its buffers
+    operands.close()
+    return WarmUp(library, _core(blas), _threads(blas), mapped, rounds, settled)
+
+
+class _Operands:
+    """Zeroed float arrays, each in an anonymous mapping of its own, unmapped by `close`. Not malloc'd: glibc serves
+    large blocks with mmap and, when one is freed, raises its mmap threshold to that size, which would change how
+    Caffe's buffers are allocated afterwards (and so the figure the estimate is held to)."""
+
+    def __init__(self) -> None:
+        self._maps: list[mmap.mmap] = []
+
+    def floats(self, count: int) -> Any:
+        mapping = mmap.mmap(-1, count * ctypes.sizeof(ctypes.c_float))
+        self._maps.append(mapping)
+        return (ctypes.c_float * count).from_buffer(mapping)
+
+    def close(self) -> None:
+        for mapping in self._maps:
+            with contextlib.suppress(BufferError):  # an array still alive keeps its mapping: harmless
+                mapping.close()
+        self._maps.clear()
 
 
 class _DlInfo(ctypes.Structure):
@@ -90,14 +116,12 @@ def _defining_library(handle: ctypes.CDLL, symbol: str) -> str | None:
     return os.path.realpath(os.fsdecode(info.dli_fname))
 
 
-def _calls(blas: ctypes.CDLL) -> list[Callable[[], None]]:
-    """One call of each routine Caffe's float math uses, on zeroed operands allocated here, once."""
+def _calls(blas: ctypes.CDLL, operands: _Operands) -> list[Callable[[], None]]:
+    """One call of each routine Caffe's float math uses, on zeroed operands."""
     n, m = GEMM_SIZE, GEMV_SIZE
-    square = (ctypes.c_float * (n * n))()
-    result = (ctypes.c_float * (n * n))()
-    matrix = (ctypes.c_float * (m * m))()
-    vector = (ctypes.c_float * VECTOR_SIZE)()
-    other = (ctypes.c_float * VECTOR_SIZE)()
+    square, result = operands.floats(n * n), operands.floats(n * n)
+    matrix = operands.floats(m * m)
+    vector, other = operands.floats(VECTOR_SIZE), operands.floats(VECTOR_SIZE)
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     calls: list[Callable[[], None]] = []
 
