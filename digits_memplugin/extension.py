@@ -13,6 +13,7 @@ from flask import Flask
 from flask_socketio import SocketIO
 
 from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
+from .estimate_pool import EstimatePool, default_workers
 from .jobs.manager import JobManager, ManagerConfig
 from .jobs.throttle import ClientRateLimiter, EventThrottle
 from .settings import Settings
@@ -38,6 +39,8 @@ class MemPlugin:
     nothing in the background; `close` stops it and the training children with it."""
     authorize: Authorizer | None = None
     """The host's own access decision (see web/access.py); None: the API token, if one is set, decides."""
+    estimates: EstimatePool | None = None
+    """Runs estimates of large texts in worker processes, off the server's thread (estimate_pool.py)."""
 
     def started_jobs(self) -> JobManager:
         """The job manager, started if it was not yet (which marks jobs a killed server left as interrupted)."""
@@ -48,6 +51,8 @@ class MemPlugin:
     def close(self) -> None:
         """Stop the background work of the plugin: running training attempts end as interrupted (resumable)."""
         self.jobs.stop()
+        if self.estimates is not None:
+            self.estimates.close()
 
 
 def init_app(
@@ -73,6 +78,8 @@ def init_app(
         MemPluginNamespace(
             settings.socketio_namespace,
             ClientRateLimiter(settings.client_events_per_second, settings.client_event_burst),
+            all_clients=ClientRateLimiter(settings.socket_events_per_second, int(2 * settings.socket_events_per_second)),
+            max_connections=settings.max_socket_connections,
         )
     )
 
@@ -95,8 +102,13 @@ def init_app(
     )
 
     app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
+    estimates = EstimatePool(
+        settings.estimate_workers or default_workers(), settings.estimate_queue,
+        inline_bytes=settings.estimate_inline_bytes, fallback=settings.pycaffe_fallback,
+    )
     plugin = MemPlugin(
-        settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs, authorize=authorize
+        settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs, authorize=authorize,
+        estimates=estimates,
     )
     app.extensions[EXTENSION_KEY] = plugin
     return plugin

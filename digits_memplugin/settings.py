@@ -94,6 +94,25 @@ class Settings:
     """A training attempt that sends no record and writes no log line for this long is ended by the watchdog and
     classified (an allocation retried for ever is out of memory, and the fallback goes on; anything else fails).
     Records come every iteration and every 10 s of a test pass, so only a stuck child stays silent this long."""
+    estimate_inline_bytes: int = 16 * 1024
+    """Estimates whose prototxt texts hold more characters than this run in a worker process (estimate_pool.py),
+    not in the server's one thread; smaller ones stay in the server, where repeated estimates of a net are cached.
+    0 sends every estimate to a worker."""
+    estimate_workers: int | None = None
+    """Worker processes for large estimates; None: half the cores, 1 to 4."""
+    estimate_queue: int = 8
+    """Large estimates that may wait for a worker; one more is a 503 with Retry-After."""
+    max_socket_connections: int = 500
+    """Socket.IO connections to the plugin's namespace at once, all clients together; more are refused."""
+    socket_events_per_second: float = 200.0
+    """Events the server handles from all socketio clients together, per second on average (a burst of twice as
+    many); the rest are refused as a client over its own rate is, so that many clients each within their own
+    rate cannot stall the server."""
+    max_stored_jobs: int = 1000
+    """Jobs kept in the data folder, whatever their state; a submission beyond it is a 400 saying to delete some."""
+    max_stored_bytes: int = 20 * 1024**3
+    """Bytes the jobs' folders may hold (as du counts them); a submission while they hold more is a 507 saying to
+    delete some. Accepts sizes such as "50GiB"."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -218,6 +237,31 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
             raise ConfigError(f"{key} must be a number of seconds of at least 1, got {value!r}")
         return float(value)
+    if field.name in ("estimate_inline_bytes", "estimate_queue"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key} must be a whole number of at least 0, got {value!r}")
+        return value
+    if field.name == "estimate_workers":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+            raise ConfigError(f"{key} must be a whole number from 1 to 64 (or None: half the cores), got {value!r}")
+        return value
+    if field.name in ("max_socket_connections", "max_stored_jobs"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
+        return value
+    if field.name == "socket_events_per_second":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            raise ConfigError(f"{key} must be a number of at least 1, got {value!r}")
+        return float(value)
+    if field.name == "max_stored_bytes":
+        if isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as error:
+                raise ConfigError(f"{key}: {error}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1024 * 1024:
+            raise ConfigError(f"{key} must be a number of bytes of at least 1 MiB (or a size like '50GiB'), got {value!r}")
+        return value
     if field.name == "store_busy_seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")

@@ -261,3 +261,33 @@ def test_without_javascript_a_job_page_refreshes_itself_and_cancels_by_form(brow
         context.close()
         if server.request("GET", f"jobs/{job['id']}").status_code == 200:
             cancel(server, job["id"])
+
+
+def test_a_page_of_the_jobs_list_moves_its_oldest_row_to_the_older_page_live(browser: Browser, server: Server) -> None:
+    """With a page size of 1, a new job takes the page's only row live, and "Older jobs" then leads to the job it
+    replaced: the rows past the page's size go to the older page, as the server would page them."""
+    first = twin(server, model_name="paged first")
+    cancel(server, first["id"])
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    errors = watch(page)
+    second: dict[str, Any] = {}
+    try:
+        page.goto(server.jobs_url + "?limit=1")
+        expect(page.locator("#mp-connection")).to_have_text("live")
+        expect(page.locator("#jobs-body tr")).to_have_count(1)
+        expect(page.locator(f'#jobs-body tr[data-job-id="{first["id"]}"]')).to_have_count(1)
+        second = twin(server, model_name="paged second")
+        expect(page.locator(f'#jobs-body tr[data-job-id="{second["id"]}"]')).to_have_count(1)
+        expect(page.locator("#jobs-body tr")).to_have_count(1)  # the first moved to the older page
+        older = page.locator("#older-jobs")
+        expect(older).to_be_visible()
+        older.click()
+        expect(page).to_have_url(re.compile(rf"before={second['id']}"))
+        expect(page.locator("#jobs-body tr").first).to_have_attribute("data-job-id", first["id"])
+        expect(page.locator("#newest-jobs")).to_be_visible()
+        assert not errors, errors
+    finally:
+        context.close()
+        if second:
+            cancel(server, second["id"])

@@ -73,6 +73,7 @@ from .records import (
     FAILED,
     FINAL_STATES,
     INTERRUPTED,
+    JOB_STATES,
     QUEUED,
     RUNNING,
     Attempt,
@@ -94,6 +95,11 @@ JOBS_FOLDER = "jobs"
 RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 MAX_QUEUED_JOBS = 100
+MAX_STORED_JOBS = 1000
+MAX_STORED_BYTES = 20 * 1024**3
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+"""Jobs in one page of the list (GET /jobs, the jobs page, subscribe_jobs): by default, and at most."""
 JOB_NICE = 10
 STALL_SECONDS = 600.0
 SIMULATED_GPUS = (
@@ -149,6 +155,46 @@ class DiskFull(JobError):
     """The disk holding the data folder has no room left for a job's files."""
 
 
+class StoredJobsFull(JobValidationError):
+    """`max_stored_jobs` jobs are kept already (whatever their state): a submission is refused, saying what to
+    delete, before anything is written."""
+
+    def __init__(self, count: int, limit: int, oldest: list[Job]) -> None:
+        super().__init__(
+            {
+                "stored_jobs": f"{count} jobs are stored, the most this server keeps (MEMPLUGIN_MAX_STORED_JOBS): "
+                "delete jobs you no longer need (DELETE .../api/jobs/<id>, or Delete on the job's page), then submit "
+                "again" + _candidates("the oldest that are not running", oldest)
+            }
+        )
+
+
+class StoredBytesFull(DiskFull):
+    """The jobs' folders hold `max_stored_bytes` or more: the 507 a submission gets, saying what to delete."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPage:
+    """One page of the jobs list, newest first as pages go: `jobs` oldest first within the page (as the whole
+    list was), `older` the id to give as `before` for the next page (None: this page reaches the oldest job)."""
+
+    jobs: list[Job]
+    total: int
+    limit: int
+    before: str | None
+    older: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": [job.to_json() for job in self.jobs], "total": self.total, "limit": self.limit,
+            "before": self.before, "older": self.older,
+        }
+
+
+class JobPageError(JobError):
+    """A page of the jobs list that cannot be given (a limit out of range, `before` naming no job)."""
+
+
 class DataFolderInUse(JobError):
     """Another manager (a server, a `train` command) holds the data folder."""
 
@@ -181,6 +227,10 @@ class ManagerConfig:
     gpus_simulated: bool = False
     """The demo mode (--simulate-gpus): the GPUs' memory is made up and no CUDA device is behind them, so jobs that
     would train on a GPU are refused at submission rather than failing in Caffe."""
+    max_stored_jobs: int = MAX_STORED_JOBS
+    """Jobs kept at once, whatever their state; a submission beyond it is refused until some are deleted."""
+    max_stored_bytes: int = MAX_STORED_BYTES
+    """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:
@@ -200,6 +250,8 @@ class ManagerConfig:
             job_nice=settings.job_nice,
             stall_seconds=settings.job_stall_seconds,
             gpus_simulated=settings.simulate_gpus is not None,
+            max_stored_jobs=settings.max_stored_jobs,
+            max_stored_bytes=settings.max_stored_bytes,
         )
 
 
@@ -251,6 +303,9 @@ class JobManager:
         self._definitions: dict[str, JobDefinition] = {}
         self._lock_file: IO[str] | None = None
         self._finished = threading.Condition(self._lock)
+        self._sizes: dict[str, int] | None = None
+        """Bytes of each job's folder, measured when it is stored and when each of its attempts ends (None until
+        the first submission measures them all)."""
 
     # --- life cycle ---------------------------------------------------------------------------------------------
 
@@ -370,6 +425,7 @@ class JobManager:
         if self.config.gpus_simulated and device != CPU_KEY and devices.gpus:
             raise JobValidationError({"device": SIMULATED_GPUS})
         self._check_queue()  # before anything is written: a full queue costs a refused request nothing
+        self._check_storage(len(request.net) + len(request.solver))  # likewise for the stored jobs and bytes
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         folder = self.jobs_root / job_id
         try:
@@ -398,7 +454,10 @@ class JobManager:
         with self._lock:
             try:
                 self._check_queue()  # again: other submissions may have filled it while this one was checked
+                written = _folder_bytes(folder)
+                self._check_storage(written)
                 self.store.add_job(job)
+                self._sizes[job_id] = written  # type: ignore[index] # _check_storage measured the others
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
@@ -412,6 +471,40 @@ class JobManager:
         if self.store.count_jobs([QUEUED]) >= self.config.max_queued_jobs:
             raise QueueFull(self.config.max_queued_jobs)
 
+    def _check_storage(self, incoming: int) -> None:
+        """Refuse a job beyond MEMPLUGIN_MAX_STORED_JOBS (400) or MEMPLUGIN_MAX_STORED_BYTES (507), naming jobs
+        to delete. `incoming`: the bytes the new job brings."""
+        count = self.store.count_jobs(JOB_STATES)
+        if count >= self.config.max_stored_jobs:
+            oldest = self.store.list_jobs(sorted(set(JOB_STATES) - ACTIVE_STATES))[:5]
+            raise StoredJobsFull(count, self.config.max_stored_jobs, oldest)
+        used = self.stored_bytes()
+        if used + incoming > self.config.max_stored_bytes:
+            with self._lock:
+                sizes = dict(self._sizes or {})
+            idle = self.store.list_jobs(sorted(set(JOB_STATES) - ACTIVE_STATES))
+            largest = sorted(idle, key=lambda job: sizes.get(job.id, 0), reverse=True)[:5]
+            raise StoredBytesFull(
+                f"the jobs' folders hold {format_size(used)} and this job brings {format_size(incoming)}; this "
+                f"server keeps at most {format_size(self.config.max_stored_bytes)} of them "
+                "(MEMPLUGIN_MAX_STORED_BYTES): delete jobs you no longer need (DELETE .../api/jobs/<id>, or Delete "
+                "on the job's page), then submit again"
+                + _candidates("the largest that are not running", largest, sizes)
+            )
+
+    def stored_bytes(self) -> int:
+        """What the jobs' folders hold, as last measured (all of them measured at the first call)."""
+        with self._lock:
+            if self._sizes is None:
+                self._sizes = {job.id: _folder_bytes(self.jobs_root / job.folder) for job in self.store.list_jobs()}
+            return sum(self._sizes.values())
+
+    def _measure(self, job_id: str) -> None:
+        """Measure a job's folder again (its attempts write logs, records and snapshots)."""
+        with self._lock:
+            if self._sizes is not None and job_id in self._sizes:
+                self._sizes[job_id] = _folder_bytes(self.jobs_root / job_id)
+
     def get(self, job_id: str) -> Job:
         job = self.store.get_job(job_id)
         if job is None:
@@ -420,6 +513,24 @@ class JobManager:
 
     def list_jobs(self) -> list[Job]:
         return self.store.list_jobs()
+
+    def page(self, limit: int = DEFAULT_PAGE_SIZE, before: str | None = None) -> JobPage:
+        """The `limit` newest jobs queued before the job `before` (None: the newest); see JobPage."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+            raise JobPageError(f"limit must be a whole number from 1 to {MAX_PAGE_SIZE}")
+        position = None
+        if before is not None and not isinstance(before, str):
+            raise JobPageError("before must be a job id")
+        if before is not None:
+            try:
+                position = self.get(before).position
+            except JobNotFound:
+                raise JobPageError(
+                    f"no job {before[:100]!r} to list the jobs before (deleted meanwhile?); ask again without before"
+                ) from None
+        jobs = self.store.page_jobs(limit + 1, position)
+        older = jobs[limit - 1].id if len(jobs) > limit else None
+        return JobPage(list(reversed(jobs[:limit])), self.store.count_jobs(JOB_STATES), limit, before, older)
 
     def attempts(self, job_id: str) -> list[Attempt]:
         self.get(job_id)
@@ -469,6 +580,8 @@ class JobManager:
                 raise JobStateError("the job is running; cancel it first")
             self.store.delete_job(job_id)
             self._definitions.pop(job_id, None)
+            if self._sizes is not None:
+                self._sizes.pop(job_id, None)
         shutil.rmtree(self.jobs_root / job.folder, ignore_errors=True)
         self._emit("job_deleted", {"id": job_id})
 
@@ -767,6 +880,7 @@ class JobManager:
                 plan = BatchPlan(wanted, 1, cost <= budget, cost, wanted)
                 message = f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
             result, attempt = self._run_attempt(job, definition, entry, limit, plan, decision, message)
+            self._measure(job_id)
             made += 1
             status = result.outcome.status
             if status == SUCCESS:
@@ -1013,6 +1127,37 @@ class JobManager:
             with self._lock:
                 self._finished.notify_all()
         self._emit_job(job)
+
+
+def _folder_bytes(path: Path) -> int:
+    """What a folder takes on its disk, as du counts it: every file and folder in it, links not followed."""
+    total = 0
+    folders = [path]
+    while folders:
+        try:
+            entries = os.scandir(folders.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
+                except OSError:
+                    continue
+    return total
+
+
+def _candidates(what: str, jobs: list[Job], sizes: dict[str, int] | None = None) -> str:
+    """"; the oldest that are not running: <id> (name, failed), ..." for a refusal's message."""
+    if not jobs:
+        return ""
+    listed = [
+        f"{job.id} ({job.name[:80]!r}, {job.status}" + (f", {format_size(sizes.get(job.id, 0))})" if sizes else ")")
+        for job in jobs
+    ]
+    return f"; {what}: " + ", ".join(listed)
 
 
 def _disk_full(error: OSError) -> bool:

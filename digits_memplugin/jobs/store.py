@@ -283,6 +283,12 @@ class JobStore:
         query = f"SELECT COUNT(*) FROM jobs WHERE status IN ({', '.join('?' for _ in wanted)})"
         return int(self._read(query, wanted)[0][0])
 
+    def page_jobs(self, limit: int, before: int | None = None) -> list[Job]:
+        """At most `limit` jobs, newest first, of those queued before `position` `before` (None: from the newest)."""
+        where, args = ("", ()) if before is None else (" WHERE position < ?", (before,))
+        rows = self._read(_SELECT_JOBS + where + " ORDER BY position DESC LIMIT ?", (*args, limit))
+        return [_job(row) for row in rows]
+
     def delete_job(self, job_id: str) -> bool:
         with self._transaction() as db:
             return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount == 1

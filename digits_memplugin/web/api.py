@@ -24,6 +24,7 @@ from werkzeug.routing import PathConverter
 from werkzeug.wsgi import LimitedStream
 
 from .. import __version__
+from ..estimate_pool import PoolBusy, PoolError
 from ..jobs.manager import DataFolderInUse, DiskFull
 from ..jobs.store import StoreBusy, StoreFull
 
@@ -97,6 +98,16 @@ def as_http_error(error: Exception) -> Exception:
         return ServiceUnavailable(str(error))
     if isinstance(error, (StoreFull, DiskFull)):
         return InsufficientStorage(str(error))
+    return _pool_http_error(error)
+
+
+def _pool_http_error(error: Exception) -> Exception:
+    """The estimate pool's refusals (estimate_pool.py) are 503s: a full queue says when to try again
+    (Retry-After), a timeout or a worker that died says what happened."""
+    if isinstance(error, PoolBusy):
+        return ServiceUnavailable(str(error), retry_after=error.retry_after)
+    if isinstance(error, PoolError):
+        return ServiceUnavailable(str(error))
     return error
 
 
@@ -132,6 +143,8 @@ def json_error(error: Exception) -> ResponseReturnValue:
     response = jsonify(error=error.description or error.name, status=error.code)
     if isinstance(error, MethodNotAllowed) and error.valid_methods:
         response.headers["Allow"] = ", ".join(error.valid_methods)
+    if isinstance(error, ServiceUnavailable) and error.retry_after is not None:
+        response.headers["Retry-After"] = dict(error.get_headers()).get("Retry-After", "")
     return response, error.code or 500
 
 

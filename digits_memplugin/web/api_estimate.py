@@ -9,11 +9,12 @@ footprint at those batch sizes (`curve`) and a linear model of it. `max_batch` c
 `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's first top) to its item shape;
 `read_datasets: true` reads the shapes from the datasets the net names, inside MEMPLUGIN_DATASET_ROOTS.
 Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
+Texts over MEMPLUGIN_ESTIMATE_INLINE_BYTES are estimated in a worker process, off the server's thread; when every
+worker is busy and MEMPLUGIN_ESTIMATE_QUEUE requests wait, the answer is a 503 with Retry-After.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify
@@ -21,8 +22,9 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest
 
 from ..core.errors import NetError
-from ..core.estimate import EstimateRequest, estimate
+from ..core.estimate import EstimateRequest
 from ..core.layers.data import DataSpec
+from ..estimate_pool import DatasetsFailed
 from .api import API_PATH, read_json
 
 FIELDS = {
@@ -122,16 +124,15 @@ def post_estimate() -> ResponseReturnValue:
         values["budgets"] = budgets
     if "curve_batches" in values:
         values["curve_batches"] = tuple(values["curve_batches"])
+    roots = None
     if values.pop("read_datasets", False):
         roots = plugin.settings.dataset_roots or (plugin.settings.data_dir / "datasets",)
-        try:
-            found = _dataset_shapes(values.get("net"), roots)
-        except NetError as error:
-            return _validation_error({"read_datasets": error.to_dict()})
-        values["data_shapes"] = {**found, **values["data_shapes"]}
     try:
         estimate_request = EstimateRequest(**values)
-        document = estimate(estimate_request, oracle=_oracle() if plugin.settings.pycaffe_fallback else None)
+        # Large texts go to a worker process (estimate_pool.py): a full queue is a 503 with Retry-After.
+        document = plugin.estimates.estimate(estimate_request, dataset_roots=roots)
+    except DatasetsFailed as failed:
+        return _validation_error({"read_datasets": failed.error.to_dict()})
     except NetError as error:
         key = error.field if error.source is None and error.layer is None and error.field in FIELDS else "net"
         if error.source is not None and "solver" in str(error.source):
@@ -144,25 +145,6 @@ def post_estimate() -> ResponseReturnValue:
         for key, message in device_errors.items():
             document["plans"][key] = {"error": message}
     return jsonify(document)
-
-
-def _dataset_shapes(net_text: str | None, roots: Any) -> dict[str, DataSpec]:
-    """Item shapes from the datasets the net names, opened only inside the dataset roots."""
-    from ..core.prototxt import parse_net
-    from ..datasets import shapes_from_sources
-
-    if net_text is None:
-        return {}
-    roots = list(roots)
-    return shapes_from_sources([parse_net(net_text)], Path(roots[0]), allowed=roots)
-
-
-def _oracle() -> Any:
-    try:
-        from ..pycaffe_shapes import pycaffe_oracle
-    except ImportError:  # pragma: no cover - the fallback module is optional
-        return None
-    return pycaffe_oracle
 
 
 def register(blueprint: Blueprint) -> None:

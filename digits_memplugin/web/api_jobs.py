@@ -2,7 +2,7 @@
 attempts, cancel, resume, delete, and Caffe's log.
 
     POST   /jobs               201 job            400 {"errors": {field: message}}
-    GET    /jobs               200 {"jobs": [job, ...]}
+    GET    /jobs               200 {"jobs": [job, ...], "total", "limit", "before", "older"}   ?limit=N&before=<id>
     GET    /jobs/<id>          200 job + {"attempts": [attempt, ...]}
     POST   /jobs/<id>/cancel   200 job            409 when it is not queued or running
     POST   /jobs/<id>/resume   200 job            409 unless interrupted, cancelled or failed
@@ -25,7 +25,15 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
-from ..jobs.manager import JobManager, JobNotFound, JobStateError, JobValidationError
+from ..jobs.manager import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    JobManager,
+    JobNotFound,
+    JobPageError,
+    JobStateError,
+    JobValidationError,
+)
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
 from .api import API_PATH, read_json, within_limit
@@ -134,7 +142,21 @@ def create_job() -> ResponseReturnValue:
 
 
 def list_jobs() -> ResponseReturnValue:
-    return jsonify(jobs=[job.to_json() for job in _manager().list_jobs()])
+    """A page of the jobs, newest first (?limit=N, default 50, at most 500; ?before=<id> for older ones):
+    {"jobs": [...oldest first within the page...], "total", "limit", "before", "older": the next page's before}."""
+    try:
+        return jsonify(_manager().page(page_limit(request.args.get("limit")), request.args.get("before")).to_json())
+    except JobPageError as error:
+        raise BadRequest(str(error)) from None
+
+
+def page_limit(text: str | None) -> int:
+    """The `limit` query parameter of a jobs list: the default page size when absent; 400 unless 1 to 500."""
+    if text is None:
+        return DEFAULT_PAGE_SIZE
+    if not (text.isascii() and text.isdigit() and len(text) <= 4) or not 1 <= int(text) <= MAX_PAGE_SIZE:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE_SIZE}")
+    return int(text)
 
 
 def show_job(job_id: str) -> ResponseReturnValue:

@@ -1,7 +1,8 @@
 """The jobs list and a job's page: first paint rendered here from the job documents, live parts kept up to date
 by static/js/jobs.js and job-page.js over the socketio rooms `jobs` and `job:<id>`.
 
-    GET  <prefix>/jobs                  every job with its status (newest first)
+    GET  <prefix>/jobs                  the jobs with their status, newest first, a page at a time
+                                        (?limit=N, default 50; ?before=<id> for older ones)
     GET  <prefix>/jobs/<id>             status, plan, attempts, progress, log tail, the definition as submitted
     POST <prefix>/jobs/<id>/cancel      cancel without JavaScript (a form with its CSRF token): 303 to the page
     POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way: 303 to the list
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -25,8 +27,9 @@ from wtforms.validators import ValidationError
 from .. import __version__
 from ..devices import CPU_KEY, DeviceList
 from ..jobs.definition import SOLVER_SOURCE
-from ..jobs.manager import JobManager, JobNotFound, JobStateError
+from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager, JobNotFound, JobPageError, JobStateError
 from ..jobs.records import ACTIVE_STATES, RUNNING
+from .api_jobs import page_limit
 
 LOG_TAIL_LINES = 60
 """Lines of Caffe's log on a job's first paint (the page's script then fetches more and follows the log)."""
@@ -75,11 +78,19 @@ def format_duration(seconds: float | None) -> str:
 
 
 def jobs_page() -> str:
-    jobs = [job.to_json() for job in reversed(_manager().list_jobs())]
+    """One page of the list (as GET <prefix>/api/jobs pages it), with links to the older jobs and back."""
+    limit = page_limit(request.args.get("limit"))
+    try:
+        page = _manager().page(limit, request.args.get("before"))
+    except JobPageError as error:
+        raise NotFound(str(error)) from None
+    jobs = [job.to_json() for job in reversed(page.jobs)]
     active = any(job["status"] in ACTIVE_STATES for job in jobs)
+    size: dict[str, Any] = {} if limit == DEFAULT_PAGE_SIZE else {"limit": limit}
     return render_template(
         "memplugin/jobs.html", jobs=jobs, labels=device_labels(_devices()), refresh=REFRESH_SECONDS if active else None,
-        version=__version__,
+        page=page, older_url=url_for(".jobs", before=page.older, **size) if page.older else None,
+        newest_url=url_for(".jobs", **size) if page.before else None, version=__version__,
     )
 
 

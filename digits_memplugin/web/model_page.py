@@ -20,7 +20,6 @@ from wtforms.fields.choices import SelectChoice
 
 from .. import __version__
 from ..core.errors import NetError
-from ..core.estimate import estimate
 from ..devices import Device, DeviceList, is_simulated
 from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
@@ -123,12 +122,10 @@ def plan_job(spec: ModelSpec, devices: DeviceList) -> PlannedJob:
 
 
 def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None) -> dict[str, Any]:
+    """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
     plugin = current_app.extensions["memplugin"]
     try:
-        return estimate(
-            spec.estimate_request(engine, device.memory_free, batch),
-            oracle=_oracle() if plugin.settings.pycaffe_fallback else None,
-        )
+        return plugin.estimates.estimate(spec.estimate_request(engine, device.memory_free, batch))  # type: ignore[no-any-return]
     except NetError as error:
         raise PlanError(_error_field(error, spec), error.to_dict()) from None
 
@@ -144,14 +141,6 @@ def _error_field(error: NetError, spec: ModelSpec) -> str:
     if error.field in ("batch", "classes"):
         return "batch_size" if error.field == "batch" else "classes"
     return "custom_network" if spec.network_key is None else "standard_network"
-
-
-def _oracle() -> Any:
-    try:
-        from ..pycaffe_shapes import pycaffe_oracle
-    except ImportError:  # pragma: no cover - the fallback module is optional
-        return None
-    return pycaffe_oracle
 
 
 # --- views --------------------------------------------------------------------------------------------------------

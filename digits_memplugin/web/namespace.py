@@ -12,8 +12,14 @@ included) and answers with a ``job`` event, the document GET <prefix>/api/jobs/<
 events reach the rooms through `job_event_emitter`, after the throttle (jobs/throttle.py).
 
 Limits: each client may send MEMPLUGIN_CLIENT_EVENT_BURST events at once, then MEMPLUGIN_CLIENT_EVENTS_PER_SECOND on
-average (a token bucket per connection, jobs/throttle.py's ClientRateLimiter). An event over the rate is not handled;
-the first one of a run of refused events is answered with a ``rate_limited`` event saying when to try again.
+average (a token bucket per connection, jobs/throttle.py's ClientRateLimiter), and all clients together
+MEMPLUGIN_SOCKET_EVENTS_PER_SECOND (a burst of twice as many: one more bucket, shared), so that no number of clients
+each within its own rate can stall the server. An event over either rate is not handled; the first one of a run of
+refused events is answered with a ``rate_limited`` event saying when to try again. At most
+MEMPLUGIN_MAX_SOCKET_CONNECTIONS clients are connected to the namespace at once; one more is refused.
+
+``subscribe_jobs`` takes ``{"limit": N, "before": id}`` as GET <prefix>/api/jobs does (newest first, pages of 50 by
+default), and answers with that page.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from typing import Any
 
 from flask import current_app, request
 from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
+from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
 from .. import __version__
+from ..jobs.manager import DEFAULT_PAGE_SIZE, JobPageError
 from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed, socket_host_allowed
 
@@ -118,6 +126,8 @@ class DevicePusher:
 
 
 RATE_LIMITED_EVENT = "rate_limited"
+ALL_CLIENTS = ""
+"""The key of the bucket every client's events share."""
 UNLIMITED_EVENTS = frozenset({"connect", "disconnect"})
 """Events the server raises itself, not a client's messages: never counted against a client."""
 
@@ -125,34 +135,58 @@ UNLIMITED_EVENTS = frozenset({"connect", "disconnect"})
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
     """Live events of the plugin, under the namespace set by MEMPLUGIN_SOCKETIO_NAMESPACE."""
 
-    def __init__(self, namespace: str, limiter: ClientRateLimiter) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        limiter: ClientRateLimiter,
+        *,
+        all_clients: ClientRateLimiter | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         super().__init__(namespace)
         self.limiter = limiter
+        self.all_clients = all_clients
+        """One bucket for every client's events together (None: no such limit)."""
+        self.max_connections = max_connections
         self._told: set[str] = set()
         """Clients already sent `rate_limited` for their current run of refused events."""
+        self._connected: set[str] = set()
+        self._connections_lock = threading.Lock()
+
+    @property
+    def connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connected)
 
     def trigger_event(self, event: str, *args: Any) -> Any:
         """Every client event passes the client's rate limit first (the bucket is checked before any handler runs,
         so a flood costs a dictionary lookup per event, not a job list)."""
         sid = str(args[0]) if args else ""
         if event not in UNLIMITED_EVENTS:
-            if not self.limiter.allow(sid):
+            refusal = self._refusal(sid)
+            if refusal is not None:
                 if sid not in self._told:
                     self._told.add(sid)
-                    self.socketio.emit(
-                        RATE_LIMITED_EVENT,
-                        {
-                            "event": event,
-                            "error": f"more than {self.limiter.burst} events at once or "
-                            f"{self.limiter.per_second:g} a second; this one was not handled",
-                            "retry_after": round(1.0 / self.limiter.per_second, 3),
-                        },
-                        to=sid,
-                        namespace=self.namespace,
-                    )
+                    self.socketio.emit(RATE_LIMITED_EVENT, {"event": event, **refusal}, to=sid, namespace=self.namespace)
                 return None
             self._told.discard(sid)
         return super().trigger_event(event, *args)
+
+    def _refusal(self, sid: str) -> dict[str, Any] | None:
+        """Why the client's event is not handled now (its own rate first, then everyone's), or None."""
+        if not self.limiter.allow(sid):
+            return {
+                "error": f"more than {self.limiter.burst} events at once or {self.limiter.per_second:g} a second; "
+                "this one was not handled",
+                "retry_after": round(1.0 / self.limiter.per_second, 3),
+            }
+        if self.all_clients is not None and not self.all_clients.allow(ALL_CLIENTS):
+            return {
+                "error": f"the server takes at most {self.all_clients.per_second:g} events a second from all its "
+                "clients together (MEMPLUGIN_SOCKET_EVENTS_PER_SECOND); this one was not handled",
+                "retry_after": round(1.0 / self.all_clients.per_second, 3),
+            }
+        return None
 
     def on_connect(self, auth: Any = None) -> None:
         """Refuse a connection naming a host this server does not answer to (DNS rebinding), then one the access
@@ -162,6 +196,13 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
             raise ConnectionRefusedError(why)
         if not socket_allowed(auth):
             raise ConnectionRefusedError("unauthorized: this server needs its API token")
+        with self._connections_lock:
+            if self.max_connections is not None and len(self._connected) >= self.max_connections:
+                raise SocketRefused(  # socketio's own refusal: the client is told why
+                    f"the server has {len(self._connected)} live connections, the most it takes "
+                    "(MEMPLUGIN_MAX_SOCKET_CONNECTIONS); try again later"
+                )
+            self._connected.add(request.sid)  # type: ignore[attr-defined]
         emit("hello", {"version": __version__})
 
     def on_disconnect(self, reason: Any = None) -> None:
@@ -169,6 +210,8 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         _pusher().discard(sid)
         self.limiter.forget(sid)
         self._told.discard(sid)
+        with self._connections_lock:
+            self._connected.discard(sid)
 
     def on_subscribe_devices(self, data: Any = None) -> None:
         """Join the `devices` room; the first reading goes to this client at once, not after a poll interval."""
@@ -182,10 +225,15 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         _pusher().discard(request.sid)  # type: ignore[attr-defined]
 
     def on_subscribe_jobs(self, data: Any = None) -> None:
-        """Join the `jobs` room; the current list comes at once as a `jobs` event."""
+        """Join the `jobs` room; the page of the list asked for ({"limit", "before"}) comes at once as a `jobs`
+        event (a `job_error` event for a page that cannot be given)."""
+        try:
+            page = current_app.extensions["memplugin"].started_jobs().page(*_page_of(data))
+        except JobPageError as error:
+            emit("job_error", {"id": None, "error": str(error)})
+            return
         join_room(JOBS_ROOM)
-        manager = current_app.extensions["memplugin"].started_jobs()
-        emit("jobs", {"jobs": [job.to_json() for job in manager.list_jobs()]})
+        emit("jobs", page.to_json())
 
     def on_unsubscribe_jobs(self, data: Any = None) -> None:
         leave_room(JOBS_ROOM)
@@ -208,6 +256,14 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         job_id = data.get("id") if isinstance(data, dict) else None
         if job_id is not None:
             leave_room(job_room(str(job_id)))
+
+
+def _page_of(data: Any) -> tuple[Any, Any]:
+    """subscribe_jobs' {"limit": N, "before": id}, either left out (the newest jobs, the default page size);
+    the manager checks them."""
+    if not isinstance(data, dict):
+        return DEFAULT_PAGE_SIZE, None
+    return data.get("limit", DEFAULT_PAGE_SIZE), data.get("before")
 
 
 def _pusher() -> DevicePusher:

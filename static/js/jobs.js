@@ -1,6 +1,7 @@
-/* digits-memplugin: the jobs list, kept live from the `jobs` room: the `jobs` event (the whole list, sent when
- * subscribing, so again after every reconnection: nothing missed while offline stays missed) redraws the table;
- * `job` events update or add one row; `job_deleted` removes one. The server drew the first paint. */
+/* digits-memplugin: the jobs list, kept live from the `jobs` room: the `jobs` event (the page of the list this page
+ * shows, sent when subscribing, so again after every reconnection: nothing missed while offline stays missed)
+ * redraws the table; `job` events update a row, or add one on the first page (the newest jobs; rows past the page's
+ * size then move to the older page); `job_deleted` removes one. The server drew the first paint. */
 (function () {
   "use strict";
 
@@ -10,14 +11,28 @@
   if (!body) return;
   const empty = document.getElementById("no-jobs");
   const labels = MP.readJSON("mp-device-labels") || {};
+  const limit = Number(body.dataset.limit) || 50;
+  const before = body.dataset.before || null;
+  const older = document.getElementById("older-jobs");
   const href = (id) => MP.config.jobsUrl + "/" + encodeURIComponent(id);
 
   const rowOf = (id) => [...body.children].find((row) => row.dataset.jobId === id) || null;
   const showEmpty = () => { empty.hidden = body.children.length > 0; };
 
-  /** The whole list (oldest first from the server), drawn newest first as the server renders it. */
+  /** The link to the next older page: the jobs before `id` (none: this page reaches the oldest job). */
+  function showOlder(id) {
+    if (!older) return;
+    older.hidden = !id;
+    if (!id) return;
+    const url = new URL(window.location.href);
+    url.searchParams.set("before", id);
+    older.href = url.pathname + url.search;
+  }
+
+  /** This page of the list (oldest first from the server), drawn newest first as the server renders it. */
   function onJobs(document_) {
     body.replaceChildren(...document_.jobs.slice().reverse().map((job) => F.jobRow(job, labels, href(job.id))));
+    if ("older" in document_) showOlder(document_.older);
     showEmpty();
   }
 
@@ -25,7 +40,12 @@
     const row = F.jobRow(job, labels, href(job.id));
     const old = rowOf(job.id);
     if (old) old.replaceWith(row);
-    else body.prepend(row);
+    else if (!before) {
+      body.prepend(row);
+      let moved = false;
+      while (body.children.length > limit) { body.lastElementChild.remove(); moved = true; }
+      if (moved) showOlder(body.lastElementChild.dataset.jobId);
+    }
     showEmpty();
   }
 
@@ -35,7 +55,9 @@
     showEmpty();
   }
 
-  MP.subscribe("subscribe_jobs", "jobs", onJobs, { unsubscribeEvent: "unsubscribe_jobs" });
+  MP.subscribe("subscribe_jobs", "jobs", onJobs, {
+    payload: before ? { limit, before } : { limit }, unsubscribeEvent: "unsubscribe_jobs",
+  });
   MP.on("job", onJob);
   MP.on("job_deleted", onDeleted);
   MP.jobsList = { onJobs, onJob, onDeleted };

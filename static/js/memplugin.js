@@ -134,7 +134,20 @@
       if (connections > 1) for (const handler of reconnectHandlers) handler();
     });
     sharedSocket.on("disconnect", () => showConnection("disconnected", "reconnecting…"));
-    sharedSocket.on("connect_error", () => showConnection("disconnected", "offline: retrying…"));
+    sharedSocket.on("connect_error", () => {
+      showConnection("disconnected", "offline: retrying…");
+      // Refused by the server itself (it has as many connections as it takes): socket.io does not retry that.
+      if (!sharedSocket.active) setTimeout(() => sharedSocket.connect(), 5000 + 5000 * Math.random());
+    });
+    // Events the server did not handle because it was busy (rate_limited): ask for the subscriptions again once
+    // it says we may, a little later for some pages than others.
+    sharedSocket.on("rate_limited", (refused) => {
+      const delay = 1000 * Math.max(1, Number(refused && refused.retry_after) || 1) * (1 + Math.random());
+      setTimeout(() => {
+        if (!sharedSocket.connected) return;
+        for (const { subscribeEvent, payload } of subscriptions) sharedSocket.emit(subscribeEvent, payload);
+      }, delay);
+    });
     return sharedSocket;
   }
 
