@@ -20,6 +20,7 @@ from .settings import Settings
 from .web.access import Authorizer
 from .web.blueprint import create_blueprint
 from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
+from .web.socket_json import tolerate_long_numbers
 
 EXTENSION_KEY = "memplugin"
 
@@ -74,6 +75,8 @@ def init_app(
 
     if socketio is None:
         socketio = SocketIO(app, async_mode=settings.async_mode)
+    if socketio.server is not None:  # a host's SocketIO not bound to an app yet has no server to adjust
+        tolerate_long_numbers(socketio.server)
     socketio.on_namespace(
         MemPluginNamespace(
             settings.socketio_namespace,

@@ -20,7 +20,7 @@ from typing import Any
 
 import gevent
 from flask import Flask
-from gevent.pywsgi import WSGIHandler, WSGIServer
+from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,14 @@ _TIMEOUT_BODY = json.dumps(
 REQUEST_TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
+_TOO_LONG_BODY = json.dumps(
+    {"error": f"the request line is over {MAX_REQUEST_LINE} bytes (a URL that long is refused before any page or API "
+     "sees it); the connection is closed", "status": 414}
+).encode()
+URI_TOO_LONG_RESPONSE = (
+    b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_TOO_LONG_BODY), _TOO_LONG_BODY)
 )
 
 
@@ -118,6 +126,12 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
     def read_request(self, raw_requestline: str) -> bool:
         with self._head_timer():
             return super().read_request(raw_requestline)  # type: ignore[no-any-return]
+
+    def handle_one_request(self) -> Any:
+        result = super().handle_one_request()
+        if isinstance(result, tuple) and result[0] == "414":  # gevent's own 414 has no body: say why, in JSON
+            return "414", URI_TOO_LONG_RESPONSE
+        return result
 
     def _handle_client_error(self, ex: BaseException) -> tuple[str, bytes]:
         if isinstance(ex, HeadTimedOut):

@@ -24,7 +24,7 @@ _UNITS = {
     "gb": 1000**3,
     "tb": 1000**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$", re.ASCII)  # 0-9 only: not "١٢"
 _ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(.+?)\s*$")
 
 MAX_SIMULATED_GPUS = 64

@@ -28,9 +28,9 @@ from digits_memplugin.core.oom import FAILED, OUT_OF_MEMORY, classify
 from digits_memplugin.devices import DeviceReader
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.jobs.attempt import oom_kill_count
-from digits_memplugin.jobs.manager import JobManager, ManagerConfig
+from digits_memplugin.jobs.manager import JobManager, JobStateError, ManagerConfig
 from digits_memplugin.jobs.records import Job
-from digits_memplugin.jobs.store import JobStore, StoreBusy
+from digits_memplugin.jobs.store import JobStore, StoreBusy, StoreFull
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -446,7 +446,9 @@ def test_a_job_ending_while_the_database_is_locked_is_recorded_once_it_is_free(m
             lambda: any(name == "job" and "is not recorded yet" in (p.get("message") or "") for name, p in events),
             what="the job's listeners to be told the end is not recorded yet",
         )
-        assert manager.get(job.id).status == "running"  # not lost, not guessed: the store still says running
+        assert manager.store.get_job(job.id).status == "running"  # not lost, not guessed: the store says running
+        shown = manager.get(job.id)  # while the manager shows what it knows, saying it is not recorded yet
+        assert shown.status == "done" and "is not recorded yet in the jobs database" in (shown.message or "")
         assert any(name == "job_progress" and p.get("event") == "finished" for name, p in events)
         locker.release()
     ended = manager.wait(job.id, timeout=60)
@@ -454,6 +456,127 @@ def test_a_job_ending_while_the_database_is_locked_is_recorded_once_it_is_free(m
     assert ended.snapshot is not None and ended.snapshot["iteration"] == 60
     (attempt,) = manager.attempts(job.id)
     assert attempt.status == "success" and attempt.end_iteration == 60
+
+
+@pytest.mark.slow
+def test_a_job_whose_snapshot_hits_a_full_disk_says_so_at_once_and_cancel_is_409(
+    tmp_path: Path, datasets: Path
+) -> None:
+    """The data folder (the database and the job folders) on one disk that fills up: a snapshot cannot be written,
+    Caffe aborts, and nothing can be written to the database either. The job must not read "running" (nor cancel
+    answer 507) until space returns: it reads failed at once, saying the disk is full and that this is not recorded
+    yet; cancel is a 409 saying the job has ended; delete and resume wait for the record. Once space is freed the
+    end is recorded as it was shown, and the job resumes."""
+    data = tmp_path / "data"
+    data.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(data)], capture_output=True, text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk tests need one")
+    app = create_app({"MEMPLUGIN_DATA_DIR": data, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_STORE_BUSY_SECONDS": 0.5,
+                      "TESTING": True})
+    try:
+        api = app.test_client()
+        solver = LENET_SOLVER.replace("test_iter: 100", "test_iter: 2").replace("snapshot: 5000", "snapshot: 50")
+        created = api.post(API, json={"net": LENET, "solver": solver, "data": LENET_DATA, "device": "cpu",
+                                      "max_iter": 3000})
+        assert created.status_code == 201, created.get_json()
+        job_id = created.get_json()["id"]
+        manager = get_plugin(app).jobs
+        job = manager.get(job_id)
+        wait_for(lambda: any(r["event"] == "iteration" for r in progress_records(manager, job)), what="training")
+        filler = fill(data, 64 * 1024)  # room for a few records, not for a 3.4 MB snapshot
+        child = first_pid(manager, job)
+        wait_for(lambda: not pid_alive(child), timeout=120, what="the child to stop at its snapshot")
+
+        shown = wait_for(lambda: (d := api.get(f"{API}/{job_id}").get_json())["status"] != "running" and d,
+                         timeout=15, what="the job to stop reading running")
+        assert shown["status"] == "failed", shown
+        assert "no space left" in shown["message"] and "not recorded yet" in shown["message"], shown["message"]
+        assert shown["attempts"][0]["status"] == "failed"
+        assert manager.store.get_job(job_id).status == "running"  # what the database still says: nothing guessed
+        assert [j["status"] for j in api.get(API).get_json()["jobs"]] == ["failed"]  # the list says the same
+        cancelled = api.post(f"{API}/{job_id}/cancel")
+        assert cancelled.status_code == 409 and "has ended" in cancelled.get_json()["error"], cancelled.get_json()
+        for method, path in (("POST", f"{API}/{job_id}/resume"), ("DELETE", f"{API}/{job_id}")):
+            waiting = api.open(path, method=method)
+            assert waiting.status_code == 409 and "not recorded yet" in waiting.get_json()["error"]
+        assert api.get("/memplugin/api/health").status_code == 200
+
+        filler.unlink()
+        recorded = wait_for(lambda: (j := manager.store.get_job(job_id)).status != "running" and j, timeout=30,
+                            what="the end to be recorded")
+        assert recorded.status == "failed" and "no space left" in (recorded.message or "")
+        assert "not recorded" not in api.get(f"{API}/{job_id}").get_json()["message"]
+        assert api.post(f"{API}/{job_id}/resume").status_code == 200
+        api.post(f"{API}/{job_id}/cancel")
+        manager.wait(job_id, timeout=60)
+    finally:
+        get_plugin(app).close()
+        subprocess.run(["umount", "-l", str(data)], check=False, capture_output=True)
+
+
+class FailingWrites:
+    """The job store's writes failing with StoreFull while `full` is set (a database on a full disk), reads going
+    on: installed on a running manager's store."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.full = threading.Event()
+        for name in ("update_job", "update_attempt", "add_attempt"):
+            original = getattr(store, name)
+            setattr(store, name, self._guard(original))
+
+    def _guard(self, write: Any) -> Any:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.full.is_set():
+                raise StoreFull("the disk holding the jobs database jobs.sqlite is full; free some space")
+            return write(*args, **kwargs)
+
+        return guarded
+
+
+@pytest.mark.slow
+def test_an_attempt_that_ends_while_the_database_cannot_be_written_shows_its_end_at_once(
+    make_manager: ManagerFactory,
+) -> None:
+    """The same, on the manager, with the database's writes failing for sure: the job reads done with the
+    attempt's end as soon as the child has ended, the events say so, cancel/delete/resume refuse with the
+    reason, `wait` does not call the job ended until it is recorded, and then the record is what was shown."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    manager = make_manager(events, store_busy_seconds=0.2)
+    writes = FailingWrites(manager.store)
+    job = manager.submit(lenet_request(solver=SOLVER_20, max_iter=40))
+    wait_for(lambda: any(r["event"] == "iteration" for r in progress_records(manager, job)), what="training")
+    writes.full.set()
+    wait_for(lambda: any(r["event"] == "finished" for r in progress_records(manager, job)), timeout=120)
+    shown = wait_for(lambda: (j := manager.get(job.id)).status != "running" and j, timeout=15)
+    assert shown.status == "done" and shown.iteration == 40, shown
+    assert "not recorded yet in the jobs database" in (shown.message or "")
+    assert manager.store.get_job(job.id).status == "running"
+    (attempt,) = manager.attempts(job.id)
+    assert attempt.status == "success" and attempt.end_iteration == 40
+    assert manager.document(job.id)["attempts"][0]["status"] == "success"
+    assert any(name == "job" and p["status"] == "done" for name, p in events)
+    assert any(name == "job_attempt" and p["status"] == "success" for name, p in events)
+    with pytest.raises(JobStateError, match="has ended"):
+        manager.cancel(job.id)
+    with pytest.raises(JobStateError, match="only interrupted, cancelled or failed jobs resume"):
+        manager.resume(job.id)
+    with pytest.raises(JobStateError, match="not recorded yet"):
+        manager.delete(job.id)
+    assert manager.wait(job.id, timeout=1).status == "done"  # timed out: returns what it knows
+    assert job.id in manager._unrecorded
+
+    writes.full.clear()
+    ended = manager.wait(job.id, timeout=60)
+    assert job.id not in manager._unrecorded
+    stored = manager.store.get_job(job.id)
+    assert (ended.status, stored.status, stored.iteration) == ("done", "done", 40)
+    assert "not recorded" not in (ended.message or "")
+    assert manager.store.attempts(job.id)[0].status == "success"
 
 
 def test_a_submission_to_a_full_disk_is_507_saying_so_and_creates_nothing(tmp_path: Path, datasets: Path) -> None:

@@ -53,6 +53,7 @@ from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
 from ..core.planner import BatchPlan, usable_bytes
 from ..devices import CPU_KEY, GPU, DeviceList, DeviceReader, DeviceSelectionError, child_cuda_environment
 from ..errors import MemPluginError
+from ..inputs import shown, surrogate_in
 from ..sizes import format_size
 from .attempt import AttemptProcess, AttemptResult
 from .definition import (
@@ -92,6 +93,8 @@ Spawn = Callable[[Callable[[], None]], Any]
 STORE_FILE = "jobs.sqlite"
 LOCK_FILE = "jobs.lock"
 JOBS_FOLDER = "jobs"
+MAX_ID = 100
+"""Job ids are "YYYYmmdd-HHMMSS-xxxxxx"; a longer one is not looked up."""
 RUNNER_MODULE = "digits_memplugin.jobs.runner"
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 MAX_QUEUED_JOBS = 100
@@ -122,8 +125,8 @@ class JobError(MemPluginError):
 
 
 class JobNotFound(JobError):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job {job_id!r}")
+    def __init__(self, job_id: Any) -> None:
+        super().__init__(f"no job {shown(job_id)!r}")
 
 
 class JobStateError(JobError):
@@ -275,6 +278,17 @@ class _Running:
     store_warned: bool = False
 
 
+@dataclasses.dataclass
+class _Unrecorded:
+    """What a job's task knows about the job and its attempts but could not write to the database yet (a full disk,
+    a lock held too long): what the manager shows until the write is made, so that a job whose child is gone does
+    not read "running" meanwhile."""
+
+    reason: str
+    job: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attempts: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
 class JobManager:
     """Jobs of one data folder. `start` before use, `stop` when done (both idempotent)."""
 
@@ -303,6 +317,8 @@ class JobManager:
         self._definitions: dict[str, JobDefinition] = {}
         self._lock_file: IO[str] | None = None
         self._finished = threading.Condition(self._lock)
+        self._unrecorded: dict[str, _Unrecorded] = {}
+        """Per job whose task holds writes the database did not take yet: what they say (see _Unrecorded)."""
         self._sizes: dict[str, int] | None = None
         """Bytes of each job's folder, measured when it is stored and when each of its attempts ends (None until
         the first submission measures them all)."""
@@ -506,13 +522,32 @@ class JobManager:
                 self._sizes[job_id] = _folder_bytes(self.jobs_root / job_id)
 
     def get(self, job_id: str) -> Job:
+        if not isinstance(job_id, str) or len(job_id) > MAX_ID or surrogate_in(job_id) is not None:
+            raise JobNotFound(job_id)  # no job has such an id, and SQLite cannot even look up a lone surrogate
         job = self.store.get_job(job_id)
         if job is None:
             raise JobNotFound(job_id)
-        return job
+        return self._view(job)
 
     def list_jobs(self) -> list[Job]:
-        return self.store.list_jobs()
+        return [self._view(job) for job in self.store.list_jobs()]
+
+    def _view(self, job: Job) -> Job:
+        """The job as its task knows it: what the database holds, with what could not be written yet on top, and
+        the message saying so."""
+        with self._lock:
+            pending = self._unrecorded.get(job.id)
+            if pending is None:
+                return job
+            fields = dict(pending.job)
+        message = fields.pop("message", job.message)
+        return dataclasses.replace(job, **fields, message=f"{message} ({pending.reason})")
+
+    def _view_attempts(self, job_id: str, attempts: list[Attempt]) -> list[Attempt]:
+        with self._lock:
+            pending = self._unrecorded.get(job_id)
+            changes = dict(pending.attempts) if pending is not None else {}
+        return [dataclasses.replace(a, **changes[a.number]) if a.number in changes else a for a in attempts]
 
     def page(self, limit: int = DEFAULT_PAGE_SIZE, before: str | None = None) -> JobPage:
         """The `limit` newest jobs queued before the job `before` (None: the newest); see JobPage."""
@@ -530,16 +565,18 @@ class JobManager:
                 ) from None
         jobs = self.store.page_jobs(limit + 1, position)
         older = jobs[limit - 1].id if len(jobs) > limit else None
-        return JobPage(list(reversed(jobs[:limit])), self.store.count_jobs(JOB_STATES), limit, before, older)
+        page = [self._view(job) for job in reversed(jobs[:limit])]
+        return JobPage(page, self.store.count_jobs(JOB_STATES), limit, before, older)
 
     def attempts(self, job_id: str) -> list[Attempt]:
         self.get(job_id)
-        return self.store.attempts(job_id)
+        return self._view_attempts(job_id, self.store.attempts(job_id))
 
     def document(self, job_id: str) -> dict[str, Any]:
         """GET /jobs/<id>: the job with its attempts."""
         job = self.get(job_id)
-        return {**job.to_json(), "attempts": [attempt.to_json() for attempt in self.store.attempts(job_id)]}
+        attempts = self._view_attempts(job_id, self.store.attempts(job_id))
+        return {**job.to_json(), "attempts": [attempt.to_json() for attempt in attempts]}
 
     def folder(self, job_id: str) -> Path:
         return self.jobs_root / self.get(job_id).folder
@@ -566,7 +603,15 @@ class JobManager:
                 entry.cancel = True
                 if entry.process is not None:
                     entry.process.cancel()
-                job = self.store.update_job(job_id, message="cancelling")
+                try:
+                    job = self.store.update_job(job_id, message="cancelling")
+                except StoreError as error:  # the cancel is made all the same: the child is being stopped
+                    self._hold(job_id, "the cancel", error, job={"message": "cancelling"})
+                    job = self.get(job_id)
+            elif job_id in self._unrecorded:
+                raise JobStateError(
+                    f"the job has ended ({job.status}: {job.message}); only queued or running jobs can be cancelled"
+                )
             else:
                 raise JobStateError(f"the job is {job.status}; only queued or running jobs can be cancelled")
         self._emit_job(job)
@@ -578,6 +623,8 @@ class JobManager:
             job = self.get(job_id)
             if job.status == RUNNING:
                 raise JobStateError("the job is running; cancel it first")
+            if job_id in self._unrecorded:
+                raise JobStateError(_NOT_RECORDED)
             self.store.delete_job(job_id)
             self._definitions.pop(job_id, None)
             if self._sizes is not None:
@@ -591,6 +638,8 @@ class JobManager:
             job = self.get(job_id)
             if job.status not in (INTERRUPTED, CANCELLED, FAILED):
                 raise JobStateError(f"the job is {job.status}; only interrupted, cancelled or failed jobs resume")
+            if job_id in self._unrecorded:
+                raise JobStateError(_NOT_RECORDED)
             try:
                 self._check_queue()
             except QueueFull as full:
@@ -607,7 +656,8 @@ class JobManager:
         with self._finished:
             while True:
                 job = self.get(job_id)
-                if job.status in FINAL_STATES or (job.status == INTERRUPTED and job_id not in self._running):
+                ended = job.status in FINAL_STATES or (job.status == INTERRUPTED and job_id not in self._running)
+                if ended and job_id not in self._unrecorded:  # as recorded, not only as known
                     return job
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -626,11 +676,16 @@ class JobManager:
                 return
             try:
                 self._schedule()
+            except StoreError as error:  # locked, full or damaged: the message says which, no traceback needed
+                log.error("scheduling failed: %s", error)
             except Exception:
                 log.exception("scheduling failed")
 
     def _queued(self) -> bool:
-        return bool(self._store is not None and self._store.list_jobs([QUEUED]))
+        try:
+            return bool(self._store is not None and self._store.list_jobs([QUEUED]))
+        except StoreError:  # locked, full or damaged: look again at the next poll (_schedule says why)
+            return True
 
     def _schedule(self) -> None:
         devices = self.devices.read()
@@ -812,14 +867,19 @@ class JobManager:
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
+                self._unrecorded.pop(job_id, None)  # written by now, or left for the next start to mark
                 self._finished.notify_all()
             self._wake.set()
 
-    def _durable(self, job_id: str, what: str, write: Callable[[], _T], first: StoreError | None = None) -> _T:
+    def _durable(
+        self, job_id: str, what: str, write: Callable[[], _T], first: StoreError | None = None, *,
+        job: dict[str, Any] | None = None, attempt: tuple[int, dict[str, Any]] | None = None,
+    ) -> _T:
         """A write the job's record must not lose (an attempt's end, the job's end). Each try waits for the
-        database as long as the store does; after a failed try the job's listeners are told, with the reason,
-        and the write is tried again every poll interval until it is stored or the manager stops (then the next
-        start finds the job running and marks it interrupted, resumable)."""
+        database as long as the store does. After a failed try, what the write says (`job`: the job's fields,
+        `attempt`: an attempt's number and fields) is held and shown as the job's state (see `_hold`), the job's
+        listeners are told, and the write is tried again every poll interval until it is stored or the manager
+        stops (then the next start finds the job running and marks it interrupted, resumable)."""
         error = first
         told = False
         while True:
@@ -832,13 +892,35 @@ class JobManager:
                 raise error
             if not told:
                 log.error("job %s: %s is not recorded yet: %s; trying again until it is", job_id, what, error)
-                with contextlib.suppress(StoreError):
-                    job = self.store.get_job(job_id)
-                    if job is not None:
-                        self._emit_job(dataclasses.replace(job, message=f"{what} is not recorded yet: {error}"))
+                self._hold(job_id, what, error, job=job, attempt=attempt)
                 told = True
             time.sleep(self.config.poll_seconds)
             error = None
+
+    def _hold(
+        self, job_id: str, what: str, error: StoreError, *, job: dict[str, Any] | None = None,
+        attempt: tuple[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """Keep what a write the database refused says, so that the job reads as its task knows it (a child that
+        ended on a full disk: failed, not running) with a message saying it is not recorded yet; and tell the
+        job's listeners."""
+        with self._lock:
+            pending = self._unrecorded.setdefault(job_id, _Unrecorded(""))
+            pending.reason = (
+                f"{what} is not recorded yet in the jobs database: {error}; the server keeps it and writes it as "
+                "soon as it can"
+            )
+            pending.job.update(job or {})
+            if attempt is not None:
+                pending.attempts.setdefault(attempt[0], {}).update(attempt[1])
+        with contextlib.suppress(StoreError):  # reads go on where writes fail (a full disk, a lock)
+            stored = self.store.get_job(job_id)
+            if stored is not None:
+                self._emit_job(self._view(stored))
+            if attempt is not None:
+                for held in self._view_attempts(job_id, self.store.attempts(job_id)):
+                    if held.number == attempt[0]:
+                        self._emit("job_attempt", {"job_id": job_id, **held.to_json()})
 
     def _attempts(self, job_id: str) -> None:
         job = self.get(job_id)
@@ -882,18 +964,9 @@ class JobManager:
             result, attempt = self._run_attempt(job, definition, entry, limit, plan, decision, message)
             self._measure(job_id)
             made += 1
-            status = result.outcome.status
-            if status == SUCCESS:
-                self._finish(job_id, DONE, f"training finished at iteration {result.last_iteration}")
-                return
-            if status == OUTCOME_INTERRUPTED:
-                self._finish(job_id, INTERRUPTED, INTERRUPTED_MESSAGE)
-                return
-            if status == OUTCOME_CANCELLED:
-                self._finish(job_id, CANCELLED, "cancelled")
-                return
-            if status != OUT_OF_MEMORY:
-                self._finish(job_id, FAILED, result.outcome.message)
+            ending = _job_end(result)
+            if ending is not None:
+                self._finish(job_id, *ending)
                 return
             failures.append(self._failure_after(attempt, limit, result))
 
@@ -918,6 +991,7 @@ class JobManager:
         self._durable(
             attempt.job_id, f"attempt {attempt.number}'s limit",
             lambda: self.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
+            attempt=(attempt.number, {"limit_bytes": effective}),
         )
         return failure
 
@@ -1017,10 +1091,6 @@ class JobManager:
             outcome = self._note_full_disk(folder, result, outcome)
             result = dataclasses.replace(result, outcome=outcome)
         peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
-        # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.
-        self._durable(
-            job.id, f"attempt {number}'s progress", lambda: self._store_progress(job.id, entry, force=True, wait=True)
-        )
         ended = {
             "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
             "signal": outcome.signal, "message": outcome.message,
@@ -1028,8 +1098,19 @@ class JobManager:
             "peak_bytes": None if peak < 0 else peak, "allocated_bytes": result.allocated_bytes,
             "end_iteration": result.last_iteration,
         }
+        # What the job is once this attempt has ended, shown while the writes below wait for the database.
+        known = _progress_fields(entry)
+        ending = _job_end(result)
+        if ending is not None:
+            known.update(status=ending[0], message=ending[1], finished_at=time.time() if ending[0] in FINAL_STATES else None)
+        # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.
+        self._durable(
+            job.id, f"attempt {number}'s progress", lambda: self._store_progress(job.id, entry, force=True, wait=True),
+            job=known, attempt=(number, ended),
+        )
         attempt = self._durable(
-            job.id, f"the end of attempt {number}", lambda: self.store.update_attempt(job.id, number, **ended)
+            job.id, f"the end of attempt {number}", lambda: self.store.update_attempt(job.id, number, **ended),
+            job=known, attempt=(number, ended),
         )
         result = dataclasses.replace(result, peak_bytes=attempt.peak_bytes)
         self._emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
@@ -1123,10 +1204,42 @@ class JobManager:
                 failed = error
             self._finished.notify_all()
         if failed is not None:
-            job = self._durable(job_id, f"the job's end ({status})", lambda: self.store.update_job(job_id, **fields), failed)
+            job = self._durable(
+                job_id, f"the job's end ({status})", lambda: self.store.update_job(job_id, **fields), failed, job=fields
+            )
             with self._lock:
                 self._finished.notify_all()
         self._emit_job(job)
+
+
+_NOT_RECORDED = (
+    "the job has ended but its end is not recorded yet in the jobs database (see its message); try again once it is"
+)
+
+
+def _job_end(result: AttemptResult) -> tuple[str, str] | None:
+    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory)."""
+    outcome = result.outcome
+    if outcome.status == SUCCESS:
+        return DONE, f"training finished at iteration {result.last_iteration}"
+    if outcome.status == OUTCOME_INTERRUPTED:
+        return INTERRUPTED, INTERRUPTED_MESSAGE
+    if outcome.status == OUTCOME_CANCELLED:
+        return CANCELLED, "cancelled"
+    if outcome.status != OUT_OF_MEMORY:
+        return FAILED, outcome.message
+    return None
+
+
+def _progress_fields(entry: _Running) -> dict[str, Any]:
+    """The job's progress fields from what its running attempt reported (as `_store_progress` writes them)."""
+    fields: dict[str, Any] = {"progress": entry.progress}
+    train = entry.progress.get("train")
+    if train is not None:
+        fields["iteration"] = int(train["iteration"])
+    if entry.snapshot is not None:
+        fields["snapshot"] = entry.snapshot
+    return fields
 
 
 def _folder_bytes(path: Path) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.fallback import DEFAULT_GROWTH, Policy
+from ..inputs import capped, not_text, surrogate_in
 from ..sizes import parse_size
 
 FIELDS = (
@@ -83,12 +84,17 @@ def parse_job_request(
     if not isinstance(body, Mapping):
         return None, {"body": "expected a JSON object"}
     errors: dict[str, Any] = {}
-    for key in body:
-        if key not in FIELDS:
-            errors[str(key)] = f"unknown field (known: {', '.join(FIELDS)})"
+    capped(errors, (key for key in body if key not in FIELDS), f"unknown field (known: {', '.join(FIELDS)})")
+    for key in FIELDS:
+        where = surrogate_in(body.get(key))
+        if where is not None:  # text no file, database or socket can hold: refused before any other check
+            errors[key] = not_text(where)
+    body = {key: value for key, value in body.items() if key in FIELDS and key not in errors}
     values: dict[str, Any] = {}
     for key in ("net", "solver"):
         value = body.get(key)
+        if key in errors:
+            continue
         if not isinstance(value, str) or not value.strip():
             errors[key] = f"give the {key} prototxt text"
         else:
@@ -126,15 +132,18 @@ def parse_job_request(
             errors["data_shapes"] = "must map data tops to item shapes"
         else:
             parsed = {}
+            wrong = []
             for top, shape in shapes.items():
                 if (
                     not isinstance(shape, list)
                     or not 0 < len(shape) <= MAX_DIMS
                     or not all(_positive_int(d) for d in shape)
                 ):
-                    errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers up to {INT32_MAX}"
+                    wrong.append(f"data_shapes.{top}")
                 else:
                     parsed[str(top)] = tuple(shape)
+            capped(errors, wrong, f"must be a list of 1 to {MAX_DIMS} positive integers up to {INT32_MAX}",
+                   "data_shapes entries that are not shapes")
             values["data_shapes"] = parsed
     for key in ("classes", "max_iter"):
         value = body.get(key)
@@ -145,7 +154,9 @@ def parse_job_request(
                 errors[key] = f"must be a positive integer up to {INT32_MAX}"
     cap = body.get("memory_cap")
     if cap is not None:
-        if isinstance(cap, str):
+        if isinstance(cap, str) and len(cap) > 40:  # no size needs more; float() would overflow on 400 digits
+            cap = 0
+        elif isinstance(cap, str):
             try:
                 cap = parse_size(cap)
             except ValueError as error:
@@ -173,7 +184,11 @@ def _fallback(
         errors["fallback"] = "must be an object"
         return Policy(**fields), margin, start
     problems: dict[str, str] = {}
+    capped(problems, (key for key in value if key not in (*FALLBACK_FIELDS,)),
+           f"unknown field (known: {', '.join(FALLBACK_FIELDS)})")
     for key, item in value.items():
+        if key not in FALLBACK_FIELDS:
+            continue
         if key == "start":
             if item in STARTS:
                 start = item
@@ -192,8 +207,6 @@ def _fallback(
                     fields[key] = float(item)
             else:
                 problems[key] = "must be a fraction in [0, 1)"
-        else:
-            problems[str(key)] = f"unknown field (known: {', '.join(FALLBACK_FIELDS)})"
     if problems:
         errors["fallback"] = problems
     return Policy(**fields), margin, start

@@ -34,6 +34,7 @@ _RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
 """Seconds between tries while the database is locked: doubling from the first to the most."""
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 _FULL_CODES = frozenset({13})  # SQLITE_FULL
+_DAMAGED_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 T = TypeVar("T")
 
@@ -115,6 +116,10 @@ class StoreFull(StoreError):
     """The disk holding the database is full: nothing more can be written until space is freed."""
 
 
+class StoreDamaged(StoreError):
+    """The database file is not an SQLite database, or its pages are corrupt: nothing can be read from it."""
+
+
 class JobStore:
     """The jobs database of one data folder."""
 
@@ -148,7 +153,9 @@ class JobStore:
             try:
                 with self._lock:
                     return operation()
-            except sqlite3.OperationalError as error:
+            except sqlite3.DatabaseError as error:
+                if not _about_the_file(error):
+                    raise
                 failure = self._error(error, limit)
                 if not isinstance(failure, StoreBusy) or time.monotonic() >= deadline:
                     raise failure from None
@@ -166,6 +173,11 @@ class JobStore:
             )
         if code in _FULL_CODES or "disk is full" in text:
             return StoreFull(f"the disk holding the jobs database {self.path.name} is full; free some space")
+        if code in _DAMAGED_CODES or "malformed" in text or "not a database" in text:
+            return StoreDamaged(
+                f"the jobs database {self.path} is damaged ({text}); the jobs' folders beside it are kept: stop the "
+                "server, move the file aside (or put back a backup of it) and start the server again"
+            )
         return StoreError(f"the jobs database {self.path.name} cannot be used: {text}")
 
     @contextmanager
@@ -181,7 +193,7 @@ class JobStore:
                 if self._db.in_transaction:  # SQLite rolls some failures (a full disk) back by itself
                     with suppress(sqlite3.Error):
                         self._db.execute("ROLLBACK")
-                if isinstance(error, sqlite3.OperationalError):
+                if isinstance(error, sqlite3.DatabaseError) and _about_the_file(error):
                     raise self._error(error, 0.0) from None
                 raise
         finally:
@@ -349,6 +361,12 @@ class JobStore:
                 (INTERRUPTED, message, now, *states),
             )
         return [_attempt(row) for row in rows]
+
+
+def _about_the_file(error: sqlite3.DatabaseError) -> bool:
+    """Whether sqlite3's error is about the database itself (locked, full: OperationalError; damaged: a plain
+    DatabaseError), not about a statement (IntegrityError, ProgrammingError: the store's own mistake)."""
+    return isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError
 
 
 _SELECT_JOBS = "SELECT jobs.*, (SELECT COUNT(*) FROM attempts WHERE attempts.job_id = jobs.id) AS attempt_count FROM jobs"

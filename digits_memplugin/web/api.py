@@ -20,13 +20,14 @@ from werkzeug.exceptions import (
     RequestEntityTooLarge,
     ServiceUnavailable,
 )
+from werkzeug.formparser import FormDataParser, default_stream_factory
 from werkzeug.routing import PathConverter
 from werkzeug.wsgi import LimitedStream
 
-from .. import __version__
+from .. import __version__, inputs
 from ..estimate_pool import PoolBusy, PoolError
 from ..jobs.manager import DataFolderInUse, DiskFull
-from ..jobs.store import StoreBusy, StoreFull
+from ..jobs.store import StoreError, StoreFull
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -80,24 +81,68 @@ def within_limit(limit: int, read: Callable[[], T]) -> T:
     return value
 
 
+class _StrictFormParser(FormDataParser):
+    """Werkzeug's form parser, failing where it would silently give an empty form (a part whose headers are not
+    UTF-8, broken framing), and closing the uploads it had spooled when it fails: werkzeug drops them unclosed."""
+
+    def __init__(self, **options: Any) -> None:
+        factory = options.pop("stream_factory", None) or default_stream_factory
+        self.spooled: list[Any] = []
+
+        def spool(*args: Any, **kwargs: Any) -> Any:
+            stream = factory(*args, **kwargs)
+            self.spooled.append(stream)
+            return stream
+
+        options["silent"] = False
+        super().__init__(stream_factory=spool, **options)
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().parse(*args, **kwargs)
+        except BaseException:
+            for stream in self.spooled:
+                stream.close()
+            raise
+
+
+def read_form(limit: int) -> None:
+    """Parse the form (`request.form`, `request.files`) within `limit` bytes, as `within_limit` does; a form that
+    cannot be parsed is a 400 saying why, not an empty form."""
+    request.form_data_parser_class = _StrictFormParser
+    try:
+        within_limit(limit, lambda: request.form)
+    except UnicodeDecodeError:
+        raise BadRequest("the form could not be read: a part's name or headers are not UTF-8") from None
+    except ValueError as error:
+        raise BadRequest(f"the form could not be read: {error}") from None
+
+
 def read_json(limit: int) -> Any:
     """The JSON body (None when the body is not JSON), read within `limit` bytes. JSON nested deeper than Python's
-    parser recurses is a 400 like any other JSON it cannot read."""
-    within_limit(limit, lambda: request.get_data(cache=True))
+    parser recurses is a 400 like any other JSON it cannot read. An integer of more digits than Python converts
+    (4300) would fail the whole body: it reads as an `inputs.LongNumber`, which the field's own check refuses by
+    name."""
+    data = within_limit(limit, lambda: request.get_data(cache=True))
+    if not request.is_json:
+        return None
     try:
-        return request.get_json(silent=True)
+        return inputs.loads(data)
     except RecursionError:
         raise BadRequest("the body's JSON is nested too deeply to read") from None
+    except ValueError:  # not JSON, or not in a Unicode encoding JSON allows
+        return None
 
 
 def as_http_error(error: Exception) -> Exception:
-    """The HTTP error an expected failure of the job store stands for: the database locked by another process, or
-    the data folder held by another server, is a 503 (try again later); a full disk a 507; anything else is left as
-    it is."""
-    if isinstance(error, (StoreBusy, DataFolderInUse)):
-        return ServiceUnavailable(str(error))
+    """The HTTP error an expected failure of the job store stands for: a full disk is a 507; the database locked by
+    another process, damaged or otherwise unusable, or the data folder held by another server, a 503 with the
+    message that says which (the jobs API is out of service, the rest of the plugin is not); anything else is left
+    as it is."""
     if isinstance(error, (StoreFull, DiskFull)):
         return InsufficientStorage(str(error))
+    if isinstance(error, (StoreError, DataFolderInUse)):
+        return ServiceUnavailable(str(error))
     return _pool_http_error(error)
 
 

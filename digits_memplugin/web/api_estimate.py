@@ -25,6 +25,7 @@ from ..core.errors import NetError
 from ..core.estimate import EstimateRequest
 from ..core.layers.data import DataSpec
 from ..estimate_pool import DatasetsFailed
+from ..inputs import capped, not_text, surrogate_in, type_name
 from .api import API_PATH, read_json
 
 FIELDS = {
@@ -55,31 +56,35 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
     if not isinstance(body, dict):
         return {}, {"body": "expected a JSON object"}
     errors: dict[str, str] = {}
-    for key in body:
-        if key not in FIELDS:
-            errors[key] = f"unknown field (known: {', '.join(sorted(FIELDS))})"
+    capped(errors, (key for key in body if key not in FIELDS), f"unknown field (known: {', '.join(sorted(FIELDS))})")
     values: dict[str, Any] = {}
     for key, kind in FIELDS.items():
         if key not in body or body[key] is None:
             continue
         value = body[key]
+        where = surrogate_in(value)
+        if where is not None:
+            errors[key] = not_text(where)
+            continue
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            errors[key] = f"must be {names}, got {type(value).__name__}"
+            errors[key] = f"must be {names}, got {type_name(value)}"
             continue
         values[key] = value
     if "net" not in values and "solver" not in values and "net" not in errors:
         errors["net"] = "give the net prototxt text (or a solver with net_param)"
     shapes: dict[str, DataSpec] = {}
+    wrong = []
     for top, shape in values.get("data_shapes", {}).items():
         if (
             not isinstance(shape, list)
             or not 0 < len(shape) <= MAX_DIMS
             or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
         ):
-            errors[f"data_shapes.{top}"] = f"must be a list of 1 to {MAX_DIMS} positive integers"
+            wrong.append(f"data_shapes.{top}")
         else:
             shapes[str(top)] = DataSpec(tuple(shape))
+    capped(errors, wrong, f"must be a list of 1 to {MAX_DIMS} positive integers", "data_shapes entries that are not shapes")
     values["data_shapes"] = shapes
     return values, errors
 

@@ -25,6 +25,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
+from .. import inputs
 from ..jobs.manager import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -36,7 +37,7 @@ from ..jobs.manager import (
 )
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
-from .api import API_PATH, read_json, within_limit
+from .api import API_PATH, read_form, read_json
 
 JSON_FORM_FIELDS = ("data", "data_shapes", "fallback")
 INT_FORM_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
@@ -68,7 +69,8 @@ def _body() -> dict[str, Any]:
             raise BadRequest("the body is not valid JSON")
         return body  # type: ignore[no-any-return]
     if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        return within_limit(limit, _form_body)
+        read_form(limit)
+        return _form_body()
     raise BadRequest("send JSON (Content-Type: application/json) or a multipart form with the prototxt files")
 
 
@@ -87,13 +89,13 @@ def _form_body() -> dict[str, Any]:
             errors[key] = "given both as a file and as a field"
         elif key in JSON_FORM_FIELDS:
             try:
-                body[key] = json.loads(value)
-            except json.JSONDecodeError:
+                body[key] = inputs.loads(value)  # an integer of 5000 digits reads as a LongNumber, refused by name
+            except (ValueError, RecursionError):
                 errors[key] = "must be a JSON object"
-        elif key in INT_FORM_FIELDS and value.strip().isdecimal():  # isdigit() takes "²", which int() refuses
-            body[key] = int(value)
+        elif key in INT_FORM_FIELDS and (number := inputs.ascii_int(value)) is not None:
+            body[key] = number  # 0-9 only: int() would read "١٢٣" and "1_000", and raise on 5000 digits
         else:
-            body[key] = value
+            body[key] = value  # left as text: the field's check refuses it by name
     for key in request.files:
         if key not in ("net", "solver"):
             errors[key] = "only the net and solver prototxts may be uploaded as files"
@@ -249,12 +251,15 @@ def _chart_records(path: Path, attempt: int) -> list[dict[str, Any]]:
 
 
 def _positive_arg(name: str) -> int | None:
+    """A query parameter that must be a positive integer written with 0-9 (at most 9 digits: "²", "١" and 5000
+    digits are refused, not read or converted)."""
     value = request.args.get(name)
     if value is None:
         return None
-    if not value.isdigit() or int(value) <= 0:
-        raise BadRequest(f"{name} must be a positive integer")
-    return int(value)
+    number = inputs.ascii_int(value, max_digits=9) if value.isascii() and value.isdigit() else None
+    if number is None or number <= 0:
+        raise BadRequest(f"{name} must be a positive integer (the digits 0-9, at most 9 of them)")
+    return number
 
 
 def register(blueprint: Blueprint) -> None:

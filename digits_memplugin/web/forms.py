@@ -7,6 +7,7 @@ go through one validation. A valid form becomes a `ModelSpec`: the texts and set
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from wtforms.validators import InputRequired, Length, NumberRange, Optional
 from ..core.estimate import EstimateRequest
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
+from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
 from ..networks import STANDARD_NETWORKS, StandardNetwork, standard_network
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
@@ -35,8 +37,33 @@ DEVICE_NEXT = "next"
 DEVICE_CPU = "cpu"
 MAX_BATCH = 2**31 - 1
 """Caffe keeps blob dimensions in an int."""
+INT32_MAX = 2**31 - 1
+"""The solver's iteration counts and intervals are int32 fields of caffe.proto."""
 DATA_TOP = "data"
 """The top of the data layers that gets the dataset's item shape (DIGITS names it so in every standard network)."""
+
+
+class WholeNumberField(IntegerField):  # type: ignore[misc]
+    """An integer field that reads only the digits 0-9, at most 10 of them: WTForms' IntegerField reads "١٢٣" and
+    "1_000", and NumberRange then fails with OverflowError on a number of 400 digits (it asks math.isnan)."""
+
+    def process_formdata(self, valuelist: list[Any]) -> None:
+        if not valuelist:
+            return
+        self.data = ascii_int(str(valuelist[0]), max_digits=10)
+        if self.data is None:
+            raise ValueError(self.gettext("Not a whole number written with the digits 0-9 (at most 10 of them)."))
+
+
+class FiniteFloatField(FloatField):  # type: ignore[misc]
+    """A float field that refuses what float() reads as infinite or not a number ("1e999", 400 digits, "nan"):
+    a solver cannot use them, and NumberRange lets infinity through."""
+
+    def process_formdata(self, valuelist: list[Any]) -> None:
+        super().process_formdata(valuelist)
+        if self.data is not None and not math.isfinite(self.data):
+            self.data = None
+            raise ValueError(self.gettext("Not a finite number."))
 
 
 def _choices(*pairs: tuple[str, str] | str) -> list[SelectChoice]:
@@ -63,18 +90,18 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
         "Solver", choices=_choices(("settings", "Solver settings"), ("file", "Solver file")), default="settings"
     )
     solver_type = SelectField("Solver type", choices=_choices(*SOLVER_TYPES), default="SGD")
-    base_lr = FloatField("Base learning rate", default=0.01, validators=[Optional(), NumberRange(min=0)])
+    base_lr = FiniteFloatField("Base learning rate", default=0.01, validators=[Optional(), NumberRange(min=0)])
     lr_policy = SelectField("Learning rate policy", choices=_choices(*LR_POLICIES), default="step")
-    gamma = FloatField("Gamma", default=0.1, validators=[Optional(), NumberRange(min=0)])
-    power = FloatField("Power (inv, poly)", default=0.75, validators=[Optional(), NumberRange(min=0)])
-    stepsize = IntegerField("Step size (step)", default=3000, validators=[Optional(), NumberRange(min=1)])
+    gamma = FiniteFloatField("Gamma", default=0.1, validators=[Optional(), NumberRange(min=0)])
+    power = FiniteFloatField("Power (inv, poly)", default=0.75, validators=[Optional(), NumberRange(min=0)])
+    stepsize = WholeNumberField("Step size (step)", default=3000, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
     stepvalues = StringField("Step values (multistep)", validators=[Optional(), Length(max=1000)])
-    momentum = FloatField("Momentum", default=0.9, validators=[Optional(), NumberRange(min=0, max=1)])
-    weight_decay = FloatField("Weight decay", default=0.0005, validators=[Optional(), NumberRange(min=0)])
-    max_iter = IntegerField("Training iterations", default=10000, validators=[Optional(), NumberRange(min=1)])
-    test_interval = IntegerField("Validation interval", default=500, validators=[Optional(), NumberRange(min=1)])
-    test_iter = IntegerField("Validation iterations", default=100, validators=[Optional(), NumberRange(min=1)])
-    snapshot = IntegerField("Snapshot interval", default=5000, validators=[Optional(), NumberRange(min=0)])
+    momentum = FiniteFloatField("Momentum", default=0.9, validators=[Optional(), NumberRange(min=0, max=1)])
+    weight_decay = FiniteFloatField("Weight decay", default=0.0005, validators=[Optional(), NumberRange(min=0)])
+    max_iter = WholeNumberField("Training iterations", default=10000, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    test_interval = WholeNumberField("Validation interval", default=500, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    test_iter = WholeNumberField("Validation iterations", default=100, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    snapshot = WholeNumberField("Snapshot interval", default=5000, validators=[Optional(), NumberRange(min=0, max=INT32_MAX)])
     solver_text = TextAreaField("Solver (prototxt)", validators=[Length(max=1024 * 1024)])
     solver_file = FileField("Or upload a solver file")
 
@@ -84,7 +111,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     train_source = StringField("Training data", validators=[InputRequired(), Length(max=4096)])
     val_source = StringField("Validation data", validators=[Optional(), Length(max=4096)])
     item_shape = StringField("Item shape", validators=[Optional(), Length(max=100)])
-    classes = IntegerField("Classes", validators=[Optional(), NumberRange(min=1, max=MAX_BATCH)])
+    classes = WholeNumberField("Classes", validators=[Optional(), NumberRange(min=1, max=MAX_BATCH)])
 
     batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
@@ -248,23 +275,21 @@ def parse_batch(value: str | None) -> int | str | None:
         return None
     if text == BATCH_AUTO:
         return BATCH_AUTO
-    try:
-        batch = int(text)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a batch size: give a positive integer, or 'auto'") from None
+    batch = ascii_int(text, max_digits=10)
+    if batch is None:
+        raise ValueError(f"{shown(value)!r} is not a batch size: give a positive integer (0-9), or 'auto'")
     if not 0 < batch <= MAX_BATCH:
         raise ValueError(f"the batch size must be between 1 and {MAX_BATCH}, got {batch}")
     return batch
 
 
 def _step_values(text: str) -> list[int]:
-    try:
-        steps = [int(part) for part in text.replace(" ", ",").split(",") if part]
-    except ValueError:
-        raise ValueError(f"{text!r} is not a list of iterations: write them like 10000,20000") from None
-    if any(step <= 0 for step in steps) or steps != sorted(set(steps)):
-        raise ValueError("step values must be positive and increasing")
-    return steps
+    steps = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
+    if any(step is None for step in steps):
+        raise ValueError(f"{shown(text)!r} is not a list of iterations: write them like 10000,20000")
+    if any(step is None or not 0 < step <= INT32_MAX for step in steps) or steps != sorted(set(steps)):
+        raise ValueError(f"step values must be increasing, from 1 to {INT32_MAX}")
+    return steps  # type: ignore[return-value]
 
 
 def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
@@ -329,9 +354,12 @@ def formdata_from_json(body: Any) -> MultiDict[str, str]:
     data: MultiDict[str, str] = MultiDict()
     for key, value in body.items():
         if key not in known or key.endswith("_file"):
-            raise FormError(str(key), "unknown field (uploads go in a multipart form post)")
+            raise FormError(shown(key), "unknown field (uploads go in a multipart form post)")
         if value is None:
             continue
+        where = surrogate_in(value)
+        if where is not None:
+            raise FormError(key, not_text(where))
         if isinstance(value, bool):
             raise FormError(key, f"must be text or a number, got {value!r}")
         if isinstance(value, (int, float, str)):
@@ -339,5 +367,5 @@ def formdata_from_json(body: Any) -> MultiDict[str, str]:
         elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             data.add(key, ",".join(str(v) for v in value))
         else:
-            raise FormError(key, f"must be text or a number, got {type(value).__name__}")
+            raise FormError(key, f"must be text or a number, got {type_name(value)}")
     return data

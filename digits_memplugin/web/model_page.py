@@ -25,7 +25,7 @@ from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
 from . import api_jobs
-from .api import json_error, read_json, within_limit
+from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .model_job import SIMULATED_GPU, MappingError, form_errors, job_body, manager_device
 
@@ -173,7 +173,7 @@ def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
 def _check_size() -> None:
     """Parse the posted form within MEMPLUGIN_MAX_REQUEST_BYTES (a chunked body stops at the limit too): a 413
     before the form's fields are looked at."""
-    within_limit(current_app.extensions["memplugin"].settings.max_request_bytes, lambda: request.form)
+    read_form(current_app.extensions["memplugin"].settings.max_request_bytes)
 
 
 def _render_form(

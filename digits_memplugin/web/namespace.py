@@ -33,7 +33,9 @@ from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
 from .. import __version__
-from ..jobs.manager import DEFAULT_PAGE_SIZE, JobPageError
+from ..errors import MemPluginError
+from ..inputs import shown
+from ..jobs.manager import DEFAULT_PAGE_SIZE
 from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed, socket_host_allowed
 
@@ -226,10 +228,11 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
 
     def on_subscribe_jobs(self, data: Any = None) -> None:
         """Join the `jobs` room; the page of the list asked for ({"limit", "before"}) comes at once as a `jobs`
-        event (a `job_error` event for a page that cannot be given)."""
+        event (a `job_error` event when it cannot be given: a bad page, a damaged or locked database, another server
+        on the data folder)."""
         try:
             page = current_app.extensions["memplugin"].started_jobs().page(*_page_of(data))
-        except JobPageError as error:
+        except MemPluginError as error:
             emit("job_error", {"id": None, "error": str(error)})
             return
         join_room(JOBS_ROOM)
@@ -239,15 +242,13 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         leave_room(JOBS_ROOM)
 
     def on_subscribe_job(self, data: Any = None) -> None:
-        """Join the room of one job ({"id": ...}); its document comes at once as a `job` event."""
-        from ..jobs.manager import JobNotFound
-
+        """Join the room of one job ({"id": ...}); its document comes at once as a `job` event, or a `job_error`
+        event saying why not (no such job, whatever the id holds; the jobs cannot be read)."""
         job_id = data.get("id") if isinstance(data, dict) else None
-        manager = current_app.extensions["memplugin"].started_jobs()
         try:
-            document = manager.document(str(job_id))
-        except JobNotFound as error:
-            emit("job_error", {"id": job_id, "error": str(error)})
+            document = current_app.extensions["memplugin"].started_jobs().document(str(job_id))
+        except MemPluginError as error:
+            emit("job_error", {"id": None if job_id is None else shown(job_id), "error": str(error)})
             return
         join_room(job_room(str(job_id)))
         emit("job", document)
