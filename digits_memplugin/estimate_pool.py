@@ -115,6 +115,9 @@ def run_estimate(
             found = _dataset_shapes(request.net, dataset_roots)
         except NetError as error:
             raise DatasetsFailed(error) from None
+        except OSError as error:  # a source name longer than the file system takes (ENAMETOOLONG), and the like
+            message = f"a dataset the net names cannot be looked up: {os.strerror(error.errno or 0)}"
+            raise DatasetsFailed(NetError(message, field="read_datasets")) from None
         request = dataclasses.replace(request, data_shapes={**found, **request.data_shapes})
     return estimate(request, oracle=_oracle() if fallback else None)
 

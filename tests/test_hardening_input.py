@@ -311,6 +311,27 @@ def test_the_html_form_shows_a_huge_number_beside_its_field(input_app: Flask, ap
     no_jobs(input_app)
 
 
+@pytest.mark.parametrize("name", ["a" * 300, "d/" + "b" * 5000, "\u00e9" * 200])
+def test_a_data_source_name_longer_than_the_file_system_takes_is_a_400(
+    input_app: Flask, api: FlaskClient, name: str
+) -> None:
+    """A path component over NAME_MAX (255 bytes) made stat() fail with ENAMETOOLONG: a 500 (found by
+    bench/fuzz_api.py through the New model form)."""
+    response = api.post(f"{API}/jobs", json={**VALID_JOB, "data": {"train": name, "test": "mnist_test_lmdb"}})
+    errors = refused(response, "data")
+    assert len(json.dumps(errors)) < 2000, errors  # the name is not echoed whole
+    form = api.post("/memplugin/models.json", json={**FORM_JSON, "train_source": name})
+    refused(form, "train_source")
+    no_jobs(input_app)
+
+
+def test_an_estimate_reading_a_dataset_name_longer_than_the_file_system_takes_is_a_400(api: FlaskClient) -> None:
+    net = LENET.replace("examples/mnist/mnist_train_lmdb", "a" * 300)
+    assert net != LENET
+    response = api.post(f"{API}/estimate", json={"net": net, "read_datasets": True})
+    refused(response, "read_datasets", "cannot be looked up")
+
+
 # ============================================================================ socket events
 
 

@@ -42,6 +42,7 @@ from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
 from ..datasets import LMDB_DATA_FILE, lmdb_data_file, shapes_from_sources
 from ..files import file_kind, inside, read_regular
+from ..inputs import shown
 
 NET_SOURCE = "net.prototxt"
 SOLVER_SOURCE = "solver.prototxt"
@@ -342,8 +343,11 @@ class _Confiner:
             if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
                 outside = True
                 continue
-            if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
-                return resolved
+            try:
+                if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
+                    return resolved
+            except OSError as error:  # a name longer than the file system takes (ENAMETOOLONG), and the like
+                raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
         if outside:
             raise NetError(f"{value} is outside the dataset folders this server may read", **where)
         noun = "folder" if want == "dir" else "file"
