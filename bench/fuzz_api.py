@@ -1,9 +1,12 @@
 """Fuzz the REST API for many examples: the targets of tests/test_fuzz_api.py, longer.
 
 Each target (POST /estimate as JSON and as bytes, POST /jobs as JSON, bytes and multipart, the job endpoints with
-real and random ids, any method on any API path, GET /devices) runs for N examples (default 5000) against one app
-in a temporary folder, with the same check as the tests: never a 5xx, never a stack trace, every error JSON with a
-message. Prints the inputs tried and the statuses per target, and every failure with its input.
+real and random ids, any method on any API path, GET /devices, the New model form's JSON twin and plain POST, the
+HTML pages, every socket.io event) runs for N examples (default 5000) against one app in a temporary folder, with
+the same check as the tests: never a 5xx, never a stack trace, every API error JSON with a message, every socket
+request answered and the connection kept. Their text includes lone surrogates, integers of 5000 digits and digits
+other than 0-9 (issue 18, item 10). Prints the inputs tried and the statuses per target (a socket target's
+"statuses" are the events that answered), and every failure with its input.
 
     .venv/bin/python bench/fuzz_api.py [--examples N] [--only estimate_json,jobs_json,...] [--seed S]
 """
@@ -30,7 +33,7 @@ from digits_memplugin.extension import get_plugin
 def run(name: str, examples: int, at: int, client: Any, ids: list[str]) -> bool:
     """One target for `examples` inputs; True when none failed."""
     strategy, target = fuzz.TARGETS[name]
-    if name == "job_endpoints":
+    if name in fuzz.TAKE_IDS:
         return run_strategy(name, strategy, lambda value: target(client, value, ids), examples, at)
     return run_strategy(name, strategy, lambda value: target(client, value), examples, at)
 
@@ -57,7 +60,7 @@ def main() -> int:
         finally:
             get_plugin(app).close()
     document = {"tried": dict(fuzz.TRIED), "total": sum(fuzz.TRIED.values()),
-                "statuses": {name: dict(sorted(c.items())) for name, c in sorted(fuzz.STATUSES.items())},
+                "statuses": {name: dict(sorted(c.items(), key=str)) for name, c in sorted(fuzz.STATUSES.items())},
                 "seconds": round(time.monotonic() - started, 1), "examples_per_target": args.examples}
     print(json.dumps(document, indent=1))
     print(f"{'no failures' if ok else 'FAILURES (above)'}: {document['total']} requests in {document['seconds']} s")

@@ -1,8 +1,14 @@
 """REST fuzzing: hypothesis throws arbitrary JSON (wrong types, huge numbers, NaN, deep and wide nesting), field-aware
 bodies built from the real nets, random bytes under random content types, multipart forms with random parts, and
-random ids, paths, methods and query strings at every endpoint of the API. Whatever comes in, the answer is never a
-5xx and never a stack trace: JSON with a message (`error` or `errors`), or the endpoint's own success document.
+random ids, paths, methods and query strings at every endpoint of the API; the New model form (its JSON twin and its
+plain POST), the HTML pages, and every socket.io event. Whatever comes in, the answer is never a 5xx and never a
+stack trace: JSON with a message (`error` or `errors`), or the endpoint's own success document (a page: HTML, never
+a 5xx); a socket event is answered as its handler promises, or not at all, and the connection stays.
 The work per input is bounded by the request limit the app is given, so nothing can hang.
+
+Every text strategy also draws the inputs of issue 18, item 10: lone surrogates ("\\ud800", sent as JSON escapes,
+or as the bytes ED A0 80 in URLs and forms), integers of more digits than Python converts (5000: raw JSON, query
+values, form fields) and numbers written with other digits than 0-9 ("²", "١٢٣", "𝟘", "1_000").
 
 Each target is tried `FUZZ_API_EXAMPLES` times (200 by default; bench/fuzz_api.py runs the same targets for many
 more); the inputs tried per target are printed (pytest -s) and written to fuzz_api_counts.json in pytest's temp
@@ -13,7 +19,6 @@ placement instead of starting a training child.
 from __future__ import annotations
 
 import collections
-import io
 import json
 import math
 import os
@@ -33,6 +38,8 @@ from werkzeug.test import TestResponse
 
 from digits_memplugin import create_app
 from digits_memplugin.extension import get_plugin
+
+NS = "/memplugin"
 
 EXAMPLES = int(os.environ.get("FUZZ_API_EXAMPLES", "200"))
 REQUEST_LIMIT = 32 * 1024
@@ -64,6 +71,10 @@ def fuzz_app(folder: Path) -> Flask:
             "MEMPLUGIN_MAX_REQUEST_BYTES": REQUEST_LIMIT,
             "MEMPLUGIN_CPU_MEMORY_CAP": 1 << 20,
             "MEMPLUGIN_MAX_QUEUED_JOBS": 1000,
+            "MEMPLUGIN_MAX_STORED_JOBS": 100_000,  # the fuzzer stores many jobs (each a few kB)
+            "MEMPLUGIN_CLIENT_EVENT_BURST": 10**9,  # the socket fuzzer sends one client's events as fast as it can
+            "MEMPLUGIN_CLIENT_EVENTS_PER_SECOND": 1e9,
+            "MEMPLUGIN_SOCKET_EVENTS_PER_SECOND": 1e9,
             "TESTING": True,
         }
     )
@@ -132,13 +143,56 @@ def check(target: str, response: TestResponse, allowed: set[int]) -> None:
 
 # ============================================================================ strategies
 
+class Huge:
+    """An integer of more digits than Python converts (4300): no Python int can hold it for json.dumps, so `dumps`
+    writes its digits into the JSON text; in a URL or a form it is its digits."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __str__(self) -> str:
+        return self.digits
+
+    def __repr__(self) -> str:
+        return f"Huge({len(self.digits)} digits)"
+
+
+def dumps(value: Any) -> str:
+    """JSON as Python writes it (NaN and Infinity included, a lone surrogate as its escape), with each Huge written
+    as its digits."""
+    huge: list[str] = []
+
+    def placeholder(item: Any) -> str:
+        if isinstance(item, Huge):
+            huge.append(item.digits)
+            return f"\x00huge{len(huge) - 1}\x00"
+        raise TypeError(f"not JSON: {item!r}")
+
+    text = json.dumps(value, allow_nan=True, default=placeholder)
+    return re.sub(r'"\\u0000huge(\d+)\\u0000"', lambda match: huge[int(match.group(1))], text) if huge else text
+
+
+HUGE_DIGITS = st.sampled_from(["9" * 5000, "1" + "0" * 4300, "-" + "9" * 4301, "4" * 20_000])
+HUGE = HUGE_DIGITS.map(Huge)
+SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udbff", "x" * 30 + "\udc00", "\ud83d"]) | st.text(
+    st.characters(categories=["Cs"]), min_size=1, max_size=4
+)
+"""Lone surrogates: characters no UTF-8 can carry (JSON may escape them; a client may send their bytes)."""
+UNICODE_DIGITS = st.sampled_from(["\u00b2", "\u0661\u0662\u0663", "\u0663", "\u0d6c", "\U0001d7d8\U0001d7d9",
+                                  "\uff11\uff12", "1_000", " 12 ", "+5", "-0", "0x10", "1e3", "\u2075", "\u216b",
+                                  "\u06f9\u06f9", "\u07c0", "\u0663.\u0665", "12\u00b2", "\u0661GiB"])
+"""Numbers Python's int() or float() reads although they are not written with 0-9, or reads differently."""
+HOSTILE_TEXT = SURROGATES | UNICODE_DIGITS | HUGE_DIGITS
 FLOATS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 1e308, -1e-308, 0.5, 1.0])
 INTS = (
     st.integers(-(2**70), 2**70)
-    | st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30, -(2**63)])
+    | st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30, -(2**63), int("9" * 401)])
+    | HUGE
 )
-TEXT = st.text(max_size=40) | st.sampled_from(["", " ", "auto", "cpu", "gpu", "all", "\x00", "../../etc/passwd",
-                                               "GPU-", "0", "-1", "1e9", "NaN", "{}", "[]", "%s", "\u202e"])
+TEXT = st.text(max_size=40) | HOSTILE_TEXT | st.sampled_from([
+    "", " ", "auto", "cpu", "gpu", "all", "\x00", "../../etc/passwd", "GPU-", "0", "-1", "1e9", "NaN", "{}", "[]",
+    "%s", "\u202e",
+])
 SCALARS = st.none() | st.booleans() | INTS | FLOATS | TEXT
 JSON_VALUES = st.recursive(
     SCALARS, lambda children: st.lists(children, max_size=6) | st.dictionaries(TEXT, children, max_size=6),
@@ -156,7 +210,9 @@ def nested(depth: int) -> Any:
 DEEP = st.integers(1, 400).map(nested)
 """Nesting as deep as a JSON parser takes without recursion trouble (deeper: test_api_json_deeper_than_the_parser)."""
 NETS = st.sampled_from([
-    LENET, SHORT_SOLVER, "", "layer {", 'name: "x"', "\x00\x01", "layer { type: 'Input' }",
+    LENET, SHORT_SOLVER, "", "layer {", 'name: "x"', "\x00\x01", "layer { type: 'Input' }", LENET + "\ud800",
+    LENET.replace('name: "LeNet"', 'name: "Le\udfffNet"'), LENET.replace("num_output: 20", "num_output: " + "9" * 5000),
+    LENET.replace("examples/mnist/mnist_train_lmdb", "a" * 300),
     'layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2147483647 dim: 2147483647 } } }',
     LENET.replace("num_output: 20", "num_output: 0"), LENET.replace("kernel_size: 5", "kernel_size: 4294967295"),
 ]) | st.text(max_size=200)
@@ -190,7 +246,8 @@ JOB_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "name": field_values(TEXT),
     "device": field_values(st.sampled_from(["auto", "cpu", 0, 7, "gpu:0", "GPU-", -1])),
     "batch": field_values(st.sampled_from(["auto", 1, 64, 10**9]) | INTS),
-    "data": field_values(st.sampled_from([LENET_DATA, {"train": "/etc"}, {"mnist": "x"}, {"nope": "x"}, {}])),
+    "data": field_values(st.sampled_from([LENET_DATA, {"train": "/etc"}, {"mnist": "x"}, {"nope": "x"}, {},
+                                          {"train": "a" * 300}, {"train": "d/" + "b" * 5000}])),
     "data_shapes": field_values(st.dictionaries(TEXT, st.lists(INTS, max_size=9), max_size=3)),
     "classes": field_values(INTS),
     "max_iter": field_values(INTS),
@@ -228,7 +285,39 @@ VALID_JOB: dict[str, Any] = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET
 
 def padded(body: Any, padding: int) -> bytes:
     """The body as JSON (NaN and Infinity included, as Python writes them), with whitespace to make it large."""
-    return json.dumps(body, allow_nan=True).encode() + b" " * padding
+    return dumps(body).encode() + b" " * padding
+
+
+def wire(text: str) -> bytes:
+    """Text as a client puts it on the wire: UTF-8, a lone surrogate as the three bytes it would take (invalid
+    UTF-8, which the server must read as such)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def query_text(query: dict[str, Any]) -> str:
+    """A query string any client could send (the test client would refuse a surrogate in a dict)."""
+    return "&".join(f"{quote(wire(str(key)), safe='')}={quote(wire(str(value)), safe='')}" for key, value in query.items())
+
+
+def multipart_body(form: dict[str, Any], files: list[tuple[str, bytes, str]]) -> tuple[bytes, str]:
+    """A multipart/form-data body with `form`'s fields and `files`, names quoted as browsers do, values on the wire
+    as `wire` puts them (the test client's encoder would refuse a lone surrogate)."""
+    boundary = "fuzz-boundary-7b1c"
+
+    def name(text: str) -> bytes:
+        return wire(text).replace(b'"', b"%22").replace(b"\r", b"%0D").replace(b"\n", b"%0A")
+
+    parts = [
+        b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + name(str(key)) + b'"\r\n\r\n'
+        + wire(str(value)) + b"\r\n"
+        for key, value in form.items()
+    ]
+    parts += [
+        b"--" + boundary.encode() + b'\r\nContent-Disposition: form-data; name="' + name(key) + b'"; filename="'
+        + name(filename or "f") + b'"\r\nContent-Type: application/octet-stream\r\n\r\n' + content + b"\r\n"
+        for key, content, filename in files
+    ]
+    return b"".join(parts) + b"--" + boundary.encode() + b"--\r\n", f"multipart/form-data; boundary={boundary}"
 
 
 PADDING = st.sampled_from([0, 0, 0, 100, REQUEST_LIMIT - 200, REQUEST_LIMIT + 1, 2 * REQUEST_LIMIT])
@@ -267,7 +356,7 @@ def jobs_raw(client: FlaskClient, value: tuple[bytes, str]) -> None:
 
 
 FORM_KEYS = st.sampled_from([*JOB_FIELDS, "junk", "", "net[]"]) | TEXT
-FORM_VALUES = TEXT | NETS | JSON_VALUES.map(lambda v: json.dumps(v, allow_nan=True))
+FORM_VALUES = TEXT | NETS | JSON_VALUES.map(dumps)
 FILE_PARTS = st.tuples(st.sampled_from(["net", "solver", "data", "x"]) | TEXT, RAW, st.text(max_size=20))
 
 
@@ -289,17 +378,16 @@ INT_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
 
 def jobs_multipart(client: FlaskClient, value: tuple[dict[str, str], list[tuple[str, bytes, str]]]) -> None:
     form, files = value
-    data: dict[str, Any] = dict(form)
-    for name, content, filename in files:
-        data[name] = (io.BytesIO(content), filename or "f")
-    check("POST /jobs (multipart)", client.post(f"{API}/jobs", data=data, content_type="multipart/form-data"),
+    body, content_type = multipart_body(form, files)
+    check("POST /jobs (multipart)", client.post(f"{API}/jobs", data=body, content_type=content_type),
           {201, 400, 413})
 
 
-ID_TEXT = TEXT | st.sampled_from(["..", ".", "%2e%2e", "nope", "a" * 300])
+ID_TEXT = TEXT | st.sampled_from(["..", ".", "%2e%2e", "nope", "a" * 300, "a" * 5000])
 REAL_OR_ANY_ID = st.integers(0, 2) | st.integers(0, 2) | st.integers(0, 2) | ID_TEXT
 """Mostly one of the real jobs (an index into job_ids), else any text."""
-QUERY = st.dictionaries(st.sampled_from(["attempt", "tail", "x"]), TEXT | INTS.map(str), max_size=2)
+QUERY = st.dictionaries(st.sampled_from(["attempt", "tail", "limit", "before", "x"]), TEXT | INTS.map(str),
+                        max_size=2)
 ACTIONS = st.sampled_from([("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("POST", "/resume"), ("GET", "/log"),
                            ("GET", "/progress"), ("PUT", ""), ("PATCH", "/cancel"), ("POST", "")])
 
@@ -308,9 +396,9 @@ def job_endpoints(
     client: FlaskClient, value: tuple[Any, tuple[str, str], dict[str, str]], ids: list[str]
 ) -> None:
     choice, (method, action), query = value
-    job_id = ids[choice % len(ids)] if isinstance(choice, int) else quote(choice, safe="")
+    job_id = ids[choice % len(ids)] if isinstance(choice, int) else quote(wire(choice), safe="")
     path = f"{API}/jobs/{job_id}{action}"
-    response = client.open(path, method=method, query_string=query)
+    response = client.open(path, method=method, query_string=query_text(query))
     check(f"{method} /jobs/<id>{action}", response, {200, 204, 400, 404, 405, 409})
     if response.status_code == 204 and isinstance(choice, int):  # a real job was deleted: another takes its place
         created = client.post(f"{API}/jobs", data=padded(VALID_JOB, 0), content_type="application/json")
@@ -319,17 +407,17 @@ def job_endpoints(
 
 def other_paths(client: FlaskClient, value: tuple[str, str, dict[str, str]]) -> None:
     method, rest, query = value
-    path = f"{API}/{quote(rest, safe='/')}"
+    path = f"{API}/{quote(wire(rest), safe='/')}"
     if path.rstrip("/") == API or "\n" in rest:
         return  # not routed to the API: test_the_api_root_with_a_slash_is_json, test_paths_with_a_newline_are_json
-    response = client.open(path, method=method, query_string=query)
+    response = client.open(path, method=method, query_string=query_text(query))
     if response.status_code == 308 and "//" in path:
         # Werkzeug's URL map (the host app's) redirects a path with doubled slashes to the merged one; that is
         # routing, not the API answering: the merged path is what gets checked.
         TRIED["any method, any /api path"] += 1
         merged = re.sub("/{2,}", "/", path)
         assert response.headers["Location"].endswith(merged.split("?")[0]) or "%" in path, response.headers
-        response = client.open(merged, method=method, query_string=query)
+        response = client.open(merged, method=method, query_string=query_text(query))
     check("any method, any /api path", response, {200, 204, 400, 404, 405, 409, 413})
 
 
@@ -346,7 +434,175 @@ HEADER_VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_
 def devices(client: FlaskClient, value: tuple[dict[str, str], dict[str, str]]) -> None:
     query, headers = value
     safe_headers = {key: value for key, value in headers.items() if key.isascii() and value.isascii()}
-    check("GET /devices", client.get(f"{API}/devices", query_string=query, headers=safe_headers), {200})
+    check("GET /devices", client.get(f"{API}/devices", query_string=query_text(query), headers=safe_headers), {200})
+
+
+# --- the New model form: its JSON twin and its plain POST
+
+MODEL_URL = "/memplugin/models"
+VALID_MODEL: dict[str, Any] = {"model_name": "m", "train_source": "mnist_train_lmdb", "val_source": "mnist_test_lmdb",
+                               "device": "cpu", "max_iter": 2}
+NUMBER_TEXT = INTS.map(str) | UNICODE_DIGITS | HUGE_DIGITS | st.sampled_from(["9" * 401, str(2**31), "64", "auto"])
+MODEL_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "model_name": field_values(TEXT),
+    "network": field_values(st.sampled_from(["standard", "custom"])),
+    "standard_network": field_values(st.sampled_from(["lenet", "alexnet"])),
+    "custom_network": field_values(NETS),
+    "solver": field_values(st.sampled_from(["settings", "file"])),
+    "solver_type": field_values(st.sampled_from(["SGD", "Adam", "AdaGrad", "Nesterov"])),
+    "base_lr": field_values(FLOATS | NUMBER_TEXT),
+    "lr_policy": field_values(st.sampled_from(["step", "multistep", "inv", "poly", "fixed"])),
+    "gamma": field_values(FLOATS | NUMBER_TEXT),
+    "power": field_values(FLOATS | NUMBER_TEXT),
+    "stepsize": field_values(NUMBER_TEXT),
+    "stepvalues": field_values(st.sampled_from(["100,200", "200,100", "1," + "9" * 401, "\u0661,\u0662"]) | TEXT),
+    "momentum": field_values(FLOATS | NUMBER_TEXT),
+    "weight_decay": field_values(FLOATS | NUMBER_TEXT),
+    "max_iter": field_values(NUMBER_TEXT),
+    "test_interval": field_values(NUMBER_TEXT),
+    "test_iter": field_values(NUMBER_TEXT),
+    "snapshot": field_values(NUMBER_TEXT),
+    "solver_text": field_values(st.sampled_from([SHORT_SOLVER, "base_lr: 0.01\nmax_iter: " + "9" * 5000]) | NETS),
+    "data_backend": field_values(st.sampled_from(["lmdb", "hdf5"])),
+    "train_source": field_values(st.sampled_from(["mnist_train_lmdb", "/etc", "../x", "mnist_test_lmdb", "a" * 300])),
+    "val_source": field_values(st.sampled_from(["mnist_test_lmdb", ""])),
+    "item_shape": field_values(st.sampled_from(["1,28,28", [1, 28, 28], "3,\u0662,2"]) | st.lists(INTS, max_size=5)),
+    "classes": field_values(NUMBER_TEXT),
+    "batch_size": field_values(NUMBER_TEXT),
+    "device": field_values(st.sampled_from(["cpu", "next"])),
+}
+FORM_TEXT = {name: strategy.map(lambda v: v if isinstance(v, str) else dumps(v)) for name, strategy in MODEL_FIELDS.items()}
+VALID_MODEL_FORM = {"model_name": "m", "network": "standard", "standard_network": "lenet", "solver": "settings",
+                    "solver_type": "SGD", "base_lr": "0.01", "lr_policy": "step", "gamma": "0.1", "stepsize": "3000",
+                    "momentum": "0.9", "weight_decay": "0.0005", "max_iter": "2", "snapshot": "0",
+                    "data_backend": "lmdb", "train_source": "mnist_train_lmdb", "device": "cpu"}
+
+
+def models_json(client: FlaskClient, value: tuple[Any, int]) -> None:
+    body, padding = value
+    response = client.post(f"{MODEL_URL}.json", data=padded(body, padding), content_type="application/json")
+    check("POST /models.json", response, {201, 400, 413})
+
+
+_TOKENS: dict[int, str] = {}
+
+
+def csrf_token(client: FlaskClient) -> str:
+    """The form's CSRF token in `client`'s session (read once per client from the New model page)."""
+    if id(client) not in _TOKENS:
+        page = client.get(f"{MODEL_URL}/new").get_data(as_text=True)
+        match = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page)
+        assert match, "the form carries no CSRF token"
+        _TOKENS[id(client)] = match.group(1)
+    return _TOKENS[id(client)]
+
+
+def check_page(target: str, response: TestResponse, allowed: set[int]) -> None:
+    """A page (HTML) or a JSON answer: never a 5xx, never a traceback, only the route's statuses."""
+    TRIED[target] += 1
+    STATUSES[target][response.status_code] += 1
+    text = response.get_data(as_text=True)
+    if response.status_code >= 500 or "Traceback (most recent call last)" in text:
+        raise Violation(f"{target}: {response.status_code} {text[:600]}")
+    if response.status_code not in allowed:
+        raise Violation(f"{target}: status {response.status_code} not in {sorted(allowed)}: {text[:300]}")
+
+
+def model_form(client: FlaskClient, value: tuple[dict[str, str], bool, bool]) -> None:
+    form, as_multipart, suggest = value
+    fields = {"csrf_token": csrf_token(client), **form, **({"action": "suggest"} if suggest else {})}
+    if as_multipart:
+        body, content_type = multipart_body(fields, [])
+    else:
+        body, content_type = query_text(fields).encode(), "application/x-www-form-urlencoded"
+    response = client.post(MODEL_URL, data=body, content_type=content_type)
+    check_page("POST /models (the form)", response, {200, 303, 400, 413})
+
+
+# --- the HTML pages
+
+PAGES = st.sampled_from([("GET", "/jobs"), ("GET", "/jobs/{id}"), ("POST", "/jobs/{id}/cancel"),
+                         ("POST", "/jobs/{id}/delete"), ("GET", "/models/new"), ("GET", "/devices"), ("GET", "/"),
+                         ("HEAD", "/jobs/{id}"), ("PUT", "/jobs/{id}")])
+
+
+def pages(client: FlaskClient, value: tuple[tuple[str, str], Any, dict[str, Any], bool], ids: list[str]) -> None:
+    (method, route), choice, query, with_token = value
+    job_id = ids[choice % len(ids)] if isinstance(choice, int) else quote(wire(choice), safe="")
+    path = "/memplugin" + route.replace("{id}", job_id)
+    data = query_text({"csrf_token": csrf_token(client)}) if with_token and method == "POST" else ""
+    response = client.open(path, method=method, query_string=query_text(query), data=data,
+                           content_type="application/x-www-form-urlencoded")
+    check_page(f"{method} {route} (page)", response, {200, 303, 400, 404, 405, 409})
+    if response.status_code == 303 and route.endswith("/delete") and isinstance(choice, int):
+        created = client.post(f"{API}/jobs", data=padded(VALID_JOB, 0), content_type="application/json")
+        ids[choice % len(ids)] = created.get_json()["id"]
+
+
+# --- socket.io events
+
+KNOWN_EVENTS = st.sampled_from(["subscribe_job", "unsubscribe_job", "subscribe_jobs", "unsubscribe_jobs",
+                                 "subscribe_devices", "unsubscribe_devices", "message", "hello"])
+SOCKET_EVENT_NAMES = st.tuples(st.integers(0, 3), KNOWN_EVENTS, TEXT).map(lambda c: c[2] if c[0] == 0 else c[1])
+"""Three times in four one of the namespace's own events, else any name."""
+SOCKET_PAYLOADS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({}, optional={"id": ID_TEXT | INTS | JSON_VALUES, "limit": INTS | TEXT | FLOATS,
+                                        "before": ID_TEXT | INTS}),
+    JSON_VALUES,
+    DEEP,
+)
+ANSWERS = {"subscribe_job": {"job", "job_error"}, "subscribe_jobs": {"jobs", "job_error"}, "subscribe_devices": {"devices"}}
+"""The event each request is answered with (at least one of them)."""
+_SOCKETS: dict[int, Any] = {}
+
+
+def socket_for(client: FlaskClient) -> Any:
+    """A socket.io test client on `client`'s app, connected to the plugin's namespace (one per app, reconnected if
+    an event ever disconnected it, which the check below reports first)."""
+    app = client.application
+    connected = _SOCKETS.get(id(app))
+    if connected is None or not connected.is_connected(NS):
+        connected = get_plugin(app).socketio.test_client(app, namespace=NS)
+        connected.get_received(NS)
+        _SOCKETS[id(app)] = connected
+    return connected
+
+
+def has_huge(value: Any) -> bool:
+    if isinstance(value, Huge):
+        return True
+    if isinstance(value, dict):
+        return any(has_huge(item) for item in value.values())
+    return isinstance(value, list) and any(has_huge(item) for item in value)
+
+
+def socket_events(client: FlaskClient, value: tuple[str, Any, Any], ids: list[str]) -> None:
+    """One event as a browser could send it: through the test client, or as a raw packet when it holds a number
+    Python cannot write (the server must still read it); answered as its handler promises, the connection kept."""
+    event, payload, choice = value
+    sock = socket_for(client)
+    if event in ("subscribe_job", "unsubscribe_job") and payload is None:
+        payload = {"id": ids[choice % len(ids)] if isinstance(choice, int) else choice}
+    target = f"socket {event if event in ANSWERS or event.startswith('un') else 'other event'}"
+    if has_huge(payload):
+        get_plugin(client.application).socketio.server._handle_eio_message(
+            sock.eio_sid, f"2{NS}," + dumps([event, payload])
+        )
+    elif payload is None:
+        sock.emit(event, namespace=NS)
+    else:
+        sock.emit(event, payload, namespace=NS)
+    names = [received["name"] for received in sock.get_received(NS)]
+    TRIED[target] += 1
+    STATUSES[target][(set(names) & ANSWERS.get(event, set())).pop() if event in ANSWERS and names else "no answer"] += 1
+    if not sock.is_connected(NS):
+        raise Violation(f"{target}: the event {event!r} with {payload!r:.200} disconnected the client")
+    if event in ANSWERS and not set(names) & ANSWERS[event]:
+        raise Violation(f"{target}: {event!r} with {payload!r:.200} got {names}, none of {sorted(ANSWERS[event])}")
+    if event == "subscribe_devices":
+        sock.emit("unsubscribe_devices", namespace=NS)
+        sock.get_received(NS)
 
 
 TARGETS: dict[str, tuple[st.SearchStrategy[Any], Callable[..., None]]] = {
@@ -362,7 +618,13 @@ TARGETS: dict[str, tuple[st.SearchStrategy[Any], Callable[..., None]]] = {
         other_paths,
     ),
     "devices": (st.tuples(QUERY, st.dictionaries(HEADER_NAMES, HEADER_VALUES, max_size=3)), devices),
+    "models_json": (st.tuples(bodies(MODEL_FIELDS, VALID_MODEL), PADDING), models_json),
+    "model_form": (st.tuples(mutations(VALID_MODEL_FORM, FORM_TEXT), st.booleans(), st.booleans()), model_form),
+    "pages": (st.tuples(PAGES, REAL_OR_ANY_ID, QUERY, st.booleans()), pages),
+    "socket_events": (st.tuples(SOCKET_EVENT_NAMES, SOCKET_PAYLOADS, REAL_OR_ANY_ID), socket_events),
 }
+TAKE_IDS = frozenset({"job_endpoints", "pages", "socket_events"})
+"""Targets that are handed the real jobs' ids too."""
 
 
 # ============================================================================ the tests
@@ -418,6 +680,30 @@ def test_devices_with_arbitrary_queries_and_headers(client: FlaskClient, value: 
     devices(client, value)
 
 
+@FUZZ
+@given(TARGETS["models_json"][0])
+def test_the_model_form_json_twin_with_arbitrary_json(client: FlaskClient, value: Any) -> None:
+    models_json(client, value)
+
+
+@FUZZ
+@given(TARGETS["model_form"][0])
+def test_the_model_form_post_with_arbitrary_fields(client: FlaskClient, value: Any) -> None:
+    model_form(client, value)
+
+
+@FUZZ
+@given(TARGETS["pages"][0])
+def test_pages_with_arbitrary_ids_methods_and_queries(client: FlaskClient, job_ids: list[str], value: Any) -> None:
+    pages(client, value, job_ids)
+
+
+@FUZZ
+@given(TARGETS["socket_events"][0])
+def test_socket_events_with_arbitrary_names_and_payloads(client: FlaskClient, job_ids: list[str], value: Any) -> None:
+    socket_events(client, value, job_ids)
+
+
 def test_the_fuzzers_reach_success_and_every_kind_of_refusal(client: FlaskClient, job_ids: list[str]) -> None:
     """A fuzzer whose inputs all fail the same way tests one line: the targets must reach the endpoints' work."""
     for body in ({"net": LENET, "data_shapes": {"*": [1, 28, 28]}},
@@ -438,10 +724,10 @@ def test_the_api_root_with_a_slash_is_json(client: FlaskClient) -> None:
 
 @pytest.mark.parametrize("field", ["batch", "max_iter", "classes", "memory_cap"])
 def test_a_form_number_int_cannot_read_is_a_400(client: FlaskClient, field: str) -> None:
-    form = {**VALID_FORM, field: "\u00b9"}
-    data: dict[str, Any] = {**form, **{name: (io.BytesIO(content), filename) for name, content, filename in VALID_FILES}}
-    response = client.post(f"{API}/jobs", data=data, content_type="multipart/form-data")
-    assert response.status_code == 400 and response.is_json
+    for text in ("\u00b9", "\u0661\u0662", "9" * 5000, "\ud800"):
+        body, content_type = multipart_body({**VALID_FORM, field: text}, VALID_FILES)
+        response = client.post(f"{API}/jobs", data=body, content_type=content_type)
+        assert response.status_code == 400 and response.is_json and field in response.get_json()["errors"], text[:9]
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/x%0A"), ("PUT", "/jobs/%0A"), ("POST", "/jobs/a%0Ab")])
