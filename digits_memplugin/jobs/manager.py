@@ -1001,6 +1001,8 @@ class JobManager:
     ) -> tuple[AttemptResult, Attempt]:
         folder = self.jobs_root / job.folder
         check_job_folder(self.jobs_root, folder)
+        with self._lock:  # what earlier attempts could not write at first is written by now (the writes block)
+            self._unrecorded.pop(job.id, None)
         number = len(self.store.attempts(job.id)) + 1
         attempt_dir = f"attempts/{number}"
         test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
