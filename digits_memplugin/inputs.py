@@ -60,9 +60,10 @@ def surrogate_in(value: Any, depth: int = 0) -> str | None:
     """Where in `value` (text, or lists and objects of it, keys included) a lone surrogate is, said for an error
     message; None when there is none. Such a character is in no UTF-8 text, so nothing can store or send it."""
     if isinstance(value, str):
-        for position, char in enumerate(value):
-            if "\ud800" <= char <= "\udfff":
-                return f"a lone surrogate (\\u{ord(char):04x}) at character {position}"
+        try:  # at C speed: a 2.7 MiB text checked character by character held the server's thread 0.2-0.6 s
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return f"a lone surrogate (\\u{ord(value[error.start]):04x}) at character {error.start}"
         return None
     if depth > 200:  # JSON is at most about 1000 deep; below this the strings are what matters
         return None
