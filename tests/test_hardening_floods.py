@@ -27,6 +27,7 @@ import requests
 import socketio
 from flask import Flask
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
+from zoo_cases import ZOO
 
 from digits_memplugin import create_app
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError
@@ -40,7 +41,6 @@ pytest_plugins = ["test_jobs_fixtures"]
 API = "/memplugin/api"
 NS = "/memplugin"
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
-ZOO = Path(__file__).resolve().parent.parent.parent / "shared" / "zoo"
 RESNET50 = (ZOO / "resnet50_kaiminghe" / "ResNet-50-deploy.prototxt").read_text()
 BIG_NET = 'layer { name: "d" type: "Input" top: "x" input_param { shape { ' + "dim: 1 " * 400_000 + "} } }\n"
 """The issue's net: 2.7 MiB, 400,000 `dim:` entries (a 400 in the end: a blob has at most 32 axes), 2.5 s to read."""
