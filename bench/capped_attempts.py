@@ -23,7 +23,6 @@ import argparse
 import collections
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import requests
 from report import replace_section
 from test_jobs_fixtures import BLAS_CORES, LENET, LENET_DATA, SHORT_SOLVER, write_lmdb
+from test_jobs_restart import serve
 from test_jobs_watchdog import BLAS_RETRY
 
 from digits_memplugin.jobs.attempt import AttemptProcess
@@ -55,28 +55,14 @@ def runnable_cores() -> list[str]:
     return [param.values[0] for param in BLAS_CORES if not any(mark.args and mark.args[0] for mark in param.marks)]
 
 
-def serve(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def serve_with_data(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """A server on MNIST-shaped LMDBs in its default dataset root; its process and its API's address."""
     data = folder / "data"
     (data / "datasets").mkdir(parents=True)
     write_lmdb(data / "datasets" / "mnist_train_lmdb", records=64)
     write_lmdb(data / "datasets" / "mnist_test_lmdb", records=16)
-    output = folder / "serve.log"
-    with output.open("wb") as sink:
-        process = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "digits-memplugin"), "serve", "--host", "127.0.0.1", "--port", "0",
-             "--data-dir", str(data)],
-            stdout=sink, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = re.findall(r"serving on (http://127\.0\.0\.1:\d+/)", output.read_text())
-        if found:
-            return process, found[-1] + "memplugin/api"
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"the server did not start: {output.read_text()[-2000:]}")
+    server = serve(data, folder / "serve.log", env=env)
+    return server.process, server.api("")
 
 
 def one_job(api: str, data: Path) -> dict[str, Any]:
@@ -111,7 +97,7 @@ def kernels(repeat: int) -> list[dict[str, Any]]:
             if core:
                 env["OPENBLAS_CORETYPE"] = core
             with tempfile.TemporaryDirectory(prefix="memplugin-capped-") as folder:
-                process, api = serve(Path(folder), env)
+                process, api = serve_with_data(Path(folder), env)
                 try:
                     runs = [one_job(api, Path(folder) / "data") for _ in range(repeat)]
                 finally:

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,54 +25,26 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import requests
+from browser_fixtures import CHROMIUM, CHROMIUM_ARGS, TYPE_BATCH_UNTIL_ESTIMATE
 from playwright.sync_api import sync_playwright
 from report import replace_section
+from test_jobs_restart import serve
 
 from digits_memplugin.networks import standard_network
 
 LENET = standard_network("lenet").text
 SOLVER = 'type: "SGD"\ntrain_state { stage: "train" }\n'
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-MEASURE = """([key, bytes, batch]) => new Promise((resolve) => {
-    const row = document.querySelector(`#device-list > li[data-device-key="${key}"]`);
-    const input = document.getElementById("batch_size");
-    const start = performance.now();
-    const observer = new MutationObserver(() => {
-        if (row.dataset.estimateBytes === bytes) { observer.disconnect(); resolve(performance.now() - start); }
-    });
-    observer.observe(row, {attributes: true});
-    input.value = String(batch);
-    input.dispatchEvent(new Event("input", {bubbles: true}));
-})"""
-
-
-def serve(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    output = folder / "serve.log"
-    with output.open("wb") as sink:
-        process = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "digits-memplugin"), "serve", "--host", "127.0.0.1", "--port", "0",
-             "--data-dir", str(folder / "data"), "--simulate-gpus", "2x24GiB"],
-            stdout=sink, stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = re.findall(r"serving on (http://127\.0\.0\.1:\d+/)", output.read_text())
-        if found:
-            return process, found[-1]
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(output.read_text()[-2000:])
 
 
 def measure(rounds: int) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="memplugin-page-") as folder:
-        process, base = serve(Path(folder))
+        server = serve(Path(folder) / "data", Path(folder) / "serve.log", "--simulate-gpus", "2x24GiB")
+        base, process = server.url, server.process
         try:
             api = base + "memplugin/api/"
             gpu0 = requests.get(api + "devices", timeout=30).json()["devices"][0]
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 page = browser.new_page()
                 page.goto(base + "memplugin/models/new")
                 page.wait_for_selector("#device-list > li[data-verdict]")
@@ -90,7 +59,7 @@ def measure(rounds: int) -> list[float]:
                     body = {"net": LENET, "solver": SOLVER, "data_shapes": {"data": [1, 28, 28]}, "classes": 10,
                             "engine": "gpu-cudnn", "device": gpu0["key"], "batch": batch}
                     expected = requests.post(api + "estimate", json=body, timeout=30).json()["total_bytes"]
-                    times.append(page.evaluate(MEASURE, [gpu0["key"], str(expected), batch]))
+                    times.append(page.evaluate(TYPE_BATCH_UNTIL_ESTIMATE, [gpu0["key"], str(expected), batch]))
                 browser.close()
         finally:
             process.terminate()

@@ -33,6 +33,19 @@ CHROMIUM_ARGS = [
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 VIEWPORT = {"width": 1400, "height": 1250}
 SCREENSHOT_DIR = os.environ.get("MEMPLUGIN_SCREENSHOT_DIR")
+TYPE_BATCH_UNTIL_ESTIMATE = """([key, bytes, batch]) => new Promise((resolve) => {
+    const row = document.querySelector(`#device-list > li[data-device-key="${key}"]`);
+    const input = document.getElementById("batch_size");
+    const start = performance.now();
+    const observer = new MutationObserver(() => {
+        if (row.dataset.estimateBytes === bytes) { observer.disconnect(); resolve(performance.now() - start); }
+    });
+    observer.observe(row, {attributes: true});
+    input.value = String(batch);
+    input.dispatchEvent(new Event("input", {bubbles: true}));
+})"""
+"""For page.evaluate with [device key, estimate bytes, batch]: types the batch into the New model form and resolves
+to the milliseconds until that device's row shows the estimate (the browser test and bench/page_latency.py)."""
 TRAIN_DB = "mnist_train_lmdb"
 VAL_DB = "mnist_val_lmdb"
 """Datasets in the served app's dataset root (<data dir>/datasets), named relative to it as a user would."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_fixtures import TRAIN_DB, VIEWPORT, Server, screenshot, watch
+from browser_fixtures import TRAIN_DB, TYPE_BATCH_UNTIL_ESTIMATE, VIEWPORT, Server, screenshot, watch
 from playwright.sync_api import Browser, Page, expect
 
 from digits_memplugin.networks import standard_network
@@ -97,20 +97,7 @@ def test_editing_the_batch_re_estimates_without_a_reload(page: Page, server: Ser
     gpu0 = server.api("devices")["devices"][0]
     expected = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=5000))
     page.evaluate("window.samePage = true")
-    elapsed = page.evaluate(
-        """([key, bytes]) => new Promise((resolve) => {
-            const row = document.querySelector(`#device-list > li[data-device-key="${key}"]`);
-            const input = document.getElementById("batch_size");
-            const start = performance.now();
-            const observer = new MutationObserver(() => {
-                if (row.dataset.estimateBytes === bytes) { observer.disconnect(); resolve(performance.now() - start); }
-            });
-            observer.observe(row, {attributes: true});
-            input.value = "5000";
-            input.dispatchEvent(new Event("input", {bubbles: true}));
-        })""",
-        [gpu0["key"], str(expected["total_bytes"])],
-    )
+    elapsed = page.evaluate(TYPE_BATCH_UNTIL_ESTIMATE, [gpu0["key"], str(expected["total_bytes"]), 5000])
     assert elapsed > 0
     assert page.evaluate("window.samePage") is True  # no reload
     row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,13 @@ class Server:
         return f"{self.url}memplugin/api{path}"
 
 
-def serve(data_dir: Path, output: Path) -> Server:
-    """`serve --port 0` with its output in a file (a pipe nobody drains could stall it); the address from it."""
+def serve(data_dir: Path, output: Path, *options: str, env: Mapping[str, str] | None = None) -> Server:
+    """`serve --port 0` (with `options`, in `env`) with its output in a file (a pipe nobody drains could stall it);
+    the address from it. The benchmarks start their servers with it too."""
     with output.open("ab") as sink:
         process = subprocess.Popen(
-            [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir)],
-            stdout=sink, stderr=subprocess.STDOUT, cwd=data_dir.parent,
+            [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *options],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=data_dir.parent, env=env,
         )
     url = wait_for(
         lambda: (m := re.findall(r"serving on (http://127\.0\.0\.1:\d+/)", output.read_text())) and m[-1],

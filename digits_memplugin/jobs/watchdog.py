@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 
 from ..core.oom import Stall
+from ..measure.process_memory import data_bytes
 
 STACK_TIMEOUT_SECONDS = 20.0
 """gdb attaching to a process and printing one thread's stack takes about a second; a bound on a slow one."""
@@ -48,16 +49,13 @@ def data_segment(pid: int) -> tuple[int | None, int | None]:
     """(VmData, RLIMIT_DATA) of a process in bytes; None where /proc does not say or there is no limit."""
     data = limit = None
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmData:"):
-                    data = int(line.split()[1]) * 1024
+        data = data_bytes(pid)
         with open(f"/proc/{pid}/limits", encoding="ascii", errors="replace") as limits:
             for line in limits:
                 if line.startswith("Max data size"):
                     soft = line[len("Max data size") :].split()[0]
                     limit = None if soft == "unlimited" else int(soft)
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, RuntimeError):
         pass
     return data, limit
 

@@ -40,10 +40,12 @@ def heap_bytes() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
-def data_bytes() -> int:
-    """This process's data segment (VmData): what RLIMIT_DATA limits."""
-    with open("/proc/self/status", encoding="ascii") as status:
+def data_bytes(pid: int | None = None) -> int:
+    """The data segment (VmData), what RLIMIT_DATA limits, of this process or of `pid`. Raises OSError when the
+    process is gone, RuntimeError where /proc does not say."""
+    path = f"/proc/{'self' if pid is None else pid}/status"
+    with open(path, encoding="ascii", errors="replace") as status:
         for line in status:
             if line.startswith("VmData:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmData line")
+    raise RuntimeError(f"{path} has no VmData line")
