@@ -3,6 +3,7 @@ per job, and the restart rule: what was queued or running becomes interrupted.""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def job(job_id: str = "j1", status: str = "queued") -> Job:
 def attempt(job_id: str = "j1", number: int = 0) -> Attempt:
     return Attempt(
         job_id=job_id, number=number, status="running", device="cpu", batch_size=64, iter_size=1, started_at=2.0,
-        log="attempts/1/caffe.log", pid=12345,
+        log="attempts/1/caffe.log", handle="pid:12345",
     )
 
 
@@ -53,10 +54,12 @@ def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> No
     JobStore(path).close()
     with sqlite3.connect(path) as db:
         db.execute("ALTER TABLE attempts DROP COLUMN allocated_bytes")
+        db.execute("ALTER TABLE attempts DROP COLUMN handle")
+        db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
         db.execute("UPDATE schema_version SET version = 1")
     old = JobStore(path)
     try:
-        assert old.schema_version == SCHEMA_VERSION == 2
+        assert old.schema_version == SCHEMA_VERSION == 3
         old.add_job(job())
         old.add_attempt(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=8, iter_size=1,
                                 started_at=1.0, log="attempts/1/caffe.log"))
@@ -69,6 +72,28 @@ def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> No
         assert reopened.attempts("j1")[0].allocated_bytes == 2 << 20
     finally:
         reopened.close()
+
+
+def test_a_version_2_database_keeps_its_pids_as_handles(tmp_path: Path) -> None:
+    """Version 2 stored an attempt's child as a pid; version 3 as a backend's handle ("pid:N", "ray:<id>")."""
+    path = tmp_path / "jobs.sqlite"
+    new = JobStore(path)
+    new.add_job(job())
+    new.add_attempt(dataclasses.replace(attempt(number=1), handle=None))
+    new.close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN handle")
+        db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
+        db.execute("UPDATE attempts SET pid = 4242")
+        db.execute("UPDATE schema_version SET version = 2")
+    old = JobStore(path)
+    try:
+        (migrated,) = old.attempts("j1")
+        assert (old.schema_version, migrated.handle, migrated.pid) == (3, "pid:4242", 4242)
+        ray = old.update_attempt("j1", 1, handle="ray:j1-1")
+        assert (ray.handle, ray.pid) == ("ray:j1-1", None)
+    finally:
+        old.close()
 
 
 def test_jobs_round_trip_with_json_columns_as_text(store: JobStore, tmp_path: Path) -> None:

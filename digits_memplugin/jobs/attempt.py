@@ -105,6 +105,13 @@ class AttemptProcess:
         return None if self.process is None else self.process.pid
 
     @property
+    def handle(self) -> str:
+        """The attempt as the store keeps it (jobs.backend): "pid:N"."""
+        if self.process is None:
+            raise RuntimeError("the attempt was not started")
+        return f"pid:{self.process.pid}"
+
+    @property
     def cancelled(self) -> bool:
         return self._cancel_at is not None
 

@@ -25,8 +25,9 @@ from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
 from ..core.planner import BatchPlan, usable_bytes
 from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
-from .attempt import AttemptProcess, AttemptResult
+from .attempt import AttemptResult
 from .attempt_spec import AttemptDevice, AttemptSpec
+from .backend import Backend, Launch, LocalBackend
 from .config import ManagerConfig
 from .definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
 from .disk import LOW_DISK_BYTES, free_bytes, free_note
@@ -149,8 +150,10 @@ class AttemptLoop:
         definition: Callable[[Job], JobDefinition],
         measure: Callable[[str], None],
         stopping: Callable[[], bool],
+        backend: Backend | None = None,
     ) -> None:
         self.config = config
+        self.backend: Backend = backend or LocalBackend()
         self.devices = devices
         self.progress = progress
         self._lock = lock
@@ -335,26 +338,26 @@ class AttemptLoop:
         progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         progress.emit_job(updated)
 
-        process = AttemptProcess(
-            folder, f"attempts/{number}/attempt.json", spec.log, environment=environment,
+        launch = Launch(
+            folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
             on_record=lambda record: progress.on_record(job.id, number, record),
             on_log=lambda lines: progress.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
             grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
         )
         with self._lock:
-            entry.process, entry.attempt, entry.peak = process, number, None
+            entry.attempt, entry.peak = number, None
             entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
             entry.progress = {"train": None, "test": []}
             stopping, cancel = self._stopping(), entry.cancel
-            pid = process.start()
+            process = entry.process = self.backend.launch(launch)
             if stopping:
                 process.kill()
             elif cancel:
                 process.cancel()
         try:  # the child runs now: nothing may stop this task from following it
-            store.update_attempt(job.id, number, pid=pid)
+            store.update_attempt(job.id, number, handle=process.handle)
         except StoreError as error:
-            log.warning("job %s attempt %d: pid %d not stored (%s)", job.id, number, pid, error)
+            log.warning("job %s attempt %d: %s not stored (%s)", job.id, number, process.handle, error)
         result = process.wait()
         outcome = result.outcome
         if self._stopping() and outcome.status == OUTCOME_CANCELLED:

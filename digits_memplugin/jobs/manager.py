@@ -31,8 +31,9 @@ from ..core.net import ShapeOracle
 from ..devices import DeviceReader
 from ..inputs import surrogate_in
 from .attempts import INTERRUPTED_MESSAGE, AttemptLoop
+from .backend import Backend, LocalBackend
 from .config import ManagerConfig
-from .datafolder import kill_leftover, take_folder
+from .datafolder import take_folder
 from .disk import folder_bytes
 from .dispatcher import Dispatcher, Spawn
 from .errors import (
@@ -112,9 +113,11 @@ class JobManager:
         on_event: EventCallback | None = None,
         spawn: Spawn = start_thread,
         oracle: ShapeOracle | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.config = config
-        self.devices = devices
+        self.backend: Backend = backend or LocalBackend()
+        self.devices = self.backend.device_reader(devices)
         self.spawn = spawn
         self.oracle = oracle
         self.jobs_root = config.data_dir / JOBS_FOLDER
@@ -135,11 +138,12 @@ class JobManager:
         self.quota = Quota(config, lambda: self.store, self.jobs_root, self._lock)
         self.definitions = Definitions(config.dataset_roots, oracle, self.jobs_root)
         attempts = AttemptLoop(
-            config, devices, self.progress, self._lock, self._running, jobs_root=self.jobs_root, oracle=oracle,
+            config, self.devices, self.progress, self._lock, self._running, jobs_root=self.jobs_root, oracle=oracle,
             definition=self.definitions.get, measure=self.quota.measure, stopping=lambda: self._stopping,
+            backend=self.backend,
         )
         self.dispatcher = Dispatcher(
-            config, devices, lambda: self.store, self.progress, attempts, self.definitions, lock=self._lock,
+            config, self.devices, lambda: self.store, self.progress, attempts, self.definitions, lock=self._lock,
             finished=self._finished, running=self._running, wake=self._wake, spawn=spawn,
             stopping=lambda: self._stopping, jobs_root=self.jobs_root,
         )
@@ -183,8 +187,7 @@ class JobManager:
                 self._lock_file.close()
                 self._lock_file = None
                 raise
-            for attempt in leftovers:
-                kill_leftover(attempt, self.jobs_root)
+            self.backend.reap(leftovers, self.jobs_root)
             self._stopping = False
             self._started = True
             self._scheduler = self.spawn(self.dispatcher.loop)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .attempt import AttemptProcess
+from .backend import AttemptHandle
 from .records import FINAL_STATES, Attempt, Job
 from .store import JobStore, StoreError
 
@@ -33,7 +33,7 @@ class Running:
     job_id: str
     device: str
     kind: str
-    process: AttemptProcess | None = None
+    process: AttemptHandle | None = None
     attempt: int | None = None
     estimated: int = 0
     peak: int | None = None

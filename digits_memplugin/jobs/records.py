@@ -131,7 +131,14 @@ class Attempt:
     message: str | None = None
     out_of_memory: dict[str, Any] | None = None
     """core.oom.OutOfMemory as JSON when it ran out of memory."""
-    pid: int | None = None
+    handle: str | None = None
+    """Where the attempt runs, as its backend names it (jobs.backend): "pid:N" locally, "ray:<submission id>"."""
+
+    @property
+    def pid(self) -> int | None:
+        """The local child's process id, from a "pid:N" handle; None under another backend."""
+        kind, _, value = (self.handle or "").partition(":")
+        return int(value) if kind == "pid" and value.isdigit() else None
 
     @property
     def duration(self) -> float | None:
@@ -140,7 +147,7 @@ class Attempt:
     def to_json(self) -> dict[str, Any]:
         """The attempt as GET /jobs/<id> lists it and the `job_attempt` event carries it."""
         document = dataclasses.asdict(self)
-        document.pop("pid")
+        document.pop("handle")
         document["effective_batch"] = self.batch_size * self.iter_size
         document["duration"] = self.duration
         return document

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ..errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_SECONDS = 10.0
 """How long a store call waits for another process's write lock before it gives up with StoreBusy."""
 _RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
@@ -87,7 +87,7 @@ CREATE TABLE attempts (
     message TEXT,
     out_of_memory TEXT,
     log TEXT NOT NULL,
-    pid INTEGER,
+    handle TEXT,
     PRIMARY KEY (job_id, number)
 );
 CREATE INDEX jobs_by_status ON jobs (status, position);
@@ -95,6 +95,12 @@ CREATE INDEX jobs_by_status ON jobs (status, position);
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE attempts ADD COLUMN allocated_bytes INTEGER",),
+    # An attempt runs under a backend (jobs.backend): its child's pid becomes a handle, "pid:N" or "ray:<id>".
+    2: (
+        "ALTER TABLE attempts ADD COLUMN handle TEXT",
+        "UPDATE attempts SET handle = 'pid:' || pid WHERE pid IS NOT NULL",
+        "ALTER TABLE attempts DROP COLUMN pid",
+    ),
 }
 """Statements that take the schema from version N to N + 1."""
 
