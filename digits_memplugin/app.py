@@ -23,7 +23,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     settings = Settings.from_config(app.config)
     if not app.config.get("SECRET_KEY"):
         app.config["SECRET_KEY"] = _persistent_secret(settings.data_dir)
-    socketio = SocketIO(app, async_mode=settings.async_mode)
+    # With a message queue (Redis), events emitted by any of several web workers reach every worker's browsers.
+    socketio = SocketIO(app, async_mode=settings.async_mode, message_queue=settings.message_queue)
     plugin = init_app(app, socketio=socketio)
     # Outermost, so that the socketio path is checked too: a rebinding page's websocket is refused before it opens.
     app.wsgi_app = HostCheckMiddleware(app.wsgi_app, lambda: host_names(plugin.settings, app.config))  # type: ignore[method-assign]

@@ -72,10 +72,14 @@ class Device:
     processes: tuple[GpuProcess, ...] | None
     """None where the driver does not list processes; () where it lists none."""
     error: str | None = None
+    host: str | None = None
+    """The cluster host the device is on (jobs.cluster, the Ray backend); None for this server's own."""
 
     def to_json(self) -> dict[str, Any]:
         """The device as the API, the CLI's --json and the `devices` event show it."""
         document = dataclasses.asdict(self)
+        if self.host is None:
+            del document["host"]  # one machine: the documents stay as they were
         document["processes"] = None if self.processes is None else [dataclasses.asdict(p) for p in self.processes]
         return document
 
@@ -91,10 +95,12 @@ class DeviceList:
     driver_version: str | None
     simulated: bool
     """The GPUs come from the fake NVML library (`--simulate-gpus`, or a test), not from hardware."""
+    other_cpus: tuple[Device, ...] = ()
+    """The CPUs of a cluster's other hosts (keys "cpu@<host>"), after this server's own `cpu`."""
 
     @property
     def devices(self) -> tuple[Device, ...]:
-        return (*self.gpus, self.cpu)
+        return (*self.gpus, self.cpu, *self.other_cpus)
 
     @property
     def gpu_count(self) -> int:

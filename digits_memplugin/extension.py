@@ -7,6 +7,7 @@ one process, each with its own settings.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from flask import Flask
@@ -14,13 +15,16 @@ from flask_socketio import SocketIO
 
 from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
 from .estimate_pool import EstimatePool, default_workers
+from .jobs.backend import LOCAL, Backend, LocalBackend
 from .jobs.manager import JobManager, ManagerConfig
 from .jobs.throttle import ClientRateLimiter, EventThrottle
-from .settings import Settings
+from .settings import ConfigError, Settings
 from .web.access import Authorizer
 from .web.blueprint import create_blueprint
 from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
 from .web.socket_json import tolerate_long_numbers
+
+log = logging.getLogger(__name__)
 
 EXTENSION_KEY = "memplugin"
 
@@ -74,7 +78,7 @@ def init_app(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
 
     if socketio is None:
-        socketio = SocketIO(app, async_mode=settings.async_mode)
+        socketio = SocketIO(app, async_mode=settings.async_mode, message_queue=settings.message_queue)
     if socketio.server is not None:  # a host's SocketIO not bound to an app yet has no server to adjust
         tolerate_long_numbers(socketio.server)
     socketio.on_namespace(
@@ -90,7 +94,7 @@ def init_app(
         simulate_gpus(settings.simulate_gpus)
     reader = DeviceReader(gevent_threadpool_runner() if socketio.async_mode == "gevent" else run_inline)
     pusher = DevicePusher(
-        socketio, settings.socketio_namespace, settings.devices_poll_seconds, lambda: reader.read().to_json()
+        socketio, settings.socketio_namespace, settings.devices_poll_seconds, lambda: plugin.devices.read().to_json()
     )
 
     throttle = EventThrottle(
@@ -99,10 +103,12 @@ def init_app(
         spawn=socketio.start_background_task,
         sleep=socketio.sleep,
     )
+    backend = _backend(settings)
     jobs = JobManager(
         ManagerConfig.from_settings(settings), reader, on_event=throttle, spawn=socketio.start_background_task,
-        oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None,
+        oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None, backend=backend,
     )
+    reader = jobs.devices  # the panel, the form and the planner see what jobs may be placed on (every host's)
 
     app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
     estimates = EstimatePool(
@@ -115,6 +121,26 @@ def init_app(
     )
     app.extensions[EXTENSION_KEY] = plugin
     return plugin
+
+
+def _backend(settings: Settings) -> Backend:
+    """The job backend the settings name. The Ray backend checks first that every node sees the shared folder
+    (a probe file read by a Ray job on each host): a server whose jobs would fail on some node does not start."""
+    if settings.job_backend == LOCAL:
+        return LocalBackend()
+    from .jobs.ray_backend import RayBackend, RayError
+
+    if settings.ray_address is None:
+        raise ConfigError("MEMPLUGIN_JOB_BACKEND 'ray' needs MEMPLUGIN_RAY_ADDRESS (http://head:8265)")
+    shared = settings.shared_dir or settings.data_dir.absolute()
+    shared.mkdir(parents=True, exist_ok=True)
+    backend = RayBackend(settings.ray_address, shared, token=settings.ray_token, python=settings.ray_python)
+    try:
+        hosts = backend.check()
+    except RayError as error:
+        raise ConfigError(f"the Ray backend cannot start: {error}") from None
+    log.info("Ray backend at %s: hosts %s see %s", settings.ray_address, ", ".join(hosts), shared)
+    return backend
 
 
 def _pycaffe_oracle() -> Any:

@@ -114,6 +114,22 @@ class Settings:
     """Bytes the jobs' folders may hold (as du counts them); a submission while they hold more is a 507 saying to
     delete some. Accepts sizes such as "50GiB"."""
 
+    job_backend: str = "local"
+    """Where training attempts run: "local" (children of this server, on this host's devices) or "ray" (Ray jobs
+    on a cluster's hosts, jobs.ray_backend; docs/scale-out.md)."""
+    ray_address: str | None = None
+    """The Ray dashboard's address, "http://head:8265" (the Jobs REST API; never exposed beyond the cluster)."""
+    ray_token: str | None = None
+    """The cluster's token when Ray runs with RAY_AUTH_MODE=token (sent as ``Authorization: Bearer``)."""
+    shared_dir: Path | None = None
+    """The folder every host sees (NFS or the like) that holds the job folders and the nodes' device reports;
+    None: the data folder. With the Ray backend the server refuses to start while a node cannot see it."""
+    ray_python: str | None = None
+    """The Python on the nodes that runs the node wrapper (the same path on every host); None: this server's."""
+    message_queue: str | None = None
+    """Flask-SocketIO's message queue ("redis://host:6379/0"), so that events reach browsers from any of several
+    web workers; None: one worker."""
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
         """Build settings from a Flask config, with `overrides` (init_app keyword arguments) taking precedence."""
@@ -266,6 +282,27 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
         return float(value)
+    if field.name == "job_backend":
+        if value not in ("local", "ray"):
+            raise ConfigError(f"{key} must be 'local' or 'ray', got {value!r}")
+        return value
+    if field.name in ("ray_address", "message_queue"):
+        if value is None:
+            return None
+        scheme = ("http://", "https://") if field.name == "ray_address" else ("redis://", "rediss://", "amqp://")
+        if not isinstance(value, str) or not value.startswith(scheme):
+            raise ConfigError(f"{key} must be a URL starting with {' or '.join(scheme)}, got {value!r}")
+        return value.rstrip("/")
+    if field.name in ("ray_token", "ray_python"):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{key} must be a non-empty string or None, got {value!r}")
+        return value
+    if field.name == "shared_dir":
+        if value is None:
+            return None
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise ConfigError(f"{key} must be a path, got {value!r}")
+        return Path(value).absolute()
     return value  # pragma: no cover - every field is handled above
 
 

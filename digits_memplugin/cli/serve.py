@@ -62,6 +62,24 @@ def add_parser(subparsers: Any) -> None:
         help="close a connection whose request line and headers take longer than this to arrive, or whose body "
         "pauses this long (default: 30)",
     )
+    parser.add_argument(
+        "--backend", choices=("local", "ray"), default=None,
+        help="where training runs: 'local' (children of this server, the default) or 'ray' (a Ray cluster's "
+        "hosts; docs/scale-out.md); also MEMPLUGIN_JOB_BACKEND in the environment",
+    )
+    parser.add_argument(
+        "--ray-address", metavar="URL",
+        help="the Ray dashboard (Jobs REST API), e.g. http://head:8265; also MEMPLUGIN_RAY_ADDRESS. Its token, "
+        "when the cluster runs with RAY_AUTH_MODE=token: MEMPLUGIN_RAY_TOKEN in the environment",
+    )
+    parser.add_argument(
+        "--shared-dir", type=Path, metavar="DIR",
+        help="the folder every host sees, for job folders and device reports (default: --data-dir)",
+    )
+    parser.add_argument(
+        "--message-queue", metavar="URL",
+        help="Flask-SocketIO's message queue for several web workers, e.g. redis://127.0.0.1:6379/0",
+    )
     parser.set_defaults(run=run)
 
 
@@ -126,6 +144,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     config["MEMPLUGIN_ALLOWED_HOSTS"] = _allowed_hosts(args)
+    backend = args.backend or os.environ.get("MEMPLUGIN_JOB_BACKEND")
+    if backend:
+        config["MEMPLUGIN_JOB_BACKEND"] = backend
+    for option, key in (("ray_address", "RAY_ADDRESS"), ("shared_dir", "SHARED_DIR"), ("message_queue", "MESSAGE_QUEUE")):
+        value = getattr(args, option) or os.environ.get(f"MEMPLUGIN_{key}")
+        if value:
+            config[f"MEMPLUGIN_{key}"] = value
+    for key in ("RAY_TOKEN", "RAY_PYTHON"):
+        if os.environ.get(f"MEMPLUGIN_{key}"):
+            config[f"MEMPLUGIN_{key}"] = os.environ[f"MEMPLUGIN_{key}"]
     if args.read_timeout is not None:
         config["MEMPLUGIN_READ_TIMEOUT_SECONDS"] = args.read_timeout
     if args.host in WILDCARD_ADDRESSES:

@@ -270,8 +270,10 @@ class AttemptLoop:
         environment: dict[str, str] = {}
         device = AttemptDevice("cpu")
         if entry.kind == GPU:
-            try:
-                child = child_cuda_environment([entry.device], self.devices.read().gpus)
+            gpus = self.devices.read().gpus
+            host = next((gpu.host for gpu in gpus if gpu.key == entry.device), None)
+            try:  # CUDA numbers the GPUs of the host the attempt runs on
+                child = child_cuda_environment([entry.device], [gpu for gpu in gpus if gpu.host == host])
             except DeviceSelectionError as error:
                 raise JobError(str(error)) from None
             environment.update(child.environment)

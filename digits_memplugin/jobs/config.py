@@ -49,6 +49,8 @@ class ManagerConfig:
     """Jobs kept at once, whatever their state; a submission beyond it is refused until some are deleted."""
     max_stored_bytes: int = MAX_STORED_BYTES
     """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
+    jobs_dir: Path | None = None
+    """Where the job folders are (a folder every node sees, with the Ray backend); None: <data_dir>/jobs."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:
@@ -70,6 +72,7 @@ class ManagerConfig:
             gpus_simulated=settings.simulate_gpus is not None,
             max_stored_jobs=settings.max_stored_jobs,
             max_stored_bytes=settings.max_stored_bytes,
+            jobs_dir=None if settings.shared_dir is None else settings.shared_dir / "jobs",
         )
 
 

@@ -120,7 +120,7 @@ class JobManager:
         self.devices = self.backend.device_reader(devices)
         self.spawn = spawn
         self.oracle = oracle
-        self.jobs_root = config.data_dir / JOBS_FOLDER
+        self.jobs_root = config.jobs_dir or config.data_dir / JOBS_FOLDER
         self._store: JobStore | None = None
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -174,7 +174,7 @@ class JobManager:
             if self._started:
                 return
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
-            self.jobs_root.mkdir(exist_ok=True)
+            self.jobs_root.mkdir(parents=True, exist_ok=True)
             self._lock_file = take_folder(self.config.data_dir)
             try:
                 self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)

@@ -47,6 +47,12 @@ def normalise_device(choice: str | int, devices: DeviceList) -> str:
             return AUTO
         if lowered == CPU_KEY:
             return CPU_KEY
+        if lowered.startswith(CPU_KEY + "@"):  # a cluster host's CPU (jobs.cluster)
+            found = devices.get(text)
+            if found is None or found.kind == GPU:
+                hosts = ", ".join(cpu.key for cpu in devices.other_cpus) or "none"
+                raise ValueError(f"no host's CPU is {text!r} (hosts' CPUs: {hosts})")
+            return found.key
         if lowered.startswith("gpu:"):
             text = text[4:]
         if not text.isdigit():
@@ -67,8 +73,11 @@ def candidates(
 ) -> tuple[list[Device], str | None]:
     """The devices a job with this (normalised) choice may use, and why there are none. `environ`: the server's
     environment, whose CUDA_VISIBLE_DEVICES restricts the GPUs (os.environ by default)."""
-    if choice == CPU_KEY:
-        return ([devices.cpu], None) if devices.cpu.error is None else ([], f"the CPU cannot be read: {devices.cpu.error}")
+    if choice == CPU_KEY or choice.startswith(CPU_KEY + "@"):
+        cpu = devices.get(choice)
+        if cpu is None:
+            return [], f"{choice} is not reported any more"
+        return ([cpu], None) if cpu.error is None else ([], f"the CPU cannot be read: {cpu.error}")
     try:
         usable = [gpu for gpu in allowed_gpus(devices.gpus, environ) if gpu.error is None]
     except DeviceSelectionError as error:
@@ -121,9 +130,10 @@ def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpu
         device = normalise_device(choice, devices)
     except ValueError as error:
         raise DeviceRefused("device", str(error)) from None
-    if memory_cap is not None and device != CPU_KEY and not (device == AUTO and not devices.gpus):
+    on_cpu = device == CPU_KEY or device.startswith(CPU_KEY + "@")
+    if memory_cap is not None and not on_cpu and not (device == AUTO and not devices.gpus):
         raise DeviceRefused("memory_cap", 'a memory cap applies to CPU jobs only (device "cpu")')
-    if gpus_simulated and device != CPU_KEY and devices.gpus:
+    if gpus_simulated and not on_cpu and devices.gpus:
         raise DeviceRefused("device", SIMULATED_GPUS)
     return device
 
@@ -210,7 +220,8 @@ def place(
 
 
 def _label(device: Device) -> str:
-    return "the CPU" if device.kind != GPU else f"GPU {device.index}"
+    where = f" of {device.host}" if device.host else ""
+    return f"the CPU{where}" if device.kind != GPU else f"GPU {device.index}{where}"
 
 
 def memory_cap(requested: int | None, server: int | None) -> int | None:

@@ -53,9 +53,11 @@ def device_labels(devices: DeviceList) -> dict[str, str]:
     """What a job's device key reads as: "CPU", "GPU 0: <name>"; "auto" is the form's "next available"."""
     labels = {"auto": "next available GPU" if devices.gpus else "next available (the CPU)", CPU_KEY: "CPU"}
     for gpu in devices.gpus:
-        labels[gpu.key] = f"GPU {gpu.index}: {gpu.name or 'n/a'}"
+        labels[gpu.key] = f"GPU {gpu.index}{f' of {gpu.host}' if gpu.host else ''}: {gpu.name or 'n/a'}"
         if gpu.uuid:
             labels[gpu.uuid] = labels[gpu.key]
+    for cpu in devices.other_cpus:
+        labels[cpu.key] = f"CPU of {cpu.host}"
     return labels
 
 

@@ -75,7 +75,8 @@ class PlannedJob:
 
 
 def device_label(device: Device) -> str:
-    return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
+    where = f" of {device.host}" if device.host else ""
+    return f"CPU{where}" if device.kind == "cpu" else f"GPU {device.index}{where}"
 
 
 def verdict(plan: dict[str, Any] | None) -> str:
@@ -158,9 +159,11 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
     for gpu in devices.gpus:
         state = f"{format_size(gpu.memory_free)} free" if gpu.error is None else f"unavailable: {gpu.error}"
         choices.append(
-            SelectChoice(gpu.key, f"GPU {gpu.index}: {gpu.name or 'n/a'} ({state})", {"disabled": gpu.error is not None})
+            SelectChoice(gpu.key, f"{device_label(gpu)}: {gpu.name or 'n/a'} ({state})", {"disabled": gpu.error is not None})
         )
     choices.append(SelectChoice(DEVICE_CPU, f"CPU ({format_size(devices.cpu.memory_free)} free)"))
+    for cpu in devices.other_cpus:  # a cluster's hosts (the Ray backend)
+        choices.append(SelectChoice(cpu.key, f"{device_label(cpu)} ({format_size(cpu.memory_free)} free)"))
     return choices
 
 

@@ -17,7 +17,8 @@
   }
 
   function deviceLabel(device) {
-    return device.kind === "gpu" ? "GPU " + device.index : "CPU";
+    const where = device.host ? " of " + device.host : "";
+    return (device.kind === "gpu" ? "GPU " + device.index : "CPU") + where;
   }
 
   /** The words for a plan, as the server says them (model_page.verdict). */
