@@ -10,7 +10,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 5000
 DATA   ?= var
 # What the installed environment depends on: when one of these changes, `make` installs again.
-INSTALL_INPUTS := setup.py scripts/system-deps.sh scripts/build-pycaffe.sh Makefile
+INSTALL_INPUTS := setup.py constraints/ray.txt scripts/system-deps.sh scripts/build-pycaffe.sh Makefile
 # The browser libraries: scripts/frontend.sh runs `npm ci` and copies them into static/vendor/ (ignored by git).
 VENDOR_STAMP   := static/vendor/.stamp
 
@@ -30,7 +30,7 @@ $(VENV)/.installed: $(INSTALL_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel "setuptools>=68" "numpy>=1.24,<2" "protobuf>=3.20,<3.21"
 	scripts/build-pycaffe.sh $(PY)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test]" -c constraints/ray.txt
 	touch $@
 
 $(VENDOR_STAMP): package.json package-lock.json scripts/frontend.sh

@@ -60,7 +60,13 @@ setup(
             "mypy>=1.10",
             # Drives Debian's Chromium (/usr/bin/chromium) in the browser tests; its own browser download is never used.
             "playwright>=1.45,<2",
+            # The end-to-end test of the Ray backend starts a local cluster (tests/test_jobs_ray.py).
+            "ray[default]==2.60.0",
         ],
+        # The Ray job backend (jobs/ray_backend.py) talks to Ray over HTTP only and needs no Ray on the web server;
+        # the nodes and the end-to-end test need Ray itself. Install with `-c constraints/ray.txt`, which keeps
+        # protobuf 3.20 and numpy 1.x for pycaffe.
+        "ray": ["ray[default]==2.60.0"],
     },
     entry_points={"console_scripts": ["digits-memplugin=digits_memplugin.cli:main"]},
     classifiers=[

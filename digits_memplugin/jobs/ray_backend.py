@@ -140,6 +140,11 @@ class RayAttempt:
             if self._cancel_at is not None:
                 return
             self._cancel_at = time.monotonic()
+        cancel_file = self.launch.folder / Path(self.launch.spec_file).parent / CANCEL_FILE
+        try:  # first, and at once: a wrapper that starts after this ends as soon as it looks
+            cancel_file.touch()
+        except OSError as error:
+            log.warning("%s: cannot write %s (%s)", self.handle, cancel_file, error)
         # Not under the caller's lock (the manager's): the request may take up to its timeout.
         threading.Thread(target=self._stop, daemon=True).start()
 
@@ -147,11 +152,6 @@ class RayAttempt:
         self.cancel()
 
     def _stop(self) -> None:
-        cancel_file = self.launch.folder / Path(self.launch.spec_file).parent / CANCEL_FILE
-        try:
-            cancel_file.touch()
-        except OSError as error:
-            log.warning("%s: cannot write %s (%s)", self.handle, cancel_file, error)
         try:
             self.client.stop(self.submission_id)
         except RayError as error:  # the cancel file stops it all the same once the wrapper looks

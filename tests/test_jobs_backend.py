@@ -1,0 +1,442 @@
+"""jobs.backend, jobs.ray_backend, jobs.node and jobs.cluster without Ray: a fake backend through the manager's
+attempt loop (handles stored, the out-of-memory retry, cancel, reaping at start), the Ray backend's reading of a
+job's log against a fake Jobs API, and the Ray backend with its node wrapper run as plain subprocesses giving the
+same attempts and records as the local backend for the same job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_jobs_fixtures import MIB, lenet_request
+
+from digits_memplugin.core.oom import CANCELLED, FAILED, OUT_OF_MEMORY, SUCCESS, Outcome, OutOfMemory
+from digits_memplugin.devices import DeviceList, DeviceReader, read_devices
+from digits_memplugin.jobs import ray_backend
+from digits_memplugin.jobs.attempt import AttemptResult
+from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec
+from digits_memplugin.jobs.backend import Launch, LocalBackend
+from digits_memplugin.jobs.cluster import ClusterDeviceReader, cpu_host
+from digits_memplugin.jobs.manager import STORE_FILE, JobManager, ManagerConfig
+from digits_memplugin.jobs.node import result_from_json, result_to_json
+from digits_memplugin.jobs.ray_backend import RayAttempt, RayBackend, RayError
+from digits_memplugin.jobs.records import Attempt, Job
+from digits_memplugin.jobs.scheduler import DeviceRefused, admit, normalise_device
+from digits_memplugin.jobs.store import JobStore
+from digits_memplugin.settings import ConfigError, Settings
+
+pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- a fake backend through the manager --------------------------------------------------------------------------
+
+
+class FakeHandle:
+    """An attempt that reports two records and ends as its backend's script says, without a child."""
+
+    def __init__(self, launch: Launch, outcome: Outcome, number: int) -> None:
+        self.launch = launch
+        self.outcome = outcome
+        self.number = number
+        self.cancelled = threading.Event()
+        self.hold = threading.Event()
+
+    @property
+    def handle(self) -> str:
+        return f"fake:{self.launch.spec.job_id}-{self.number}"
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def kill(self) -> None:
+        self.cancelled.set()
+
+    def wait(self) -> AttemptResult:
+        self.launch.on_record({"event": "started", "pid": 1})
+        self.launch.on_record({"event": "iteration", "iteration": 1, "loss": 2.0})
+        self.launch.on_log(["I1203 fake.cpp:1] one line"])
+        while self.hold.is_set() and not self.cancelled.wait(0.05):
+            pass
+        outcome = Outcome(CANCELLED, "cancelled") if self.cancelled.is_set() else self.outcome
+        finished = outcome.status == SUCCESS
+        self.launch.on_record({"event": "finished", "iteration": 4} if finished else {"event": "iteration", "iteration": 2})
+        return AttemptResult(0 if finished else 134, outcome, 2, 4 if finished else 2, None, finished, None)
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, outcomes: Sequence[Outcome], hold: bool = False) -> None:
+        self.outcomes = list(outcomes)
+        self.launched: list[FakeHandle] = []
+        self.reaped: list[Attempt] = []
+        self.hold = hold
+
+    def launch(self, launch: Launch) -> FakeHandle:
+        handle = FakeHandle(launch, self.outcomes.pop(0), len(self.launched) + 1)
+        if self.hold:
+            handle.hold.set()
+        self.launched.append(handle)
+        return handle
+
+    def reap(self, attempts: Sequence[Attempt], jobs_root: Path) -> None:
+        self.reaped += attempts
+
+    def device_reader(self, local: DeviceReader) -> DeviceReader:
+        return local
+
+    def close(self) -> None:
+        pass
+
+
+OOM = Outcome(OUT_OF_MEMORY, "host memory ran out", OutOfMemory("host_allocation_failed", "cpu", "ran out"),
+              signal="SIGABRT")
+
+
+@pytest.fixture
+def managers(tmp_path: Path, datasets: Path) -> Iterator[Callable[..., JobManager]]:
+    made: list[JobManager] = []
+
+    def make(backend: Any, **config: Any) -> JobManager:
+        settings: dict[str, Any] = {"data_dir": tmp_path / "data", "dataset_roots": (datasets,), "poll_seconds": 0.1}
+        manager = JobManager(ManagerConfig(**{**settings, **config}), DeviceReader(), backend=backend)
+        made.append(manager)
+        manager.start()
+        return manager
+
+    yield make
+    for manager in made:
+        manager.stop()
+
+
+def test_attempts_run_through_the_backend_and_keep_its_handle(managers: Callable[..., JobManager]) -> None:
+    backend = FakeBackend([OOM, Outcome(SUCCESS, "finished")])
+    manager = managers(backend, cpu_memory_cap=512 * MIB)
+    job = manager.wait(manager.submit(lenet_request(batch=64)).id, timeout=60)
+    assert job.status == "done", job.message
+    first, second = manager.store.attempts(job.id)
+    assert (first.status, first.handle, second.status, second.handle) == (
+        OUT_OF_MEMORY, f"fake:{job.id}-1", SUCCESS, f"fake:{job.id}-2"
+    )
+    assert second.batch_size < first.batch_size  # the fallback ran on the backend's result
+    launch = backend.launched[0].launch
+    assert launch.device == "cpu" and launch.environment == {"CUDA_VISIBLE_DEVICES": ""}
+    assert launch.spec.memory_cap is not None and (launch.folder / launch.spec_file).is_file()
+    assert "handle" not in manager.document(job.id)["attempts"][0]  # the API shows no pid/handle, as before
+
+
+def test_cancel_reaches_the_backends_handle(managers: Callable[..., JobManager]) -> None:
+    backend = FakeBackend([Outcome(SUCCESS, "finished")], hold=True)
+    manager = managers(backend)
+    job = manager.submit(lenet_request())
+    deadline = time.monotonic() + 30
+    while not backend.launched and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager.cancel(job.id)
+    assert manager.wait(job.id, timeout=30).status == "cancelled"
+    assert backend.launched[0].cancelled.is_set()
+
+
+def test_the_backend_reaps_what_a_previous_server_left_running(
+    managers: Callable[..., JobManager], tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    store = JobStore(tmp_path / "data" / STORE_FILE)  # as a killed server left it: a job and its attempt running
+    store.add_job(Job(id="j1", name="lenet", status="running", created_at=1.0, updated_at=1.0, folder="j1",
+                      spec={"device": "cpu"}))
+    store.add_attempt(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=8, iter_size=1,
+                              started_at=1.0, log="attempts/1/caffe.log", handle="ray:j1-1"))
+    store.close()
+    backend = FakeBackend([])
+    manager = managers(backend)
+    assert [(a.job_id, a.handle) for a in backend.reaped] == [("j1", "ray:j1-1")]
+    assert manager.get("j1").status == "interrupted"
+
+
+def test_the_local_backend_hands_back_a_pid_handle(tmp_path: Path) -> None:
+    spec = _spec()
+    launch = Launch(tmp_path, "attempt.json", spec, "cpu", {}, on_record=lambda r: None, on_log=lambda lines: None,
+                    grace_seconds=1.0, stall_seconds=None)
+    spec.write(tmp_path / "attempt.json")
+    process = LocalBackend().launch(launch)
+    try:
+        assert process.handle == f"pid:{process.pid}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+# --- the Ray backend against a fake Jobs API -------------------------------------------------------------------
+
+
+def _spec(job_id: str = "j1", attempt: int = 1) -> AttemptSpec:
+    return AttemptSpec(
+        job_id=job_id, attempt=attempt, solver="attempts/1/solver.prototxt", log="attempts/1/caffe.log",
+        progress="attempts/1/progress.jsonl", device=AttemptDevice("cpu"), batch_size=8, iter_size=1, resume=None,
+        memory_cap=None, max_iter=4, test_interval=0, test_iter=(), test_initialization=False, snapshot=0,
+        snapshot_after_train=False, snapshot_prefix="snapshots/snap", snapshot_format="HDF5",
+        schedule={"policy": "fixed", "base_lr": 0.01},
+    )
+
+
+class ScriptedJobs:
+    """Ray's answers, one per poll: (status, log text so far)."""
+
+    def __init__(self, script: Sequence[tuple[str, str]]) -> None:
+        self.script = list(script)
+        self.polls = 0
+        self.stopped: list[str] = []
+        self.submitted: list[dict[str, Any]] = []
+
+    def _now(self) -> tuple[str, str]:
+        return self.script[min(self.polls, len(self.script) - 1)]
+
+    def submit(self, submission_id: str, entrypoint: str, *, resources: Mapping[str, float],
+               metadata: Mapping[str, str]) -> str:
+        self.submitted.append({"id": submission_id, "entrypoint": entrypoint, "resources": dict(resources)})
+        return submission_id
+
+    def status(self, submission_id: str) -> dict[str, Any]:
+        self.polls += 1
+        return {"status": self._now()[0], "message": "Job failed due to an application error, last available logs"}
+
+    def logs(self, submission_id: str) -> str:
+        return self._now()[1]
+
+    def stop(self, submission_id: str) -> bool:
+        self.stopped.append(submission_id)
+        return True
+
+
+def _line(kind: str, **payload: Any) -> str:
+    return json.dumps({"memplugin": kind, **payload}) + "\n"
+
+
+def _follow(jobs: ScriptedJobs, tmp_path: Path) -> tuple[RayAttempt, list[dict[str, Any]], list[str]]:
+    records: list[dict[str, Any]] = []
+    lines: list[str] = []
+    (tmp_path / "attempts" / "1").mkdir(parents=True, exist_ok=True)
+    launch = Launch(tmp_path, "attempts/1/attempt.json", _spec(), "cpu@n1", {}, on_record=records.append,
+                    on_log=lines.extend, grace_seconds=5.0, stall_seconds=None)
+    attempt = RayAttempt(jobs, "j1-1", launch, poll_seconds=0.0)  # type: ignore[arg-type]
+    return attempt, records, lines
+
+
+def test_the_result_is_rebuilt_from_the_nodes_lines_however_the_log_is_cut(tmp_path: Path) -> None:
+    result = AttemptResult(134, OOM, 3, 2, 5 * MIB, False, None, 4 * MIB)
+    text = (
+        "2026-12-03 09:37:31,194\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+        + _line("started", host="n1", pid=7)
+        + _line("record", record={"event": "iteration", "iteration": 1})
+        + _line("log", lines=["F1203 syncedmem.cpp:56] Check failed: *ptr host allocation of size 9 failed"])
+        + _line("outcome", result=result_to_json(result))
+    )
+    cut = len(text) // 2 + 3  # a poll that ends inside a line
+    jobs = ScriptedJobs([("RUNNING", text[:cut]), ("RUNNING", text), ("FAILED", text)])
+    attempt, records, lines = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert records == [{"event": "iteration", "iteration": 1}]
+    assert lines[0].startswith("F1203") and attempt.host == "n1"
+    assert result_from_json(json.loads(json.dumps(result_to_json(result)))) == result
+
+
+def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path) -> None:
+    jobs = ScriptedJobs([("RUNNING", ""), ("STOPPED", "")])
+    attempt, _, _ = _follow(jobs, tmp_path)
+    attempt.cancel()
+    ray_backend.OUTCOME_SECONDS, saved = 0.0, ray_backend.OUTCOME_SECONDS
+    try:
+        result = attempt.wait()
+    finally:
+        ray_backend.OUTCOME_SECONDS = saved
+    assert result.outcome.status == CANCELLED
+    assert (tmp_path / "attempts" / "1" / "cancel").is_file()  # a wrapper that starts later ends at once
+    deadline = time.monotonic() + 5
+    while not jobs.stopped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert jobs.stopped == ["j1-1"]
+
+
+def test_a_pending_job_that_was_stopped_is_given_up_after_a_while(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_backend, "PENDING_CANCEL_SECONDS", 0.0)
+    jobs = ScriptedJobs([("PENDING", "")])  # Ray's stop leaves a pending job pending
+    attempt, _, _ = _follow(jobs, tmp_path)
+    attempt.cancel()
+    assert attempt.wait().outcome.status == CANCELLED
+
+
+def test_a_job_that_failed_without_a_result_says_what_ray_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_backend, "OUTCOME_SECONDS", 0.0)
+    jobs = ScriptedJobs([("FAILED", "Traceback (most recent call last):\nModuleNotFoundError: digits_memplugin\n")])
+    attempt, _, _ = _follow(jobs, tmp_path)
+    result = attempt.wait()
+    assert result.outcome.status == FAILED
+    assert "ended FAILED" in result.outcome.message and "ModuleNotFoundError" in result.outcome.message
+
+
+def test_an_unreachable_cluster_fails_the_attempt_after_a_bounded_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_backend, "UNREACHABLE_SECONDS", 0.0)
+    client = ray_backend.RayJobsClient("http://127.0.0.1:9", timeout=0.5)  # nothing listens on port 9
+    records: list[dict[str, Any]] = []
+    (tmp_path / "attempts" / "1").mkdir(parents=True)
+    launch = Launch(tmp_path, "attempts/1/attempt.json", _spec(), "cpu", {}, on_record=records.append,
+                    on_log=lambda lines: None, grace_seconds=5.0, stall_seconds=None)
+    result = RayAttempt(client, "j1-1", launch, poll_seconds=0.0).wait()
+    assert result.outcome.status == FAILED and "stopped answering" in result.outcome.message
+    with pytest.raises(RayError, match=re.escape("127.0.0.1:9")):
+        client.nodes()
+
+
+def test_the_entrypoint_pins_the_device_and_carries_our_cuda_environment(tmp_path: Path) -> None:
+    backend = RayBackend("http://head:8265", tmp_path, python="/opt/venv/bin/python", client=ScriptedJobs([]))  # type: ignore[arg-type]
+    launch = Launch(tmp_path / "jobs" / "j1", "attempts/1/attempt.json", _spec(), "GPU-abc", {
+        "CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, on_record=lambda r: None,
+        on_log=lambda lines: None, grace_seconds=5.0, stall_seconds=600.0)
+    words = shlex.split(backend.entrypoint(launch))
+    assert words[:4] == ["/opt/venv/bin/python", "-m", "digits_memplugin.jobs.node", "attempts/1/attempt.json"]
+    assert words[words.index("CUDA_VISIBLE_DEVICES=1") - 1:][:2] == ["--env", "CUDA_VISIBLE_DEVICES=1"]
+    assert float(words[words.index("--grace") + 1]) < ray_backend.STOP_WAIT_SECONDS  # it reports before Ray's SIGKILL
+    assert RayBackend.resources("GPU-abc") == {"memplugin_gpu:GPU-abc": 1.0}
+    assert RayBackend.resources("cpu@n2") == {"memplugin_cpu:n2": 1.0}
+    assert RayBackend.resources("cpu") == {}
+
+
+# --- the hosts' devices ----------------------------------------------------------------------------------------
+
+
+def _report(root: Path, host: str, devices: DeviceList, age: float = 0.0) -> None:
+    (root / "nodes").mkdir(parents=True, exist_ok=True)
+    document = {"host": host, "time": time.time() - age, **devices.to_json()}
+    (root / "nodes" / f"{host}.json").write_text(json.dumps(document))
+
+
+def test_every_hosts_gpus_and_cpu_are_listed_with_the_host(tmp_path: Path, fake_gpus: Any) -> None:
+    own = read_devices()
+    _report(tmp_path, "n1", own)
+    _report(tmp_path, "gone", own, age=3600)  # a stale report: the host is gone
+    devices = ClusterDeviceReader(tmp_path, DeviceReader()).read()
+    assert [cpu.key for cpu in devices.other_cpus] == ["cpu@n1"] and cpu_host("cpu@n1") == "n1"
+    assert devices.cpu.key == "cpu" and devices.cpu.host is None
+    assert {gpu.host for gpu in devices.gpus} == {"n1"}  # this server's own GPUs are n1's in this test
+    assert "host" in devices.to_json()["devices"][0] and "host" not in own.to_json()["devices"][0]
+    assert normalise_device("cpu@n1", devices) == "cpu@n1"
+    assert admit("cpu@n1", devices, memory_cap=64 * MIB, gpus_simulated=False) == "cpu@n1"
+    with pytest.raises(DeviceRefused, match="no host's CPU"):
+        admit("cpu@gone", devices, memory_cap=None, gpus_simulated=False)
+
+
+def test_the_backend_settings_are_checked_at_start() -> None:
+    assert Settings.from_config({}).job_backend == "local"
+    with pytest.raises(ConfigError, match="'local' or 'ray'"):
+        Settings.from_config({"MEMPLUGIN_JOB_BACKEND": "slurm"})
+    with pytest.raises(ConfigError, match="http"):
+        Settings.from_config({"MEMPLUGIN_RAY_ADDRESS": "head:8265"})
+    settings = Settings.from_config({"MEMPLUGIN_JOB_BACKEND": "ray", "MEMPLUGIN_RAY_ADDRESS": "http://head:8265/"})
+    assert settings.ray_address == "http://head:8265"
+
+
+# --- the Ray backend and the node wrapper as plain subprocesses: the same job as the local backend -----------------
+
+
+class SubprocessJobs:
+    """The Jobs API's behaviour without Ray: each submission's entrypoint runs as a shell child here; its output
+    is the job's log."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.jobs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.stopped: set[str] = set()
+
+    def submit(self, submission_id: str, entrypoint: str, *, resources: Mapping[str, float],
+               metadata: Mapping[str, str]) -> str:
+        if submission_id in self.jobs:
+            raise RayError("HTTP 500: a submission id is used once")
+        out = self.folder / f"{submission_id}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with out.open("wb") as log:
+            process = subprocess.Popen(entrypoint, shell=True, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        self.jobs[submission_id] = (process, out)
+        return submission_id
+
+    def status(self, submission_id: str) -> dict[str, Any]:
+        process, _ = self.jobs[submission_id]
+        code = process.poll()
+        state = "RUNNING" if code is None else "STOPPED" if submission_id in self.stopped else (
+            "SUCCEEDED" if code == 0 else "FAILED")
+        return {"status": state, "driver_exit_code": code}
+
+    def logs(self, submission_id: str) -> str:
+        return self.jobs[submission_id][1].read_text(errors="replace")
+
+    def stop(self, submission_id: str) -> bool:
+        process, _ = self.jobs[submission_id]
+        self.stopped.add(submission_id)
+        os.killpg(process.pid, signal.SIGTERM)
+        return True
+
+    def close(self) -> None:
+        for process, _ in self.jobs.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def _shape(records: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What must agree between backends: each record's kind and iteration (times and memory vary)."""
+    return [(r.get("event"), r.get("iteration")) for r in records]
+
+
+@pytest.mark.slow
+def test_the_ray_backend_gives_the_same_attempts_and_records_as_the_local_one(
+    tmp_path: Path, datasets: Path
+) -> None:
+    runs: dict[str, tuple[list[Attempt], list[dict[str, Any]]]] = {}
+    jobs = SubprocessJobs(tmp_path)
+    try:
+        for name in ("local", "ray"):
+            data = tmp_path / name
+            backend: Any = LocalBackend() if name == "local" else RayBackend(
+                "http://unused", data, client=jobs, poll_seconds=0.2)  # type: ignore[arg-type]
+            records: list[dict[str, Any]] = []
+
+            def keep(event: str, payload: dict[str, Any], records: list[dict[str, Any]] = records) -> None:
+                if event == "job_progress":
+                    records.append(payload)
+
+            manager = JobManager(ManagerConfig(data_dir=data, dataset_roots=(datasets,), poll_seconds=0.1,
+                                               cpu_memory_cap=64 * MIB), DeviceReader(), on_event=keep,
+                                 backend=backend)
+            manager.start()
+            try:
+                job = manager.submit(lenet_request(batch=512, fallback={"start": "wanted"}))
+                ended = manager.wait(job.id, timeout=240)
+                assert ended.status == "done", manager.document(job.id)
+                runs[name] = (manager.store.attempts(job.id), records)
+            finally:
+                manager.stop()
+    finally:
+        jobs.close()
+    (local, local_records), (ray, ray_records) = runs["local"], runs["ray"]
+    assert [a.handle.split(":")[0] for a in ray] == ["ray"] * len(ray)
+    assert [(a.status, a.batch_size, a.iter_size, a.signal, a.end_iteration) for a in ray] == [
+        (a.status, a.batch_size, a.iter_size, a.signal, a.end_iteration) for a in local]
+    assert ray[0].status == OUT_OF_MEMORY and ray[0].out_of_memory and local[0].out_of_memory
+    assert ray[0].out_of_memory["signature"] == local[0].out_of_memory["signature"] == "host_allocation_failed"
+    assert _shape(ray_records) == _shape(local_records)
