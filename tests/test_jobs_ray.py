@@ -278,3 +278,32 @@ def test_an_out_of_memory_attempt_under_a_cap_is_retried_smaller(ray_app: Any) -
     assert first["out_of_memory"]["signature"] == "host_allocation_failed"  # classified on the node
     assert last["status"] == "success" and last["batch_size"] < 512
     assert last["batch_size"] * last["iter_size"] >= 512
+
+
+def test_the_gevent_server_runs_jobs_on_the_ray_backend(cluster: Cluster, tmp_path: Path, datasets: Path) -> None:
+    """`serve --backend ray` as users start it: gevent-patched, talking to Ray over HTTP only (ray.init would hang)."""
+    import requests
+    from test_jobs_restart import serve
+
+    data = tmp_path / "served"
+    data.mkdir()
+    server = serve(data, tmp_path / "serve.log", "--backend", "ray", "--ray-address", cluster.dashboard,
+                   "--shared-dir", str(cluster.shared), "--dataset-root", str(datasets))
+    try:
+        devices = requests.get(server.api("/devices"), timeout=10).json()["devices"]
+        assert {"cpu@head", "cpu@n2"} <= {row["key"] for row in devices}
+        job = requests.post(server.api("/jobs"), json=body(device="cpu@n2"), timeout=10).json()
+        assert "id" in job, job
+        document = wait_for(
+            lambda: (doc := requests.get(server.api(f"/jobs/{job['id']}"), timeout=10).json())["status"]
+            in ("done", "failed") and doc,
+            timeout=180, what="the served job to end",
+        )
+        assert document["status"] == "done", document
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=10)

@@ -111,10 +111,32 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
         process.cancel()
     threading.Thread(target=watch_cancel, daemon=True).start()
     emit("started", {"host": node_name(), "pid": process.pid})
+    peak = _GpuPeak(process.pid) if data.get("device", {}).get("kind") == "gpu" else None
+    if peak is not None:
+        threading.Thread(target=peak.follow, args=(done,), daemon=True).start()
     result = process.wait()
     done.set()
+    if peak is not None and peak.bytes is not None:  # what the server samples for a local child, sampled here
+        result = dataclasses.replace(result, peak_bytes=max(result.peak_bytes or 0, peak.bytes))
     emit("outcome", {"result": result_to_json(result)})
     return 0
+
+
+class _GpuPeak:
+    """The child's GPU memory at its largest, from NVML's process list on this host (CUDA cannot tell the child)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.bytes: int | None = None
+
+    def follow(self, done: threading.Event, seconds: float = 1.0) -> None:
+        from ..devices import read_devices
+
+        while not done.wait(seconds):
+            for gpu in read_devices().gpus:
+                for process in gpu.processes or ():
+                    if process.pid == self.pid and process.used_memory is not None:
+                        self.bytes = max(self.bytes or 0, process.used_memory)
 
 
 # --- the agent and the probe -------------------------------------------------------------------------------------
