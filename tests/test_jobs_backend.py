@@ -317,6 +317,32 @@ def test_the_entrypoint_pins_the_device_and_carries_our_cuda_environment(tmp_pat
     assert RayBackend.resources("cpu") == {}
 
 
+class ProbedJobs(ScriptedJobs):
+    """Two hosts; the probe fails on n2 (its mount is missing)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"resources_total": {"CPU": 2.0, "memplugin_cpu:n1": 1.0}},
+                {"resources_total": {"memplugin_cpu:n2": 1.0, "memplugin_gpu:GPU-1": 1.0}}]
+
+    def status(self, submission_id: str) -> dict[str, Any]:
+        return {"status": "FAILED" if submission_id.endswith("-n2") else "SUCCEEDED"}
+
+    def logs(self, submission_id: str) -> str:
+        return "Running entrypoint\nn2: cannot read /srv/x/.probe: No such file or directory\n"
+
+
+def test_the_ray_backend_refuses_a_cluster_whose_nodes_cannot_see_the_shared_folder(tmp_path: Path) -> None:
+    jobs = ProbedJobs()
+    backend = RayBackend("http://head:8265", tmp_path, client=jobs)  # type: ignore[arg-type]
+    with pytest.raises(RayError, match="not visible on every node: n2: n2: cannot read"):
+        backend.check(timeout=5)
+    assert [job["resources"] for job in jobs.submitted] == [{"memplugin_cpu:n1": 0.001}, {"memplugin_cpu:n2": 0.001}]
+    assert not list(tmp_path.glob(".probe-*"))  # the probe file is removed
+
+
 # --- the hosts' devices ----------------------------------------------------------------------------------------
 
 
@@ -349,6 +375,9 @@ def test_the_backend_settings_are_checked_at_start() -> None:
         Settings.from_config({"MEMPLUGIN_RAY_ADDRESS": "head:8265"})
     settings = Settings.from_config({"MEMPLUGIN_JOB_BACKEND": "ray", "MEMPLUGIN_RAY_ADDRESS": "http://head:8265/"})
     assert settings.ray_address == "http://head:8265"
+    assert Settings.from_config({"MEMPLUGIN_MESSAGE_QUEUE": "redis://127.0.0.1:6379/0"}).message_queue
+    with pytest.raises(ConfigError, match="redis://"):
+        Settings.from_config({"MEMPLUGIN_MESSAGE_QUEUE": "127.0.0.1:6379"})
 
 
 # --- the Ray backend and the node wrapper as plain subprocesses: the same job as the local backend -----------------
