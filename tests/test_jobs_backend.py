@@ -153,6 +153,19 @@ def test_cancel_reaches_the_backends_handle(managers: Callable[..., JobManager])
     assert backend.launched[0].cancelled.is_set()
 
 
+class DownBackend(FakeBackend):
+    def launch(self, launch: Launch) -> FakeHandle:
+        raise RayError("Ray POST /api/jobs/ at http://head:8265: [Errno 111] Connection refused")
+
+
+def test_an_attempt_the_backend_cannot_start_fails_the_job_saying_why(managers: Callable[..., JobManager]) -> None:
+    manager = managers(DownBackend([]))
+    job = manager.wait(manager.submit(lenet_request()).id, timeout=30)
+    assert job.status == "failed" and "could not be started (fake backend)" in (job.message or "")
+    (attempt,) = manager.store.attempts(job.id)
+    assert attempt.status == "failed" and "Connection refused" in (attempt.message or "")
+
+
 def test_the_backend_reaps_what_a_previous_server_left_running(
     managers: Callable[..., JobManager], tmp_path: Path
 ) -> None:

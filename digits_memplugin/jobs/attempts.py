@@ -350,8 +350,15 @@ class AttemptLoop:
             entry.attempt, entry.peak = number, None
             entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
             entry.progress = {"train": None, "test": []}
+        try:  # outside the lock: a backend may take a request's time (the Ray backend submits over HTTP)
+            process = self.backend.launch(launch)
+        except Exception as error:
+            message = f"the attempt could not be started ({self.backend.name} backend): {error}"
+            store.update_attempt(job.id, number, status=FAILED_OUTCOME, finished_at=time.time(), message=message)
+            raise JobError(message) from error
+        with self._lock:  # a cancel or a stop that came meanwhile found no process: it is applied now
+            entry.process = process
             stopping, cancel = self._stopping(), entry.cancel
-            process = entry.process = self.backend.launch(launch)
             if stopping:
                 process.kill()
             elif cancel:
