@@ -71,5 +71,13 @@ class ShapeError(NetError):
     """Shapes that Caffe would reject (it would abort with a CHECK failure)."""
 
 
+class BlobLimitError(ShapeError):
+    """A blob over Caffe's INT_MAX elements (Blob::Reshape's CHECK). Unlike other shape errors it depends on the
+    batch: the planner treats such a batch as one that cannot fit, and reaches the wanted batch through iter_size."""
+
+    elements: int | None = None
+    """The element count the blob would have had."""
+
+
 class UnsupportedLayerError(NetError):
     """A layer type neither the shape rules nor the pycaffe fallback can handle."""
