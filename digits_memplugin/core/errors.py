@@ -71,12 +71,20 @@ class ShapeError(NetError):
     """Shapes that Caffe would reject (it would abort with a CHECK failure)."""
 
 
-class BlobLimitError(ShapeError):
-    """A blob over Caffe's INT_MAX elements (Blob::Reshape's CHECK). Unlike other shape errors it depends on the
-    batch: the planner treats such a batch as one that cannot fit, and reaches the wanted batch through iter_size."""
+class BatchLimitError(ShapeError):
+    """A batch too large to build in one pass. Unlike other shape errors it depends on the batch: the planner treats
+    such a batch as one that cannot fit, and reaches the wanted batch through iter_size."""
 
     elements: int | None = None
-    """The element count the blob would have had."""
+    """The element count of the blob that overflowed, when a blob did."""
+
+
+class BlobLimitError(BatchLimitError):
+    """A blob over Caffe's INT_MAX elements (Blob::Reshape's CHECK)."""
+
+
+class UnrollLimitError(BatchLimitError):
+    """A recurrent layer unrolled over more timesteps than the estimator builds (each one is several layers)."""
 
 
 class UnsupportedLayerError(NetError):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .collector import paused_collector
-from .errors import BlobLimitError, NetError, ShapeError
+from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
@@ -214,7 +214,7 @@ def _estimate(
     blob_limit = None
     try:
         report, train, tests = estimator.report(request.batch, request.test_batch)
-    except BlobLimitError as error:
+    except BatchLimitError as error:
         if request.batch is None:
             raise  # the net as written: there is no wanted batch to reach another way
         blob_limit = _single_pass_limit(estimator, request.batch, request.test_batch, error)
@@ -270,7 +270,7 @@ def _estimate(
 
 
 def _single_pass_limit(
-    estimator: Estimator, wanted: int, test_batch: int | None, error: BlobLimitError
+    estimator: Estimator, wanted: int, test_batch: int | None, error: BatchLimitError
 ) -> dict[str, Any]:
     """The wanted batch makes a blob over Caffe's INT_MAX elements: the fewest passes (iter_size) whose batch Caffe
     can build, as the planner reaches a batch that does not fit in memory. Raises `error` when not even batch 1
@@ -290,16 +290,21 @@ def _single_pass_limit(
         "layer": error.layer,
         "elements": error.elements,
         "message": (
-            f"Caffe cannot build batch {wanted} in one pass: layer {error.layer!r} would create a blob of "
-            f"{error.elements} elements, over its limit of {INT_MAX} (INT_MAX); at most batch {largest} per pass, "
-            f"so batch {wanted} is reached as {batch} x iter_size {iter_size}"
+            (
+                f"Caffe cannot build batch {wanted} in one pass: layer {error.layer!r} would create a blob of "
+                f"{error.elements} elements, over its limit of {INT_MAX} (INT_MAX)"
+                if isinstance(error, BlobLimitError)
+                else f"batch {wanted} cannot be built in one pass: layer {error.layer!r}: {error.message}"
+            )
+            + f"; at most batch {largest} per pass, so batch {wanted} is reached as {batch} x iter_size {iter_size}"
         ),
     }
 
 
 def _limited_by(estimator: Estimator, largest: int, limit: int, test_batch: int | None) -> str:
     """Why the largest batch is not larger: "max_batch" (the limit asked for, such as the dataset's size),
-    "blob_limit" (one more item would make a blob over INT_MAX elements) or "memory"."""
+    "blob_limit" (one more item would make a blob over INT_MAX elements), "unroll_limit" (a recurrent layer would
+    unroll past the estimator's bound) or "memory"."""
     if largest >= limit:
         return "max_batch"
     if largest > 0:
@@ -307,6 +312,8 @@ def _limited_by(estimator: Estimator, largest: int, limit: int, test_batch: int 
             estimator.total(largest + 1, test_batch)
         except BlobLimitError:
             return "blob_limit"
+        except BatchLimitError:
+            return "unroll_limit"
     return "memory"
 
 

@@ -344,6 +344,11 @@ def build_net(
         prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
     net_param, source, lines = prepared.net_param, prepared.source, prepared.lines
     shapes = dict(data_shapes or {})
+    phase_built = prepared.phase
+
+    def build_subnet(subnet_param: Any) -> Net:
+        """A net a layer holds inside (RecurrentLayer's unrolled net): built like this one, in its phase."""
+        return build_net(subnet_param, phase_built, source=source or "net.prototxt")
 
     blobs: list[Blob] = []
     params: list[Param] = []
@@ -384,6 +389,7 @@ def build_net(
             memo=prepared.memos[layer_index],
             name=name_,
             layer_type=type_,
+            build_subnet=build_subnet,
         )
         from_oracle = False
         setup = None

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from ..core.errors import BlobLimitError, NetError
+from ..core.errors import BatchLimitError, NetError
 from ..core.fallback import (
     CPU_SAFETY_MARGIN,
     DEFAULT_MAX_ATTEMPTS,
@@ -959,7 +959,7 @@ class JobManager:
             if made == 0 and not failures and job.spec.get("fallback", {}).get("start") == "wanted" and wanted:
                 try:
                     cost = definition.estimator(engine, self.oracle).report(wanted, None)[0].total_bytes
-                except BlobLimitError:
+                except BatchLimitError:
                     cost = None  # Caffe cannot build it in one pass at all: the planned iter_size is the start
                 if cost is not None:
                     budget = usable_bytes(limit.limit_bytes, self._margin(job, engine))
