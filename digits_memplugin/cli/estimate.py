@@ -155,13 +155,16 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
             "",
             (f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
             f"after a {document['safety_margin']:.0%} margin"),
-            f"largest batch that fits: {document['max_batch_size']}",
+            f"largest batch that fits: {document['max_batch_size']}"
+            + ("  (Caffe's INT_MAX blob limit)" if document.get("max_batch_limited_by") == "blob_limit" else ""),
             f"plan: batch_size {plan['batch_size']} x iter_size {plan['iter_size']} = {plan['effective_batch']}"
             + ("" if plan["fits"] else "  (DOES NOT FIT, even at batch 1)"),
         ]
         if document.get("test_plan"):
             test = document["test_plan"]
             lines.append(f"test nets: batch_size {test['batch_size']}, test_iter {test['test_iter']}")
+    if document.get("blob_limit"):
+        lines += ["", f"{document['blob_limit']['message']}."]
     for assumption in document["assumptions"]:
         lines.append(f"assumes: {assumption}")
     return "\n".join(lines)

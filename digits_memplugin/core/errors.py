@@ -71,5 +71,21 @@ class ShapeError(NetError):
     """Shapes that Caffe would reject (it would abort with a CHECK failure)."""
 
 
+class BatchLimitError(ShapeError):
+    """A batch too large to build in one pass. Unlike other shape errors it depends on the batch: the planner treats
+    such a batch as one that cannot fit, and reaches the wanted batch through iter_size."""
+
+    elements: int | None = None
+    """The element count of the blob that overflowed, when a blob did."""
+
+
+class BlobLimitError(BatchLimitError):
+    """A blob over Caffe's INT_MAX elements (Blob::Reshape's CHECK)."""
+
+
+class UnrollLimitError(BatchLimitError):
+    """A recurrent layer unrolled over more timesteps than the estimator builds (each one is several layers)."""
+
+
 class UnsupportedLayerError(NetError):
     """A layer type neither the shape rules nor the pycaffe fallback can handle."""

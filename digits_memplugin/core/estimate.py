@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .collector import paused_collector
-from .errors import NetError, ShapeError
-from .layers.base import ENGINE_CPU, ENGINES
+from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
+from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, max_buildable, plan_batch, usable_bytes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -64,6 +64,11 @@ class EstimateRequest:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
+        for name in ("batch", "test_batch"):
+            value = getattr(self, name)
+            if value is not None and value > INT_MAX:
+                # A batch Caffe could never be given (its batch sizes and shapes are 32-bit): no iter_size helps.
+                raise NetError(f"{name} must be at most {INT_MAX} (Caffe's INT_MAX), got {value}", field=name)
         if self.free_bytes is not None and (
             not isinstance(self.free_bytes, int) or isinstance(self.free_bytes, bool) or self.free_bytes < 0
         ):
@@ -206,7 +211,14 @@ def _estimate(
         cuda_context_bytes=request.cuda_context_bytes,
     )
     estimator = Estimator(definition, options, request.data_shapes, oracle)
-    report, train, tests = estimator.report(request.batch, request.test_batch)
+    blob_limit = None
+    try:
+        report, train, tests = estimator.report(request.batch, request.test_batch)
+    except BatchLimitError as error:
+        if request.batch is None:
+            raise  # the net as written: there is no wanted batch to reach another way
+        blob_limit = _single_pass_limit(estimator, request.batch, request.test_batch, error)
+        report, train, tests = estimator.report(blob_limit["batch_size"], request.test_batch)
     batch = net_batch(train)
     test_batch = net_batch(tests[0]) if tests else None
 
@@ -238,20 +250,71 @@ def _estimate(
         "free_bytes": request.free_bytes,
         "usable_bytes": None,
         "safety_margin": request.safety_margin,
+        "blob_limit": blob_limit,
     }
     if request.curve_batches:
         document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
         document["linear_model"] = _linear_model(estimator, request.test_batch)
     limit = request.max_batch or MAX_BATCH
-    if batch is not None and request.free_bytes is not None:
-        document.update(_device_plan(estimator, definition, batch, test_batch, request.free_bytes,
+    # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
+    wanted = request.batch if blob_limit is not None else batch
+    if wanted is not None and request.free_bytes is not None:
+        document.update(_device_plan(estimator, definition, wanted, test_batch, request.free_bytes,
                                      request.safety_margin, limit))
-    if batch is not None and request.budgets:
+    if wanted is not None and request.budgets:
         document["plans"] = {
-            key: _device_plan(estimator, definition, batch, test_batch, free, request.safety_margin, limit)
+            key: _device_plan(estimator, definition, wanted, test_batch, free, request.safety_margin, limit)
             for key, free in request.budgets.items()
         }
     return document
+
+
+def _single_pass_limit(
+    estimator: Estimator, wanted: int, test_batch: int | None, error: BatchLimitError
+) -> dict[str, Any]:
+    """The wanted batch makes a blob over Caffe's INT_MAX elements: the fewest passes (iter_size) whose batch Caffe
+    can build, as the planner reaches a batch that does not fit in memory. Raises `error` when not even batch 1
+    can be built (the limit is not the batch's doing)."""
+    hint = INT_MAX * wanted // error.elements if error.elements else None
+    largest = max_buildable(estimator.curve(test_batch), wanted - 1, hint)
+    if largest == 0:
+        raise error
+    iter_size = math.ceil(wanted / largest)
+    batch = math.ceil(wanted / iter_size)
+    return {
+        "wanted_batch_size": wanted,
+        "max_batch_size": largest,
+        "batch_size": batch,
+        "iter_size": iter_size,
+        "effective_batch": batch * iter_size,
+        "layer": error.layer,
+        "elements": error.elements,
+        "message": (
+            (
+                f"Caffe cannot build batch {wanted} in one pass: layer {error.layer!r} would create a blob of "
+                f"{error.elements} elements, over its limit of {INT_MAX} (INT_MAX)"
+                if isinstance(error, BlobLimitError)
+                else f"batch {wanted} cannot be built in one pass: layer {error.layer!r}: {error.message}"
+            )
+            + f"; at most batch {largest} per pass, so batch {wanted} is reached as {batch} x iter_size {iter_size}"
+        ),
+    }
+
+
+def _limited_by(estimator: Estimator, largest: int, limit: int, test_batch: int | None) -> str:
+    """Why the largest batch is not larger: "max_batch" (the limit asked for, such as the dataset's size),
+    "blob_limit" (one more item would make a blob over INT_MAX elements), "unroll_limit" (a recurrent layer would
+    unroll past the estimator's bound) or "memory"."""
+    if largest >= limit:
+        return "max_batch"
+    if largest > 0:
+        try:
+            estimator.total(largest + 1, test_batch)
+        except BlobLimitError:
+            return "blob_limit"
+        except BatchLimitError:
+            return "unroll_limit"
+    return "memory"
 
 
 def _device_plan(
@@ -269,6 +332,9 @@ def _device_plan(
         "free_bytes": free_bytes,
         "usable_bytes": budget,
         "max_batch_size": largest,
+        "max_batch_limited_by": _limited_by(
+            estimator, largest, limit, test_plan["batch_size"] if test_plan else test_batch
+        ),
         "plan": plan.to_dict(),
         "test_plan": test_plan,
     }

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import NetError, ShapeError, UnsupportedLayerError
+from .errors import BlobLimitError, NetError, ShapeError, UnsupportedLayerError
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
 from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, check_layer_fillers
 from .proto import caffe_pb2
@@ -344,6 +344,11 @@ def build_net(
         prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
     net_param, source, lines = prepared.net_param, prepared.source, prepared.lines
     shapes = dict(data_shapes or {})
+    phase_built = prepared.phase
+
+    def build_subnet(subnet_param: Any) -> Net:
+        """A net a layer holds inside (RecurrentLayer's unrolled net): built like this one, in its phase."""
+        return build_net(subnet_param, phase_built, source=source or "net.prototxt")
 
     blobs: list[Blob] = []
     params: list[Param] = []
@@ -384,6 +389,7 @@ def build_net(
             memo=prepared.memos[layer_index],
             name=name_,
             layer_type=type_,
+            build_subnet=build_subnet,
         )
         from_oracle = False
         setup = None
@@ -562,9 +568,12 @@ def _check_blob_size(shape: Shape, ctx: LayerContext) -> None:
         if dim < 0:
             raise ctx.error(f"would create a blob with a negative dimension {list(shape)}")
         if dim > INT_MAX or (count != 0 and dim > INT_MAX // count):
-            raise ctx.error(
-                f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)"
+            error = BlobLimitError(
+                f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)",
+                source=ctx.source, line=ctx.line, layer=ctx.name, layer_type=ctx.type,
             )
+            error.elements = count_of(shape)
+            raise error
         count *= dim
     if count == 0:
         raise ctx.error(

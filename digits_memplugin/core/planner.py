@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from .errors import ShapeError
+from .errors import BatchLimitError
 
 MAX_BATCH = 1 << 20
 """No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""
@@ -41,7 +41,8 @@ class BatchPlan:
 
 
 class MemoryCurve:
-    """Memory as a function of the batch, memoised; a batch Caffe cannot build (INT_MAX blobs) costs infinity.
+    """Memory as a function of the batch, memoised; a batch that cannot be built (a blob over Caffe's INT_MAX
+    elements, a recurrent layer unrolled past the estimator's bound) costs infinity.
 
     `known` seeds it with footprints already computed (the report the caller asked for), which the search uses
     as one of its two points instead of building another batch.
@@ -57,9 +58,7 @@ class MemoryCurve:
             self.evaluations += 1
             try:
                 self._cache[batch] = float(self._bytes_at(batch))
-            except ShapeError as error:
-                if "INT_MAX" not in str(error):
-                    raise
+            except BatchLimitError:
                 self._cache[batch] = math.inf
         return self._cache[batch]
 
@@ -110,6 +109,26 @@ def _bisect(curve: MemoryCurve, budget: int, limit: int) -> int:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if curve(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_buildable(curve: MemoryCurve, limit: int, hint: int | None = None) -> int:
+    """The largest batch b <= limit that can be built at all (no blob over INT_MAX elements...); 0 when not even
+    batch 1 can be. Blob sizes are linear in the batch, so `hint` (INT_MAX over the elements per item of the blob
+    that overflowed) is usually the answer; it is checked on both sides, else a bisection decides."""
+    if not math.isfinite(curve(1)):
+        return 0
+    if limit < 2 or math.isfinite(curve(limit)):
+        return max(1, limit)
+    if hint is not None and 1 <= hint < limit and math.isfinite(curve(hint)) and not math.isfinite(curve(hint + 1)):
+        return hint
+    lo, hi = 1, limit  # curve(lo) is finite, curve(hi) is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if math.isfinite(curve(mid)):
             lo = mid
         else:
             hi = mid

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from ..core.errors import NetError
+from ..core.errors import BatchLimitError, NetError
 from ..core.fallback import (
     CPU_SAFETY_MARGIN,
     DEFAULT_MAX_ATTEMPTS,
@@ -957,10 +957,14 @@ class JobManager:
             plan, message = decision.plan, decision.message
             wanted = self._wanted(job, definition)
             if made == 0 and not failures and job.spec.get("fallback", {}).get("start") == "wanted" and wanted:
-                cost = definition.estimator(engine, self.oracle).report(wanted, None)[0].total_bytes
-                budget = usable_bytes(limit.limit_bytes, self._margin(job, engine))
-                plan = BatchPlan(wanted, 1, cost <= budget, cost, wanted)
-                message = f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
+                try:
+                    cost = definition.estimator(engine, self.oracle).report(wanted, None)[0].total_bytes
+                except BatchLimitError:
+                    cost = None  # Caffe cannot build it in one pass at all: the planned iter_size is the start
+                if cost is not None:
+                    budget = usable_bytes(limit.limit_bytes, self._margin(job, engine))
+                    plan = BatchPlan(wanted, 1, cost <= budget, cost, wanted)
+                    message = f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
             result, attempt = self._run_attempt(job, definition, entry, limit, plan, decision, message)
             self._measure(job_id)
             made += 1

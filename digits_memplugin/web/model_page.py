@@ -127,11 +127,19 @@ def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None) -
     try:
         return plugin.estimates.estimate(spec.estimate_request(engine, device.memory_free, batch))  # type: ignore[no-any-return]
     except NetError as error:
-        raise PlanError(_error_field(error, spec), error.to_dict()) from None
+        field = _error_field(error, spec)
+        raise PlanError(field, _error_detail(error, field, spec)) from None
+
+
+TYPED_TEXT_FIELDS = frozenset({"custom_network", "solver_text"})
+"""Fields whose text the user typed or uploaded: only there does a line number point at something they can see."""
 
 
 def _error_field(error: NetError, spec: ModelSpec) -> str:
-    """The form field a definition error belongs beside."""
+    """The form field a definition error belongs beside: the field that caused it, where the user looks.
+
+    A standard network is known to build at its own dataset's shape and batch, so an error in it comes from what
+    the user changed: the item shape if one was given, else the batch."""
     if error.source is not None and error.source.startswith(spec.solver_source) and spec.solver_source != spec.net_source:
         return "solver_text" if spec.solver_settings is None else "solver_type"
     if error.field == "top" and error.layer_type in DATA_LAYER_TYPES and spec.item_shape is None:
@@ -140,7 +148,24 @@ def _error_field(error: NetError, spec: ModelSpec) -> str:
         return "classes"
     if error.field in ("batch", "classes"):
         return "batch_size" if error.field == "batch" else "classes"
-    return "custom_network" if spec.network_key is None else "standard_network"
+    if spec.network_key is not None:
+        if spec.item_shape != standard_network(spec.network_key).item_shape:
+            return "item_shape"
+        if isinstance(spec.batch, int):
+            return "batch_size"
+        return "standard_network"
+    return "custom_network"
+
+
+def _error_detail(error: NetError, field: str, spec: ModelSpec) -> dict[str, Any]:
+    """The error as the form shows it: line numbers only beside text the user typed, and the standard network
+    named (its text is never shown, so "layer conv1" alone would say nothing)."""
+    detail = error.to_dict()
+    if field not in TYPED_TEXT_FIELDS:
+        detail.update(line=None, column=None)
+    if spec.network_key is not None and error.layer is not None:
+        detail["network"] = standard_network(spec.network_key).title
+    return detail
 
 
 # --- views --------------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
  * - shows only the chosen network and solver sections, and copies a standard network into the custom one;
  * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device: gpu-cudnn on GPUs,
  *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
- * - shows a definition error beside its field with its line number;
+ * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
+ * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
  * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
  * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves.
  */
@@ -79,10 +80,14 @@
 
   // --- errors beside the fields --------------------------------------------------------------------------------
 
-  function errorNode(error) {
+  /** Fields whose text the user typed: only there does a line number point at something they can see. */
+  const TYPED_TEXT_FIELDS = new Set(["custom_network", "solver_text"]);
+
+  function errorNode(error, name) {
     if (typeof error === "string") return MP.el("div", {}, error);
     const parts = [];
-    if (error.line) {
+    if (error.network) parts.push(error.network + ", ");
+    if (error.line && TYPED_TEXT_FIELDS.has(name)) {
       parts.push(MP.el("strong", { className: "mp-error-where" },
         "Line " + error.line + (error.column ? ", column " + error.column : "") + ":"), " ");
     }
@@ -95,7 +100,7 @@
   function setError(name, error) {
     const box = form.querySelector('[data-error-for="' + name + '"]');
     if (!box) return false;
-    box.replaceChildren(errorNode(error));
+    box.replaceChildren(errorNode(error, name));
     box.classList.add("d-block");
     box.dataset.from = "estimate";
     const input = field(name);
@@ -124,12 +129,19 @@
     for (const box of form.querySelectorAll('[data-error-for][data-from="estimate"]')) clearError(box.dataset.errorFor);
   }
 
-  /** The form field an error of api/estimate belongs beside (model_page._error_field does the same server-side). */
+  /** The form field an error of api/estimate belongs beside: the one that caused it (model_page._error_field does
+   * the same server-side). A standard network builds at its own dataset's shape and batch, so an error in it comes
+   * from what the user changed: the item shape if one was typed, else the batch. */
   function fieldFor(key, error) {
     if (key === "net") {
       if (error.field === "top" && DATA_LAYER_TYPES.has(error.layer_type)) return "item_shape";
       if (error.field === "inner_product_param.num_output" && !value("classes")) return "classes";
-      return value("network") === "custom" ? "custom_network" : "standard_network";
+      if (value("network") === "custom") return "custom_network";
+      const standard = chosenNetwork();
+      const shape = value("item_shape").trim();
+      if (shape && shape.replace(/\s/g, "") !== standard.item_shape) return "item_shape";
+      if (/^\d+$/.test(value("batch_size").trim())) return "batch_size";
+      return "standard_network";
     }
     if (key === "solver") return value("solver") === "file" ? "solver_text" : "solver_type";
     if (key === "batch") return "batch_size";
@@ -264,7 +276,10 @@
       results.clear();
       const found = (failed.data && failed.data.errors) || {};
       for (const [key, error] of Object.entries(found)) {
-        if (!setError(fieldFor(key, error), error)) setStatus(key + ": " + (error.message || error));
+        const name = fieldFor(key, error);
+        const shown = value("network") === "standard" && typeof error === "object" && error.layer
+          ? { ...error, network: chosenNetwork().title } : error;
+        if (!setError(name, shown)) setStatus(key + ": " + (error.message || error));
       }
       if (!Object.keys(found).length) setStatus("No estimate: " + ((failed.data && failed.data.error) || "HTTP " + failed.status));
       else setStatus("No estimate: the definition has an error (shown beside its field).");
@@ -282,7 +297,20 @@
       "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
       MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
     );
+    showBlobLimit(shown.blob_limit);
     drawCurve(request, devices, current, signal);
+  }
+
+  /** Beside the batch field: why the batch asked for is split into passes although memory is not the reason
+   * (Caffe cannot build a blob over INT_MAX elements). Cleared when the batch no longer hits the limit. */
+  function showBlobLimit(limit) {
+    if (limit) {
+      batchNote.textContent = limit.message + ".";
+      batchNote.dataset.from = "blob-limit";
+    } else if (batchNote.dataset.from === "blob-limit") {
+      batchNote.textContent = "";
+      delete batchNote.dataset.from;
+    }
   }
 
   /** Memory at a few batch sizes from 1 to past the largest batch that fits anywhere. */
@@ -337,9 +365,12 @@
     }
     field("batch_size").value = String(estimate.max_batch_size);
     clearError("batch_size");
-    batchNote.textContent =
-      "Batch " + estimate.max_batch_size + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
-      MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+    delete batchNote.dataset.from;
+    batchNote.textContent = estimate.max_batch_limited_by === "blob_limit"
+      ? "Batch " + estimate.max_batch_size + ": the largest Caffe can build in one pass (one more item would make a " +
+        "blob over its limit of 2147483647 elements), though " + MP.deviceLabel(target) + " has memory for more."
+      : "Batch " + estimate.max_batch_size + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
+        MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
     await runEstimate();
   });
 
@@ -347,7 +378,10 @@
 
   form.addEventListener("input", (event) => {
     if (event.target.name) clearError(event.target.name);
-    if (event.target.name === "batch_size") batchNote.textContent = "";
+    if (event.target.name === "batch_size") {
+      batchNote.textContent = "";
+      delete batchNote.dataset.from;
+    }
     schedule();
   });
   form.addEventListener("change", (event) => {
