@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import two_gpus
 from flask import Flask
 from flask.testing import FlaskClient
 from openapi_core import OpenAPI
@@ -124,8 +125,6 @@ def test_health_devices_and_estimates_match_the_document(
     install_nvml: Callable[[FakeNvml], FakeNvml], fixed_host: devices.HostPaths, app: Flask, client: FlaskClient,
     check: Checker,
 ) -> None:
-    from conftest import two_gpus
-
     install_nvml(FakeNvml(two_gpus()))
     root = api_root(app)
     assert check(client, "GET", f"{root}/health").get_json()["gpu_count"] == 2
@@ -154,12 +153,13 @@ def test_health_devices_and_estimates_match_the_document(
     assert refused[1].get_json()["errors"]["net"]["line"] == 1
 
 
-def test_answers_to_bad_requests_match_the_document(data_dir: Path, check: Checker) -> None:
+def test_answers_to_bad_requests_match_the_document(data_dir: Path) -> None:
     app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
                       "MEMPLUGIN_MAX_REQUEST_BYTES": 4096, "MEMPLUGIN_API_TOKEN": "a-token-of-24-characters"})
     try:
         client = app.test_client()
         root = api_root(app)
+        check = Checker(served(client, app))  # reading the document needs no token: reads are open here
         token = {"Authorization": "Bearer a-token-of-24-characters"}
         assert check(client, "POST", f"{root}/estimate", json={"net": "x" * 5000}, headers=token).status_code == 413
         assert check(client, "POST", f"{root}/jobs", json={"net": LENET}).status_code == 401
