@@ -29,6 +29,7 @@ setup(
         "digits_memplugin.static": ["**/*"],
         "digits_memplugin": ["py.typed"],
         "digits_memplugin.networks": ["*.prototxt"],
+        "digits_memplugin.web": ["openapi.json"],  # served at <prefix>/api/openapi.json
     },
     include_package_data=False,
     zip_safe=False,
@@ -60,6 +61,9 @@ setup(
             "mypy>=1.10",
             # Drives Debian's Chromium (/usr/bin/chromium) in the browser tests; its own browser download is never used.
             "playwright>=1.45,<2",
+            # Validates openapi.json as OpenAPI 3.1 and real API answers against it (tests/test_openapi.py); brings
+            # openapi-spec-validator and jsonschema.
+            "openapi-core>=0.23,<0.24",
         ],
     },
     entry_points={"console_scripts": ["digits-memplugin=digits_memplugin.cli:main"]},
