@@ -170,6 +170,27 @@ def test_cancel_by_form_needs_the_token_then_stops_the_child(jobs_app: Flask, cl
         stop(client, job["id"])
 
 
+def test_resume_by_form_queues_a_cancelled_job_again(client: FlaskClient) -> None:
+    """Issue 14, 8: a cancelled job offered only Delete; its page offers Resume (a form post without JavaScript)."""
+    job = submit(client, max_iter=100_000)
+    try:
+        running(client, job["id"])
+        assert re.search(r'id="resume-form" hidden', client.get(f"{PAGES}/{job['id']}").text)  # running: no Resume
+        client.post(f"{API}/{job['id']}/cancel")
+        assert ended(client, job["id"])["status"] == "cancelled"
+        html = client.get(f"{PAGES}/{job['id']}").text
+        assert re.search(r'id="resume-form">', html) and ">Resume</button>" in html
+        refused = client.post(f"{PAGES}/{job['id']}/resume", data={})
+        assert refused.status_code == 400 and "The job was not resumed: The CSRF token is missing." in refused.text
+        response = client.post(f"{PAGES}/{job['id']}/resume", data={"csrf_token": page_token(html)})
+        assert response.status_code == 303 and response.headers["Location"] == f"{PAGES}/{job['id']}"
+        assert client.get(f"{API}/{job['id']}").get_json()["status"] in ("queued", "running")
+        again = client.post(f"{PAGES}/{job['id']}/resume", data={"csrf_token": page_token(html)})
+        assert again.status_code == 409 and "The job was not resumed: the job is " in again.text
+    finally:
+        stop(client, job["id"])
+
+
 def test_delete_by_form_refuses_a_running_job_and_removes_a_finished_one(client: FlaskClient) -> None:
     job = submit(client, max_iter=100_000)
     try:
