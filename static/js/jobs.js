@@ -43,10 +43,10 @@
   }
 
   function onJob(job) {
-    const before_ = shown.get(job.id);
+    const known = shown.get(job.id);
     // The stored iteration lags the live one while the same run trains: keep the newer.
-    if (before_ && job.status === "running" && before_.status === "running" && before_.iteration > job.iteration) {
-      job = { ...job, iteration: before_.iteration };
+    if (known && job.status === "running" && known.status === "running" && known.iteration > job.iteration) {
+      job = { ...job, iteration: known.iteration };
     }
     shown.set(job.id, job);
     const row = F.jobRow(job, labels, href(job.id));
