@@ -10,10 +10,13 @@ from typing import Any
 from flask import Flask
 from flask.typing import ResponseReturnValue
 from flask_socketio import SocketIO
+from werkzeug.exceptions import HTTPException
 
 from .extension import init_app
 from .settings import Settings
 from .web.access import HostCheckMiddleware, check_request, host_names
+from .web.api import is_api_request, json_error
+from .web.error_pages import error_page
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -33,6 +36,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         """The plugin's home page, served at the root too: the standalone app has nothing else to show. The
         blueprint's access check runs here too, since this route is the app's, not the blueprint's."""
         return check_request() or app.view_functions["memplugin.home"]()
+
+    @app.errorhandler(HTTPException)
+    def page_error(error: HTTPException) -> ResponseReturnValue:
+        """A URL no route takes (the blueprint's own views have their handler): the site's error page, JSON under
+        the API's path. Only here: a host app that carries the plugin keeps its own error pages."""
+        return json_error(error) if is_api_request() else error_page(error)
 
     return app
 

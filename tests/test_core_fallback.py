@@ -105,6 +105,16 @@ def test_nothing_fits_is_said_with_numbers() -> None:
     assert decision.message.startswith("does not fit even at batch 1: estimated 201.0 MiB against 95.0 MiB usable")
 
 
+def test_messages_write_sizes_with_the_size_formatter() -> None:
+    """Issue 14, 8: job messages said "22480.7 MiB"; they write sizes as every page does (sizes.format_size)."""
+    gib = 1 << 30
+    fits = decide(Policy(safety_margin=0.0), affine(20 * gib, 10 * MIB), 64, 24 * gib)  # type: ignore[arg-type]
+    assert fits.message == "batch 64 x iter_size 1: estimated 20.6 GiB of 24.0 GiB usable"
+    nothing = decide(Policy(safety_margin=0.0), affine(30 * gib, MIB), 8, 24 * gib)  # type: ignore[arg-type]
+    assert nothing.message.startswith("does not fit even at batch 1: estimated 30.0 GiB against 24.0 GiB usable")
+    assert "MiB" not in fits.message + nothing.message
+
+
 def test_the_test_batch_shrinks_when_not_even_batch_one_fits_beside_it() -> None:
     footprint = affine(10 * MIB, MIB, per_test_item=MIB, test_batch=100)  # 111 MiB at batch 1
     decision = decide(Policy(safety_margin=0.0), footprint, 8, 100 * MIB, test_batch=100, test_iter=10)  # type: ignore[arg-type]

@@ -413,6 +413,22 @@ def test_json_twin_asks_for_the_item_shape_of_a_custom_network(gpus_app: FakeNvm
     assert "item shape" in response.get_json()["errors"]["item_shape"]["message"]
 
 
+def test_the_item_shape_error_speaks_of_the_form_not_of_a_command_line_flag(
+    gpus_app: FakeNvml, client: FlaskClient
+) -> None:
+    """Issue 14, 8: the error asked web users for `--data-shape data=3,256,256`; the form and the API it estimates
+    with (the page's script) name no flag: the error stands at the Item shape field. The CLI keeps its flag
+    (test_cli_estimate.py)."""
+    page = client.post(POST_URL, data=form_data(csrf_token(client), network="custom", custom_network=LENET.text,
+                                                classes="10"))
+    assert page.status_code == 400
+    error = re.search(r'id="item_shape-error"[^>]*>(.*?)</div>\s*</div>', page.text, re.S)
+    assert error and "item shape for &#39;data&#39;" in error.group(1), page.text
+    assert "--data-shape" not in page.text
+    api = client.post("/memplugin/api/estimate", json={"net": LENET.text, "classes": 10})
+    assert api.status_code == 400 and "--data-shape" not in api.text and "item shape" in api.text
+
+
 def test_json_twin_form_encoded_needs_the_csrf_token(
     gpus_app: FakeNvml, client: FlaskClient, datasets: Any
 ) -> None:

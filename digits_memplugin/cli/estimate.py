@@ -106,12 +106,22 @@ def run(args: argparse.Namespace) -> int:
         load = confined_loader(args.solver.resolve().parent) if args.solver else None
         document = estimate(request, load=load, oracle=None if args.no_pycaffe else _oracle())
     except NetError as error:
-        raise CommandError(str(error)) from None
+        raise CommandError(_command_line_words(error)) from None
     if args.json:
         print(json.dumps(document, indent=2))
     else:
         print(render(document))
     return 0
+
+
+def _command_line_words(error: Exception) -> str:
+    """The error, with the flag that gives a missing data shape (the core's message names no flag: the web form has
+    a field instead)."""
+    missing = getattr(error, "missing_shape", None)
+    if missing is None:
+        return str(error)
+    key, example = missing
+    return f"{error}; on the command line: --data-shape {key}={example}"
 
 
 def _read(path: Path) -> str:

@@ -23,6 +23,7 @@ class NetError(MemPluginError, ValueError):
         layer: str | None = None,
         layer_type: str | None = None,
         field: str | None = None,
+        missing_shape: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -32,6 +33,9 @@ class NetError(MemPluginError, ValueError):
         self.layer = layer
         self.layer_type = layer_type
         self.field = field
+        self.missing_shape = missing_shape
+        """(data_shapes key, example shape) when the caller must give a data top's shape: each front end says how
+        in its own terms (the CLI's --data-shape KEY=SHAPE, the form's Item shape field); the message does not."""
 
     def __str__(self) -> str:
         # f-strings throughout: a caller that passed a non-str source must still get a message, not a TypeError.

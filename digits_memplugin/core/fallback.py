@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..sizes import format_size
 from .planner import BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 
 Footprint = Callable[[int, int | None], int]
@@ -199,14 +200,14 @@ def decide(
             None, None, factor, budget, estimated,
             "does not fit even at batch 1"
             + (" with the test batch reduced to 1" if test_batch and test_batch > 1 else "")
-            + f": estimated {_mib(cost)} against {_mib(budget)} usable"
+            + f": estimated {_size(cost)} against {_size(budget)} usable"
             + (f" (the estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))" if failures else ""),
         )
     if wanted is None:
         plan = BatchPlan(largest, 1, True, int(curve(largest)), largest)
     else:
         plan = plan_batch(_capped(curve, largest), wanted, budget)
-    message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_mib(plan.bytes)} of {_mib(budget)} usable"
+    message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_size(plan.bytes)} of {_size(budget)} usable"
     if failures:
         message += f" (estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))"
     return Decision(plan, test_plan, factor, budget, plan.bytes, message)
@@ -246,7 +247,9 @@ def _shrink_test_batch(
     return max_batch(test_curve, budget, limit=limit)
 
 
-def _mib(value: float | None) -> str:
+def _size(value: float | None) -> str:
+    """Bytes as every page and message writes them (sizes.format_size: "22.0 GiB", not "22480.7 MiB"); an
+    estimate that is unknown or infinite is "n/a"."""
     if value is None or not math.isfinite(value):
         return "n/a"
-    return f"{value / (1 << 20):.1f} MiB"
+    return format_size(int(value))

@@ -14,6 +14,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from ..sizes import format_size
 from .errors import ShapeError
 from .layers.base import (
     ACTIVATION_DIFFS,
@@ -383,13 +384,13 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
             cpu_bookkeeping_bytes(net, net_layers, net is train) for net, net_layers in zip(nets, per_net)
         )
         assumptions.append(
-            f"Caffe's own bookkeeping in the training process: {context / MiB:.1f} MiB "
+            f"Caffe's own bookkeeping in the training process: {format_size(context)} "
             f"(protobuf descriptors, {threads} data threads, {layer_count} layers)"
         )
     if options.on_gpu:
         context = options.cuda_context_bytes
         assumptions.append(
-            f"CUDA context and library handles: {options.cuda_context_bytes / MiB:.0f} MiB (a per-machine constant)"
+            f"CUDA context and library handles: {format_size(options.cuda_context_bytes)} (a per-machine constant)"
         )
     if options.engine == ENGINE_CUDNN:
         handles = sum(

@@ -29,6 +29,7 @@ from .. import __version__, inputs
 from ..estimate_pool import PoolBusy, PoolError
 from ..jobs.manager import DataFolderInUse, DiskFull
 from ..jobs.store import StoreError, StoreFull
+from .error_pages import error_page
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -220,7 +221,7 @@ def json_error(error: Exception) -> ResponseReturnValue:
     return response, error.code or 500
 
 
-def _is_api_request() -> bool:
+def is_api_request() -> bool:
     prefix = current_app.config["MEMPLUGIN_URL_PREFIX"].rstrip("/") + API_PATH
     return request.path == prefix or request.path.startswith(prefix + "/")
 
@@ -240,9 +241,9 @@ def register(blueprint: Blueprint) -> None:
 
     @blueprint.errorhandler(Exception)
     def _error(error: Exception) -> ResponseReturnValue:
-        if _is_api_request():
+        if is_api_request():
             return json_error(error)
         error = as_http_error(error)
         if isinstance(error, HTTPException):
-            return error
+            return error_page(error)
         raise error

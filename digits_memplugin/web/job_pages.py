@@ -6,8 +6,9 @@ by static/js/jobs.js and job-page.js over the socketio rooms `jobs` and `job:<id
     GET  <prefix>/jobs/<id>             status, plan, attempts, progress, log tail, the definition as submitted
     POST <prefix>/jobs/<id>/cancel      cancel without JavaScript (a form with its CSRF token): 303 to the page
     POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way: 303 to the list
+    POST <prefix>/jobs/<id>/resume      queue an interrupted, cancelled or failed job again: 303 to the page
 
-The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the two POST routes; the API takes JSON from
+The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the POST routes; the API takes JSON from
 scripts, these take a browser's form post, so they check the CSRF token.
 """
 
@@ -174,8 +175,23 @@ def delete_job_form(job_id: str) -> ResponseReturnValue:
     return redirect(url_for(".jobs"), code=303)
 
 
+def resume_job_form(job_id: str) -> ResponseReturnValue:
+    """Resume from the page without JavaScript (the API's resume: from the last snapshot, or from the start)."""
+    problem = _csrf_problem()
+    if problem is not None:
+        return job_page(job_id, f"The job was not resumed: {problem} Reload the page and try again.", 400)
+    try:
+        _manager().resume(job_id)
+    except JobNotFound as missing:
+        raise NotFound(str(missing)) from None
+    except JobStateError as error:
+        return job_page(job_id, f"The job was not resumed: {error}.", 409)
+    return redirect(url_for(".job_page", job_id=job_id), code=303)
+
+
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/jobs", "jobs", jobs_page)
     blueprint.add_url_rule("/jobs/<job_id>", "job_page", job_page)
     blueprint.add_url_rule("/jobs/<job_id>/cancel", "cancel_job_form", cancel_job_form, methods=["POST"])
     blueprint.add_url_rule("/jobs/<job_id>/delete", "delete_job_form", delete_job_form, methods=["POST"])
+    blueprint.add_url_rule("/jobs/<job_id>/resume", "resume_job_form", resume_job_form, methods=["POST"])

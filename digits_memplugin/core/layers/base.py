@@ -154,9 +154,10 @@ class LayerContext:
         except NetError as error:
             raise self.error(f"its unrolled net: {error}", field="recurrent_param") from None
 
-    def error(self, message: str, field: str | None = None) -> ShapeError:
+    def error(self, message: str, field: str | None = None, missing_shape: tuple[str, str] | None = None) -> ShapeError:
         return ShapeError(
-            message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field
+            message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field,
+            missing_shape=missing_shape,
         )
 
     def data_shape(self, top: str, *, wildcard: bool = True) -> Shape | None:
