@@ -5,7 +5,9 @@
  *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
  * - shows a definition error beside its field with its line number;
  * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
- * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves.
+ * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
+ * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
+ *   below the form.
  */
 (function () {
   "use strict";
@@ -206,6 +208,7 @@
 
   function setStatus(text) {
     statusLine.textContent = text;
+    panel.drawTarget();
   }
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
@@ -351,6 +354,7 @@
     schedule();
   });
   form.addEventListener("change", (event) => {
+    if (event.target.name === "device") panel.drawTarget();
     if (event.target.name === "network" || event.target.name === "solver" || event.target.name === "standard_network") {
       showSections();
       showDefaults();
@@ -375,6 +379,11 @@
 
   showSections();
   showDefaults();
+  panel.showTarget(
+    document.getElementById("batch-verdict"),
+    () => { const target = targetDevice(); return target ? target.key : null; },
+    () => statusLine.textContent,
+  );
   MP.requestJSON(MP.config.devicesUrl).then((answer) => {
     if (answer.ok) panel.updateDevices(answer.data);
     schedule.cancel();
