@@ -6,7 +6,9 @@
  * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
  * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
  * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
- * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves.
+ * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
+ * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
+ *   below the form.
  */
 (function () {
   "use strict";
@@ -218,6 +220,7 @@
 
   function setStatus(text) {
     statusLine.textContent = text;
+    panel.drawTarget();
   }
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
@@ -385,6 +388,7 @@
     schedule();
   });
   form.addEventListener("change", (event) => {
+    if (event.target.name === "device") panel.drawTarget();
     if (event.target.name === "network" || event.target.name === "solver" || event.target.name === "standard_network") {
       showSections();
       showDefaults();
@@ -409,6 +413,11 @@
 
   showSections();
   showDefaults();
+  panel.showTarget(
+    document.getElementById("batch-verdict"),
+    () => { const target = targetDevice(); return target ? target.key : null; },
+    () => statusLine.textContent,
+  );
   MP.requestJSON(MP.config.devicesUrl).then((answer) => {
     if (answer.ok) panel.updateDevices(answer.data);
     schedule.cancel();
