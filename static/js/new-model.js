@@ -216,6 +216,7 @@
    * fallback takes seconds), unless a device's free memory moved (`force`). */
   let answeredKey = null;
   let pendingKey = null;
+  let replanAfter = false;
   const requestKey = (request, devices) => JSON.stringify([request, devices.map((d) => d.key).sort()]);
 
   function setStatus(text) {
@@ -236,12 +237,20 @@
     const devices = panel.plannableDevices();
     const key = request ? requestKey(request, devices) : null;
     if (!force && key !== null && (key === answeredKey || key === pendingKey)) return;
+    if (force && key !== null && key === pendingKey) {
+      // Free memory moved while this very request is in flight: let it finish (the pycaffe fallback takes
+      // seconds, and on a busy machine the CPU's free memory moves at every `devices` event, which would restart
+      // it for ever), then plan again against the memory free by then.
+      replanAfter = true;
+      return;
+    }
     const current = ++generation;
     if (controller) controller.abort();
     controller = new AbortController();
     const signal = controller.signal;
     answeredKey = null;
     pendingKey = key;
+    replanAfter = false;
     clearEstimateErrors();
     if (errors) {
       for (const [name, message] of Object.entries(errors)) setError(name, message);
@@ -273,6 +282,10 @@
     if (current !== generation) return;
     answeredKey = key;
     pendingKey = null;
+    if (replanAfter) {
+      replanAfter = false;
+      if (!answers.find((answer) => !answer.ok)) scheduleForced(); // an error does not depend on free memory
+    }
     const failed = answers.find((answer) => !answer.ok);
     if (failed) {
       panel.clearEstimates();
