@@ -106,7 +106,7 @@ def test_editing_the_batch_re_estimates_without_a_reload(page: Page, server: Ser
 
 def test_a_batch_too_big_for_one_pass_fits_with_iter_size(page: Page, server: Server, tmp_path: Path) -> None:
     open_form(page, server)
-    page.get_by_label("AlexNet-sized").check()
+    page.get_by_label("AlexNet-sized", exact=True).check()
     page.fill("#batch_size", "4096")
     gpu1 = server.api("devices")["devices"][1]
     request = {
