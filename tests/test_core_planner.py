@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from digits_memplugin.core.errors import ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.planner import MAX_BATCH, MemoryCurve, max_batch, plan_batch, usable_bytes
+from digits_memplugin.core.planner import (
+    MAX_BATCH,
+    MemoryCurve,
+    auto_batch_limit,
+    max_batch,
+    plan_batch,
+    usable_bytes,
+)
 
 
 def brute_force_max(f, budget: int, limit: int) -> int:  # type: ignore[no-untyped-def]
@@ -158,3 +165,8 @@ def test_estimate_shrinks_the_test_batch_when_even_batch_1_does_not_fit_beside_i
     assert document["plan"]["fits"]
 
 
+
+
+@pytest.mark.parametrize(("items", "limit"), [(None, MAX_BATCH), (0, MAX_BATCH), (1797, 1797), (MAX_BATCH + 5, MAX_BATCH)])
+def test_auto_is_limited_by_the_datasets_size(items: int | None, limit: int) -> None:
+    assert auto_batch_limit(items) == limit
