@@ -117,7 +117,8 @@ def scan(
     seconds: float = MAX_SECONDS,
 ) -> Scan:
     """Every LMDB folder and HDF5 list file under `roots` (missing roots are skipped), within the bounds."""
-    resolved = [Path(root).resolve() for root in roots]
+    roots = [Path(root) for root in roots]
+    resolved = [root.resolve() for root in roots]
     budget = _Budget(max_entries, max_datasets, seconds)
     found: list[FoundDataset] = []
     visited: set[tuple[int, int]] = set()
