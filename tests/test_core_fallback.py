@@ -52,6 +52,14 @@ def test_auto_takes_the_largest_batch_that_fits() -> None:
     assert (decision.plan.batch_size, decision.plan.iter_size) == (90, 1)
 
 
+@pytest.mark.parametrize(("max_batch", "expected"), [(None, 85), (60, 60), (85, 85), (500, 85)])
+def test_auto_is_capped_at_the_training_sets_size(max_batch: int | None, expected: int) -> None:
+    """Issue 14, 6: auto never plans a pass larger than the dataset (planner.auto_batch_limit gives the cap)."""
+    decision = decide(Policy(safety_margin=0.05), affine(10 * MIB, MIB), None, 100 * MIB,  # type: ignore[arg-type]
+                      max_batch=max_batch)
+    assert decision.plan is not None and (decision.plan.batch_size, decision.plan.iter_size) == (expected, 1)
+
+
 def test_a_failure_raises_the_estimate_to_what_it_proves_plus_growth() -> None:
     footprint = affine(10 * MIB, MIB)
     failure = Failure(batch_size=85, test_batch_size=None, limit_bytes=100 * MIB)  # estimated 95 MiB, failed at 100

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from digits_memplugin.core.errors import BlobLimitError, NetError, ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.planner import MAX_BATCH, MemoryCurve, max_batch, max_buildable, plan_batch, usable_bytes
+from digits_memplugin.core.planner import (
+    MAX_BATCH,
+    MemoryCurve,
+    auto_batch_limit,
+    max_batch,
+    max_buildable,
+    plan_batch,
+    usable_bytes,
+)
 
 
 def brute_force_max(f, budget: int, limit: int) -> int:  # type: ignore[no-untyped-def]
@@ -209,3 +217,8 @@ def test_a_net_whose_own_batch_or_batch_one_is_past_the_limit_stays_an_error() -
         estimate(EstimateRequest(net=net, data_shapes={"data": (1, 100000, 100000)}))
     with pytest.raises(BlobLimitError):  # not even batch 1 can be built: iter_size cannot help
         estimate(EstimateRequest(net=net, batch=64, data_shapes={"data": (1, 100000, 100000)}))
+
+
+@pytest.mark.parametrize(("items", "limit"), [(None, MAX_BATCH), (0, MAX_BATCH), (1797, 1797), (MAX_BATCH + 5, MAX_BATCH)])
+def test_auto_is_limited_by_the_datasets_size(items: int | None, limit: int) -> None:
+    assert auto_batch_limit(items) == limit

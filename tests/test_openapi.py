@@ -138,10 +138,13 @@ def test_health_devices_and_estimates_match_the_document(
         {**lenet, "batch": 256, "engine": "gpu-cudnn", "free_bytes": "8GiB", "curve_batches": [1, 64, 1024]},
         {**lenet, "device": GPU0, "devices": "all", "safety_margin": 0.2, "max_batch": 100},
         {**lenet, "free_bytes": 1, "test_batch": 10},  # not even batch 1 fits
+        {**lenet, "batch": 200000, "free_bytes": "1TiB"},  # past Caffe's blob limit: a blob_limit section
     ):
         answer = check(client, "POST", f"{root}/estimate", json=body, request_too=True)
         assert answer.status_code == 200 and answer.get_json()["total_bytes"] > 0, answer.get_json()
+    assert answer.get_json()["blob_limit"]["iter_size"] == 2 and answer.get_json()["max_batch_limited_by"]
     assert set(answer.get_json()) >= {"plan", "max_batch_size"}
+    assert check(client, "GET", f"{root}/datasets").status_code == 200
 
     refused = [
         check(client, "POST", f"{root}/estimate", json={"net": BUNDLED_LENET, "free_bytes": "8 gigs", "bach": 1}),

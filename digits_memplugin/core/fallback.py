@@ -146,13 +146,15 @@ def decide(
     attempts_made: int = 0,
     test_batch: int | None = None,
     test_iter: int = 1,
+    max_batch: int | None = None,
 ) -> Decision:
     """The plan of the next attempt.
 
     `wanted` is the effective batch to keep (None: the largest batch that fits, iter_size 1), `limit_bytes` the
     memory the next attempt may use, `failures` every out-of-memory attempt of the job so far, `attempts_made` how
     many attempts ran already, `test_batch`/`test_iter` the test nets' own batch and iterations (the test batch
-    only shrinks when not even train batch 1 fits beside it).
+    only shrinks when not even train batch 1 fits beside it), `max_batch` the largest batch worth a pass (the
+    training set's size, for "auto": planner.auto_batch_limit).
     """
     if wanted is not None and wanted <= 0:
         raise ValueError(f"the wanted batch must be positive, got {wanted}")
@@ -168,14 +170,18 @@ def decide(
     def curve_at(tb: int | None) -> MemoryCurve:
         return MemoryCurve(lambda batch: math.ceil(factor * footprint(batch, tb)))
 
+    def ceiling_at(tb: int | None) -> int | None:
+        ceiling = _failed_ceiling(failures, tb)
+        return ceiling if max_batch is None else min(max_batch, ceiling if ceiling is not None else max_batch)
+
     curve = curve_at(test_batch)
-    largest = _largest(curve, budget, _ceiling(failures, test_batch))
+    largest = _largest(curve, budget, ceiling_at(test_batch))
     test_plan = None
     if largest == 0 and test_batch is not None and test_batch > 1:
         shrunk = _shrink_test_batch(curve_at, budget, test_batch, failures)
         if shrunk:
             curve = curve_at(shrunk)
-            largest = _largest(curve, budget, _ceiling(failures, shrunk))
+            largest = _largest(curve, budget, ceiling_at(shrunk))
             if largest:
                 test_plan = {"batch_size": shrunk, "test_iter": math.ceil(test_iter * test_batch / shrunk)}
     if largest == 0 and failures:
@@ -186,11 +192,11 @@ def decide(
         def proven_at(tb: int | None) -> MemoryCurve:
             return MemoryCurve(lambda batch: math.ceil(proven * footprint(batch, tb)))
 
-        if _largest(proven_at(test_batch), limit_bytes, _ceiling(failures, test_batch)):
+        if _largest(proven_at(test_batch), limit_bytes, ceiling_at(test_batch)):
             curve, largest = curve_at(test_batch), 1
         elif test_batch is not None and test_batch > 1:
             shrunk = _shrink_test_batch(proven_at, limit_bytes, test_batch, failures)
-            if shrunk and _largest(proven_at(shrunk), limit_bytes, _ceiling(failures, shrunk)):
+            if shrunk and _largest(proven_at(shrunk), limit_bytes, ceiling_at(shrunk)):
                 curve, largest = curve_at(shrunk), 1
                 test_plan = {"batch_size": shrunk, "test_iter": math.ceil(test_iter * test_batch / shrunk)}
     if largest == 0:
@@ -213,7 +219,7 @@ def decide(
     return Decision(plan, test_plan, factor, budget, plan.bytes, message)
 
 
-def _ceiling(failures: Sequence[Failure], test_batch: int | None) -> int | None:
+def _failed_ceiling(failures: Sequence[Failure], test_batch: int | None) -> int | None:
     """The largest train batch still worth trying beside `test_batch`: below every batch that failed beside the
     same or a smaller test batch (None: no such failure)."""
     failed = [

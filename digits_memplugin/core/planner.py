@@ -19,6 +19,13 @@ MAX_BATCH = 1 << 20
 """No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""
 
 
+def auto_batch_limit(dataset_items: int | None, limit: int = MAX_BATCH) -> int:
+    """The largest batch "auto" may choose: never more items than the training set holds (a pass larger than the
+    dataset only repeats items, and a suggestion of 124256 for MNIST's 60000 images makes no sense). The form's
+    Auto, the estimate API's `max_batch` and jobs with batch "auto" all take their cap from here."""
+    return min(limit, dataset_items) if dataset_items and dataset_items > 0 else limit
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
     """How to train: batch_size items per forward/backward, iter_size passes per update."""

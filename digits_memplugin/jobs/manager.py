@@ -50,7 +50,7 @@ from ..core.oom import CANCELLED as OUTCOME_CANCELLED
 from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
-from ..core.planner import BatchPlan, usable_bytes
+from ..core.planner import BatchPlan, auto_batch_limit, usable_bytes
 from ..devices import CPU_KEY, GPU, DeviceList, DeviceReader, DeviceSelectionError, child_cuda_environment
 from ..errors import MemPluginError
 from ..inputs import shown, surrogate_in
@@ -835,9 +835,11 @@ class JobManager:
         def footprint(batch: int, test_batch: int | None) -> int:
             return estimator.report(batch, test_batch)[0].total_bytes
 
+        wanted = self._wanted(job, definition)
         return decide(
-            policy, footprint, self._wanted(job, definition), limit, failures, attempts_made=made,
+            policy, footprint, wanted, limit, failures, attempts_made=made,
             test_batch=definition.test_batch, test_iter=definition.test_iter,
+            max_batch=auto_batch_limit(definition.train_items) if wanted is None else None,
         )
 
     # --- one job ------------------------------------------------------------------------------------------------

@@ -331,8 +331,11 @@ class ModelSpec:
     batch: int | str | None
     device: str
 
-    def estimate_request(self, engine: str, free_bytes: int | None, batch: int | None = None) -> EstimateRequest:
-        """The estimate of this job on one device; `batch` None means the net's own batch."""
+    def estimate_request(
+        self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None
+    ) -> EstimateRequest:
+        """The estimate of this job on one device; `batch` None means the net's own batch; `max_batch` caps the
+        batch the planner may choose (the dataset's size, for "auto")."""
         return EstimateRequest(
             net=self.net_text,
             solver=self.solver_text,
@@ -343,6 +346,7 @@ class ModelSpec:
             free_bytes=free_bytes,
             data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
             classes=self.classes,
+            max_batch=max_batch,
         )
 
 

@@ -18,8 +18,10 @@ from flask import Blueprint, current_app, jsonify, redirect, render_template, re
 from flask.typing import ResponseReturnValue
 from wtforms.fields.choices import SelectChoice
 
-from .. import __version__
+from .. import __version__, dataset_scan
 from ..core.errors import NetError
+from ..core.planner import auto_batch_limit
+from ..dataset_scan import FoundDataset
 from ..devices import Device, DeviceList, is_simulated
 from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
@@ -52,6 +54,8 @@ class PlannedJob:
     device: Device
     engine: str
     estimate: dict[str, Any]
+    dataset: FoundDataset | None = None
+    """The training dataset the form names, when it was found and read (its size caps "auto")."""
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -70,12 +74,46 @@ class PlannedJob:
         return device_label(self.device)
 
     @property
+    def batch_note(self) -> str:
+        """What Auto chose and why, as the page's script words it (new-model.js: autoNote)."""
+        return auto_note(self.plan["batch_size"], self.device_label, self.estimate, self.dataset)
+
+    @property
     def top_layers(self) -> list[dict[str, Any]]:
         return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
 
 
 def device_label(device: Device) -> str:
     return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
+
+
+def auto_note(batch: int, label: str, estimate: dict[str, Any], dataset: FoundDataset | None) -> str:
+    """"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images (mnist_train_lmdb)."."""
+    if dataset is not None and dataset.entries and batch >= dataset.entries:
+        noun = "images" if dataset.shape is not None and len(dataset.shape) == 3 else "items"
+        return (f"Batch {batch}: the largest that fits on {label}, capped at the dataset's {dataset.entries} {noun} "
+                f"({dataset.name}).")
+    return (f"Batch {batch}: the largest that fits on {label} ({format_size(estimate['usable_bytes'])} usable of "
+            f"{format_size(estimate['free_bytes'])} free).")
+
+
+def train_dataset(spec: ModelSpec) -> FoundDataset | None:
+    """The training dataset the form names, read from it; None when there is none there (yet) or it cannot be
+    read (the job's own checks then say why, beside the field)."""
+    roots = current_app.extensions["memplugin"].jobs.config.dataset_roots
+    found = dataset_scan.source_dataset(spec.train_source, spec.data_backend, roots)
+    return found if found is not None and found.error is None else None
+
+
+def spec_of(form: NewModelForm) -> ModelSpec:
+    """The form's spec; an item shape left empty is the training dataset's own (read from it, as the job does),
+    else the standard network's."""
+    spec = form.to_spec()
+    if not (form.item_shape.data or "").strip():
+        dataset = train_dataset(spec)
+        if dataset is not None and dataset.shape:
+            spec = dataclasses.replace(spec, item_shape=dataset.shape)
+    return spec
 
 
 def verdict(plan: dict[str, Any] | None) -> str:
@@ -102,13 +140,16 @@ def target_device(choice: str, devices: DeviceList) -> Device:
 
 
 def plan_job(spec: ModelSpec, devices: DeviceList) -> PlannedJob:
-    """Estimate the job on its device and plan its batch there ("auto": the largest batch that fits)."""
+    """Estimate the job on its device and plan its batch there ("auto": the largest batch that fits, no more than
+    the training dataset holds)."""
     device = target_device(spec.device, devices)
     engine = ENGINE_CPU if device.kind == "cpu" else ENGINE_GPU
     batch = spec.batch if isinstance(spec.batch, int) else None
-    document = _estimate(spec, engine, device, batch)
+    dataset = train_dataset(spec)
+    cap = auto_batch_limit(dataset.entries if dataset else None) if spec.batch == BATCH_AUTO else None
+    document = _estimate(spec, engine, device, batch, cap)
     if spec.batch == BATCH_AUTO and document["max_batch_size"]:
-        document = _estimate(spec, engine, device, document["max_batch_size"])
+        document = _estimate(spec, engine, device, document["max_batch_size"], cap)
     if document["plan"] is None:
         raise PlanError("custom_network" if spec.network_key is None else "standard_network",
                         "the network has no data layer whose batch could be planned")
@@ -118,14 +159,15 @@ def plan_job(spec: ModelSpec, devices: DeviceList) -> PlannedJob:
             f"does not fit on {device_label(device)}: even batch 1 needs more than the "
             f"{format_size(document['usable_bytes'])} usable there; choose another device",
         )
-    return PlannedJob(spec=spec, device=device, engine=engine, estimate=document)
+    return PlannedJob(spec=spec, device=device, engine=engine, estimate=document, dataset=dataset)
 
 
-def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None) -> dict[str, Any]:
+def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: int | None) -> dict[str, Any]:
     """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
     plugin = current_app.extensions["memplugin"]
     try:
-        return plugin.estimates.estimate(spec.estimate_request(engine, device.memory_free, batch))  # type: ignore[no-any-return]
+        request = spec.estimate_request(engine, device.memory_free, batch, max_batch=cap)
+        return plugin.estimates.estimate(request)  # type: ignore[no-any-return]
     except NetError as error:
         field = _error_field(error, spec)
         raise PlanError(field, _error_detail(error, field, spec)) from None
@@ -190,6 +232,9 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
 
 
 def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
+    if devices.simulated:
+        # Demo mode: a job on a simulated GPU is refused, so the device a new user trains on first is the CPU.
+        kwargs.setdefault("device", DEVICE_CPU)
     form = NewModelForm(**kwargs)
     form.device.choices = _device_choices(devices)
     return form
@@ -223,6 +268,7 @@ def _render_form(
         networks=networks,
         planned=planned,
         dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
+        datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
         version=__version__,
     )
     return page, status
@@ -274,7 +320,7 @@ def create_model() -> ResponseReturnValue:
     if not form.validate_on_submit():
         return _render_form(form, devices, status=400)
     try:
-        spec = form.to_spec()
+        spec = spec_of(form)
         if suggest:
             planned = plan_job(dataclasses.replace(spec, batch=BATCH_AUTO), devices)
             form.batch_size.data = str(planned.plan["batch_size"])
@@ -322,7 +368,7 @@ def _create_model_json() -> ResponseReturnValue:
     if not form.validate():
         return jsonify(errors=form.errors_by_field()), 400
     try:
-        job, _ = submit_model(form.to_spec(), devices)
+        job, _ = submit_model(spec_of(form), devices)
     except FormError as error:
         return jsonify(errors={error.field: error.message}), 400
     except Refused as refused:

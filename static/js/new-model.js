@@ -5,7 +5,9 @@
  *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
  * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
  * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
- * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
+ * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, no more
+ *   than the training dataset holds), and estimates a typed "auto" at that batch;
+ * - fills in the item shape and format of a dataset chosen from those found under the dataset folders;
  * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
  * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
  *   below the form.
@@ -18,6 +20,7 @@
   if (!form) return;
   const panel = new MP.MemoryPanel(document.getElementById("memory-panel"));
   const networks = JSON.parse(document.getElementById("mp-standard-networks").textContent);
+  const datasets = JSON.parse(document.getElementById("mp-datasets").textContent).datasets.filter((d) => !d.error);
   const statusLine = document.getElementById("estimate-status");
   const batchNote = document.getElementById("batch-note");
   const autoButton = document.getElementById("auto-batch");
@@ -48,8 +51,32 @@
   /** Empty shape and class fields stand for the standard network's dataset (the server does the same). */
   function showDefaults() {
     const network = value("network") === "standard" ? chosenNetwork() : null;
-    field("item_shape").placeholder = network ? network.item_shape : "channels,height,width";
-    field("classes").placeholder = network ? String(network.classes) : "";
+    field("item_shape").placeholder = network ? "default: " + network.item_shape : "channels,height,width";
+    field("classes").placeholder = network ? "default: " + network.classes : "";
+  }
+
+  // --- datasets found under the dataset folders (dataset_scan.py) ------------------------------------------------
+
+  /** The dataset a source field names (by its name under a root, or its path), of the chosen format first. */
+  function datasetNamed(text) {
+    const name = text.trim();
+    if (!name) return null;
+    const named = datasets.filter((d) => d.name === name || d.path === name);
+    return named.find((d) => d.format === value("data_backend")) || named[0] || null;
+  }
+
+  /** The training dataset, when the form names one that was found: its size caps Auto (planner.auto_batch_limit). */
+  const trainDataset = () => datasetNamed(value("train_source"));
+
+  /** A dataset chosen from the list: its format and item shape go into their fields. */
+  function useDataset(input) {
+    const dataset = datasetNamed(input.value);
+    if (!dataset) return;
+    if (field("data_backend").value !== dataset.format) field("data_backend").value = dataset.format;
+    if (input.name === "train_source" && dataset.shape) {
+      field("item_shape").value = dataset.shape.join(",");
+      clearError("item_shape");
+    }
   }
 
   for (const button of form.querySelectorAll("[data-customize]")) {
@@ -162,8 +189,10 @@
     return text;
   }
 
-  /** The request shared by every device, or {errors} found before asking the server. */
-  function baseRequest() {
+  /** The request shared by every device, or {errors} found before asking the server. With `auto` (the Auto button)
+   * or "auto" typed, the batch is the largest that fits on each device, capped at the training dataset's size
+   * (`max_batch`, which the server's planner honours): {request, auto: true}. */
+  function baseRequest(auto = false) {
     const errors = {};
     const standard = value("network") === "standard" ? chosenNetwork() : null;
     const net = standard ? standard.text : value("custom_network");
@@ -179,7 +208,7 @@
     const classesText = value("classes").trim() || (standard ? String(standard.classes) : "");
     const classes = classesText ? Number(classesText) : null;
     if (classesText && !(Number.isInteger(classes) && classes > 0)) errors.classes = "give a positive number of classes";
-    const batchText = value("batch_size").trim().toLowerCase();
+    const batchText = auto ? "auto" : value("batch_size").trim().toLowerCase();
     let batch = null;
     if (batchText && batchText !== "auto") {
       batch = Number(batchText);
@@ -192,7 +221,10 @@
     if (shape) request.data_shapes = { data: shape };
     if (classes) request.classes = classes;
     if (batch) request.batch = batch;
-    return { request };
+    if (batchText !== "auto") return { request };
+    const dataset = trainDataset();
+    if (dataset && dataset.entries) request.max_batch = dataset.entries;
+    return { request, auto: true };
   }
 
   /** The device a job would be planned on: the chosen one, or the GPU with the most free memory (model_page). */
@@ -225,17 +257,17 @@
   }
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
-  function runEstimate(force = false) {
-    running = estimateDevices(force).finally(() => { running = null; });
+  function runEstimate(force = false, auto = false) {
+    running = estimateDevices(force, auto).finally(() => { running = null; });
     return running;
   }
 
   /** Estimate on every device, unless the server already answered this very request on these devices (an error
    * stays shown until the text, the batch, the shapes or the set of devices change). */
-  async function estimateDevices(force) {
-    const { request, errors } = baseRequest();
+  async function estimateDevices(force, autoButton) {
+    const { request, errors, auto } = baseRequest(autoButton);
     const devices = panel.plannableDevices();
-    const key = request ? requestKey(request, devices) : null;
+    const key = request ? requestKey({ ...request, auto: Boolean(auto) }, devices) : null;
     if (!force && key !== null && (key === answeredKey || key === pendingKey)) return;
     if (force && key !== null && key === pendingKey) {
       // Free memory moved while this very request is in flight: let it finish (the pycaffe fallback takes
@@ -262,16 +294,21 @@
     if (!devices.length) return;
     setStatus("Estimating…");
     let answers;
+    const ask = (device, extra) => MP.requestJSON(MP.config.estimateUrl, {
+      method: "POST",
+      signal,
+      body: { ...request, ...extra, engine: device.kind === "gpu" ? "gpu-cudnn" : "cpu", device: device.key },
+    });
     try {
-      answers = await Promise.all(
-        devices.map((device) =>
-          MP.requestJSON(MP.config.estimateUrl, {
-            method: "POST",
-            signal,
-            body: { ...request, engine: device.kind === "gpu" ? "gpu-cudnn" : "cpu", device: device.key },
-          }),
-        ),
-      );
+      answers = await Promise.all(devices.map((device) => ask(device, {})));
+      if (auto) {
+        // "auto": each device at the largest batch that fits there (capped), as a job would run; one that cannot
+        // fit even batch 1 keeps the network's own batch, and its verdict says it does not fit.
+        answers = await Promise.all(answers.map((answer, index) => {
+          const largest = answer.ok && answer.data.max_batch_size;
+          return largest && largest !== answer.data.batch_size ? ask(devices[index], { batch: largest }) : answer;
+        }));
+      }
     } catch (error) {
       if (error.name !== "AbortError" && current === generation) {
         pendingKey = null;
@@ -314,6 +351,10 @@
       MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
     );
     showBlobLimit(shown.blob_limit);
+    if (auto && !autoButton && target) {
+      delete batchNote.dataset.from;
+      batchNote.textContent = autoNote(target, results.get(target.key), request);
+    }
     drawCurve(request, devices, current, signal);
   }
 
@@ -363,12 +404,29 @@
 
   // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
 
+  /** Why Auto chose its batch (model_page.auto_note words it the same without JavaScript). */
+  function autoNote(target, estimate, request) {
+    const batch = estimate.batch_size;
+    const dataset = trainDataset();
+    if (request.max_batch && dataset && batch >= request.max_batch) {
+      const noun = dataset.shape && dataset.shape.length === 3 ? "images" : "items";
+      return "Batch " + batch + ": the largest that fits on " + MP.deviceLabel(target) + ", capped at the dataset's " +
+        dataset.entries + " " + noun + " (" + dataset.name + ").";
+    }
+    if (estimate.max_batch_limited_by === "blob_limit") {
+      return "Batch " + batch + ": the largest Caffe can build in one pass (one more item would make a blob over " +
+        "its limit of 2147483647 elements), though " + MP.deviceLabel(target) + " has memory for more.";
+    }
+    return "Batch " + batch + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
+      MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+  }
+
   autoButton.addEventListener("click", async (event) => {
     event.preventDefault();
-    if (schedule.pending()) await schedule.now();
-    else if (scheduleForced.pending()) await scheduleForced.now();
-    else if (running) await running;
-    else if (!results.size) await runEstimate();
+    schedule.cancel();
+    scheduleForced.cancel();
+    if (running) await running;
+    await runEstimate(false, true);
     const target = targetDevice();
     const estimate = target && results.get(target.key);
     if (!estimate) {
@@ -379,14 +437,10 @@
       batchNote.textContent = "Does not fit on " + MP.deviceLabel(target) + " even at batch 1: choose another device.";
       return;
     }
-    field("batch_size").value = String(estimate.max_batch_size);
+    field("batch_size").value = String(estimate.batch_size);
     clearError("batch_size");
     delete batchNote.dataset.from;
-    batchNote.textContent = estimate.max_batch_limited_by === "blob_limit"
-      ? "Batch " + estimate.max_batch_size + ": the largest Caffe can build in one pass (one more item would make a " +
-        "blob over its limit of 2147483647 elements), though " + MP.deviceLabel(target) + " has memory for more."
-      : "Batch " + estimate.max_batch_size + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
-        MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+    batchNote.textContent = autoNote(target, estimate, baseRequest(true).request);
     await runEstimate();
   });
 
@@ -398,6 +452,7 @@
       batchNote.textContent = "";
       delete batchNote.dataset.from;
     }
+    if (event.target.name === "train_source" || event.target.name === "val_source") useDataset(event.target);
     schedule();
   });
   form.addEventListener("change", (event) => {
