@@ -46,6 +46,7 @@ from digits_memplugin.core.fallback import CPU_SAFETY_MARGIN, Failure, Policy, d
 from digits_memplugin.core.oom import OUT_OF_MEMORY, SUCCESS
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.jobs.attempt import AttemptProcess
+from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.definition import JobDefinition, load_definition, test_iters, write_attempt
 from digits_memplugin.jobs.runner import THREAD_STACK_BYTES
 from digits_memplugin.measure.runner import prepare_net
@@ -119,16 +120,17 @@ class Case:
         files = write_attempt(
             self.definition, self.folder, attempt, batch_size=batch, iter_size=1, test_batch=test_batch, gpu=None
         )
-        spec = {
-            "solver": files.solver, "log": f"{attempt}/caffe.log", "progress": f"{attempt}/progress.jsonl",
-            "device": {"kind": "cpu"}, "resume": None, "memory_cap": self.cap, "max_iter": 1,
-            "test_interval": 1 if self.definition.training.tests else 0,
-            "test_iter": [1 for _ in test_iters(self.definition, test_batch)],  # one pass holds all the memory
-            "test_initialization": True, "snapshot": 0, "snapshot_after_train": False,
-            "snapshot_prefix": files.snapshot_prefix, "snapshot_format": "BINARYPROTO",
-            "schedule": self.definition.schedule.to_dict(),
-        }
-        (self.folder / attempt / "attempt.json").write_text(json.dumps(spec))
+        spec = AttemptSpec(
+            job_id=self.name, attempt=self.runs, solver=files.solver, log=f"{attempt}/caffe.log",
+            progress=f"{attempt}/progress.jsonl", device=AttemptDevice("cpu"), batch_size=batch, iter_size=1,
+            resume=None, memory_cap=self.cap, max_iter=1,
+            test_interval=1 if self.definition.training.tests else 0,
+            test_iter=tuple(1 for _ in test_iters(self.definition, test_batch)),  # one pass holds all the memory
+            test_initialization=True, snapshot=0, snapshot_after_train=False,
+            snapshot_prefix=files.snapshot_prefix, snapshot_format="BINARYPROTO",
+            schedule=self.definition.schedule.to_dict(),
+        )
+        spec.write(self.folder / attempt / "attempt.json")
         log = f"{attempt}/caffe.log"
         trained = []
 
@@ -174,7 +176,7 @@ class Outcome:
 
 
 def ours(case: Case, wanted: int | None, policy: Policy) -> Outcome:
-    """The job manager's rules (jobs/manager.py): decide, run, recalibrate from the failure, decide again."""
+    """The job manager's rules (jobs/attempts.py): decide, run, recalibrate from the failure, decide again."""
     failures: list[Failure] = []
     seconds = 0.0
     limit = case.cap - case.overhead

@@ -28,7 +28,8 @@ from digits_memplugin.core.oom import FAILED, OUT_OF_MEMORY, classify
 from digits_memplugin.devices import DeviceReader
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.jobs.attempt import oom_kill_count
-from digits_memplugin.jobs.manager import JobManager, JobStateError, ManagerConfig
+from digits_memplugin.jobs.errors import JobStateError
+from digits_memplugin.jobs.manager import JobManager, ManagerConfig
 from digits_memplugin.jobs.records import Job
 from digits_memplugin.jobs.store import JobStore, StoreBusy, StoreFull
 
@@ -568,11 +569,11 @@ def test_an_attempt_that_ends_while_the_database_cannot_be_written_shows_its_end
     with pytest.raises(JobStateError, match="not recorded yet"):
         manager.delete(job.id)
     assert manager.wait(job.id, timeout=1).status == "done"  # timed out: returns what it knows
-    assert job.id in manager._unrecorded
+    assert job.id in manager.progress.unrecorded
 
     writes.full.clear()
     ended = manager.wait(job.id, timeout=60)
-    assert job.id not in manager._unrecorded
+    assert job.id not in manager.progress.unrecorded
     stored = manager.store.get_job(job.id)
     assert (ended.status, stored.status, stored.iteration) == ("done", "done", 40)
     assert "not recorded" not in (ended.message or "")

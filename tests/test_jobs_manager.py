@@ -24,7 +24,7 @@ from test_jobs_fixtures import (
 
 from digits_memplugin.core.oom import OUT_OF_MEMORY
 from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.jobs.manager import JobStateError, JobValidationError
+from digits_memplugin.jobs.errors import JobStateError, JobValidationError
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets and make_manager fixtures

@@ -1,5 +1,5 @@
-"""jobs.placement and jobs.request: device choices as clients write them, candidate devices, the memory an attempt
-may use (free memory, what our own attempts still hold back, the CPU cap), and request validation."""
+"""jobs.scheduler (placement) and jobs.request: device choices as clients write them, candidate devices, the memory
+an attempt may use (free memory, what our own attempts still hold back, the CPU cap), and request validation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from digits_memplugin import devices
 from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.jobs.placement import AUTO, candidates, limit_for, normalise_device
 from digits_memplugin.jobs.request import parse_job_request
+from digits_memplugin.jobs.scheduler import AUTO, candidates, limit_for, normalise_device
 from digits_memplugin.sizes import GIB, MIB
 
 

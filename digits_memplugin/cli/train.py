@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from ..devices import DeviceReader
-    from ..jobs.manager import DataFolderInUse, JobManager, JobValidationError, ManagerConfig
+    from ..jobs.errors import DataFolderInUse, JobValidationError
+    from ..jobs.manager import JobManager, ManagerConfig
     from ..jobs.request import parse_job_request
     from ..jobs.throttle import EventThrottle
     from . import CommandError

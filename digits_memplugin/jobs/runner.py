@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..measure.process_memory import data_bytes, heap_bytes
+from .attempt_spec import AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
 
 THREAD_STACK_BYTES = 512 * 1024
@@ -230,10 +231,10 @@ def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
         )
 
 
-def snapshot(solver: Any, spec: Mapping[str, Any], report: Reporter) -> None:
+def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> None:
     solver.snapshot()
-    prefix = spec["snapshot_prefix"]
-    h5 = ".h5" if spec.get("snapshot_format") == "HDF5" else ""
+    prefix = spec.snapshot_prefix
+    h5 = ".h5" if spec.snapshot_format == "HDF5" else ""
     report(
         "snapshot",
         iteration=solver.iter,
@@ -242,44 +243,44 @@ def snapshot(solver: Any, spec: Mapping[str, Any], report: Reporter) -> None:
     )
 
 
-def train(spec: Mapping[str, Any], report: Reporter) -> None:
+def train(spec: AttemptSpec, report: Reporter) -> None:
     """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would."""
     from ..core.schedule import LearningRate
 
-    schedule = LearningRate(**{**spec["schedule"], "stepvalues": tuple(spec["schedule"]["stepvalues"])})
+    schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
     import caffe
 
-    device = spec["device"]
-    if device["kind"] == "gpu":
-        caffe.set_device(int(device["cuda_index"]))
+    device = spec.device
+    if device.kind == "gpu":
+        caffe.set_device(int(device.cuda_index or 0))
         caffe.set_mode_gpu()
     else:
         caffe.set_mode_cpu()
     blas = warm_up(caffe._caffe.__file__)
     small_thread_stacks()
-    memory = Growth(on_cpu=device["kind"] != "gpu")
-    cap = spec.get("memory_cap")
+    memory = Growth(on_cpu=device.kind != "gpu")
+    cap = spec.memory_cap
     if cap:
         limit = memory.baseline + int(cap)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     report(
-        "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.get("resume"),
+        "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.resume,
         blas=blas.to_dict(),
     )
 
-    solver = caffe.get_solver(spec["solver"])
-    if spec.get("resume"):
-        solver.restore(spec["resume"])
+    solver = caffe.get_solver(spec.solver)
+    if spec.resume:
+        solver.restore(spec.resume)
     report("constructed", iteration=solver.iter, **memory.fields())
 
-    max_iter, test_interval = int(spec["max_iter"]), int(spec["test_interval"])
-    test_iters = [int(n) for n in spec["test_iter"]]
-    every = int(spec["snapshot"])
+    max_iter, test_interval = spec.max_iter, spec.test_interval
+    test_iters = list(spec.test_iter)
+    every = spec.snapshot
     weights = solver.net.blob_loss_weights
     outputs = list(solver.net.outputs)
     while solver.iter < max_iter:
         iteration = solver.iter
-        if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec["test_initialization"]):
+        if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec.test_initialization):
             run_tests(solver, test_iters, report)
         rate = schedule.rate(iteration)
         solver.step(1)
@@ -294,7 +295,7 @@ def train(spec: Mapping[str, Any], report: Reporter) -> None:
         )
         if every and solver.iter % every == 0:
             snapshot(solver, spec, report)
-    if spec["snapshot_after_train"] and (not every or solver.iter % every != 0):
+    if spec.snapshot_after_train and (not every or solver.iter % every != 0):
         snapshot(solver, spec, report)
     if test_interval and solver.iter % test_interval == 0:
         run_tests(solver, test_iters, report)
@@ -305,13 +306,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m digits_memplugin.jobs.runner ATTEMPT_JSON", file=sys.stderr)
         return 2
-    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    if spec.get("nice"):
-        os.nice(int(spec["nice"]))
+    try:
+        spec = AttemptSpec.read(Path(argv[0]))
+    except AttemptSpecError as error:
+        return _refuse_spec(argv[0], error)
+    if spec.nice:
+        os.nice(spec.nice)
     die_with_parent()
     let_parent_trace()
-    redirect_stderr(Path(spec["log"]))
-    report = Reporter(sys.stdout, Path(spec["progress"]))
+    redirect_stderr(Path(spec.log))
+    report = Reporter(sys.stdout, Path(spec.progress))
     try:
         train(spec, report)
     except MemoryError as error:
@@ -332,6 +336,15 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
         return _report_error(report, type(error).__name__, str(error))
     return 0
+
+
+def _refuse_spec(path: str, error: AttemptSpecError) -> int:
+    """A spec this runner cannot follow: said on stderr (the attempt's caffe.log when the manager started it) and as
+    an error record on stdout, before anything is trained; exit status 3, as after any error record."""
+    message = f"{path} is not a valid attempt spec: {error}"
+    print(message, file=sys.stderr)
+    print(json.dumps({"event": "error", "type": "AttemptSpecError", "message": message}), flush=True)
+    return 3
 
 
 def _report_error(report: Reporter, kind: str, message: str) -> int:

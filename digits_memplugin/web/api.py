@@ -27,7 +27,7 @@ from werkzeug.wsgi import LimitedStream
 
 from .. import __version__, inputs
 from ..estimate_pool import PoolBusy, PoolError
-from ..jobs.manager import DataFolderInUse, DiskFull
+from ..jobs.errors import DataFolderInUse, DiskFull
 from ..jobs.store import StoreError, StoreFull
 from .error_pages import error_page
 

@@ -26,15 +26,8 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from .. import inputs
-from ..jobs.manager import (
-    DEFAULT_PAGE_SIZE,
-    MAX_PAGE_SIZE,
-    JobManager,
-    JobNotFound,
-    JobPageError,
-    JobStateError,
-    JobValidationError,
-)
+from ..jobs.errors import JobNotFound, JobPageError, JobStateError, JobValidationError
+from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
 from .api import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type

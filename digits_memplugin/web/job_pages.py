@@ -28,7 +28,8 @@ from wtforms.validators import ValidationError
 from .. import __version__
 from ..devices import CPU_KEY, DeviceList
 from ..jobs.definition import SOLVER_SOURCE
-from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager, JobNotFound, JobPageError, JobStateError
+from ..jobs.errors import JobNotFound, JobPageError, JobStateError
+from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager
 from ..jobs.records import ACTIVE_STATES, RUNNING
 from .api_jobs import page_limit
 

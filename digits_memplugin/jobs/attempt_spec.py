@@ -1,0 +1,162 @@
+"""What the manager tells the training child about one attempt: `attempts/N/attempt.json`, written by the manager
+(jobs.attempts) and read by the runner (jobs.runner).
+
+One typed record for both sides, so that a field renamed or retyped on one side is a type error on the other,
+and a file that is not what the manager writes (hand-edited, truncated, from another version) is refused by the
+runner with a message naming the field, instead of a KeyError in the middle of training. Standard library only:
+the child loads this before anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CPU = "cpu"
+GPU = "gpu"
+SNAPSHOT_FORMATS = ("HDF5", "BINARYPROTO")
+
+
+class AttemptSpecError(ValueError):
+    """An attempt.json that is not a spec the manager writes; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptDevice:
+    """Where the child trains: the CPU, or a GPU by its UUID and its index among the child's visible devices."""
+
+    kind: str
+    uuid: str | None = None
+    cuda_index: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == CPU:
+            return {"kind": CPU}
+        return {"kind": self.kind, "uuid": self.uuid, "cuda_index": self.cuda_index}
+
+    @classmethod
+    def from_json(cls, data: Any) -> AttemptDevice:
+        if not isinstance(data, Mapping):
+            raise AttemptSpecError(f"device must be an object, not {_kind(data)}")
+        kind = data.get("kind")
+        if kind == CPU:
+            return cls(CPU)
+        if kind != GPU:
+            raise AttemptSpecError(f"device.kind must be {CPU!r} or {GPU!r}, not {kind!r}")
+        return cls(GPU, _field(data, "uuid", str, "device.uuid"), _field(data, "cuda_index", int, "device.cuda_index"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptSpec:
+    """One attempt of a job. Paths are relative to the job's folder (the child's working directory)."""
+
+    job_id: str
+    attempt: int
+    solver: str
+    """The attempt's generated solver.prototxt (testing and snapshots off: the runner does both)."""
+    log: str
+    """Caffe's log, which the child's stderr appends to."""
+    progress: str
+    """The records, one JSON object a line (also sent on stdout)."""
+    device: AttemptDevice
+    batch_size: int
+    iter_size: int
+    resume: str | None
+    """The solver state to restore before training, or None to start from iteration 0."""
+    memory_cap: int | None
+    """RLIMIT_DATA above the child's baseline, in bytes (None: no cap)."""
+    max_iter: int
+    test_interval: int
+    """0: no testing."""
+    test_iter: tuple[int, ...]
+    """Forward passes per test net (with the attempt's test batch)."""
+    test_initialization: bool
+    snapshot: int
+    """Snapshot every this many iterations (0: only after training, if snapshot_after_train)."""
+    snapshot_after_train: bool
+    snapshot_prefix: str
+    snapshot_format: str
+    """"HDF5" or "BINARYPROTO", as the solver's snapshot_format."""
+    schedule: Mapping[str, Any]
+    """core.schedule.LearningRate's fields (LearningRate.to_dict): the learning rate the records report."""
+    nice: int = 0
+    """The child's nice value (0: the server's own)."""
+
+    def to_json(self) -> dict[str, Any]:
+        document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        document.update(device=self.device.to_json(), test_iter=list(self.test_iter), schedule=dict(self.schedule))
+        return document
+
+    @classmethod
+    def from_json(cls, data: Any) -> AttemptSpec:
+        """The spec in `data` (json.loads of attempt.json); AttemptSpecError naming the first field that is missing
+        or of the wrong type."""
+        if not isinstance(data, Mapping):
+            raise AttemptSpecError(f"an attempt spec must be a JSON object, not {_kind(data)}")
+        unknown = sorted(set(data) - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise AttemptSpecError(f"unknown field(s): {', '.join(map(repr, unknown))}")
+        test_iter = _field(data, "test_iter", list)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in test_iter):
+            raise AttemptSpecError(f"test_iter must be a list of positive whole numbers, not {test_iter!r}")
+        snapshot_format = _field(data, "snapshot_format", str)
+        if snapshot_format not in SNAPSHOT_FORMATS:
+            raise AttemptSpecError(f"snapshot_format must be one of {SNAPSHOT_FORMATS}, not {snapshot_format!r}")
+        return cls(
+            job_id=_field(data, "job_id", str),
+            attempt=_field(data, "attempt", int),
+            solver=_field(data, "solver", str),
+            log=_field(data, "log", str),
+            progress=_field(data, "progress", str),
+            device=AttemptDevice.from_json(data.get("device")),
+            batch_size=_field(data, "batch_size", int),
+            iter_size=_field(data, "iter_size", int),
+            resume=_field(data, "resume", str, nullable=True),
+            memory_cap=_field(data, "memory_cap", int, nullable=True),
+            max_iter=_field(data, "max_iter", int),
+            test_interval=_field(data, "test_interval", int),
+            test_iter=tuple(test_iter),
+            test_initialization=_field(data, "test_initialization", bool),
+            snapshot=_field(data, "snapshot", int),
+            snapshot_after_train=_field(data, "snapshot_after_train", bool),
+            snapshot_prefix=_field(data, "snapshot_prefix", str),
+            snapshot_format=snapshot_format,
+            schedule=_field(data, "schedule", dict),
+            nice=_field(data, "nice", int) if "nice" in data else 0,
+        )
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> AttemptSpec:
+        """The spec in the file; AttemptSpecError when it is not JSON or not a spec."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise AttemptSpecError(f"cannot read {path}: {error}") from None
+        return cls.from_json(data)
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type, label: str | None = None, nullable: bool = False) -> Any:
+    label = label or name
+    if name not in data:
+        raise AttemptSpecError(f"{label} is missing")
+    value = data[name]
+    if value is None and nullable:
+        return None
+    # bool is an int to Python, never to the spec: a count written `true` is refused
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        wanted = kind.__name__ + (" or null" if nullable else "")
+        raise AttemptSpecError(f"{label} must be {wanted}, not {_kind(value)} ({value!r:.80})")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+__all__ = ["AttemptDevice", "AttemptSpec", "AttemptSpecError"]

@@ -1,0 +1,416 @@
+"""A running job's attempts: plan the next one from the device's limit and what earlier ones told, write its
+files, run it as a child process, classify how it ended, record it, and try again after an out-of-memory until
+the fallback policy (core.fallback) gives up or an attempt ends the job.
+
+The planning is one function, `plan_attempt`, of plain values; the rest is the loop (`AttemptLoop`), which writes
+through the manager's `Progress` (jobs.progress) and runs under the job's task (jobs.manager).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import BatchLimitError
+from ..core.fallback import Decision, Failure, Footprint, Policy, decide
+from ..core.layers.base import ENGINE_CPU
+from ..core.net import ShapeOracle
+from ..core.oom import CANCELLED as OUTCOME_CANCELLED
+from ..core.oom import FAILED as FAILED_OUTCOME
+from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
+from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
+from ..core.planner import BatchPlan, auto_batch_limit, usable_bytes
+from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
+from .attempt import AttemptProcess, AttemptResult
+from .attempt_spec import AttemptDevice, AttemptSpec
+from .config import ManagerConfig
+from .definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
+from .disk import LOW_DISK_BYTES, free_bytes, free_note
+from .errors import JobError, JobNotFound
+from .progress import Progress, Running, progress_fields, reserved
+from .records import CANCELLED, DONE, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
+from .runner import DISK_FULL, THREAD_STACK_BYTES
+from .scheduler import Limit, limit_for, memory_cap
+from .store import StoreError
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
+
+
+def plan_attempt(
+    footprint: Footprint,
+    *,
+    engine: str,
+    limit_bytes: int,
+    requested_batch: int | str | None,
+    fallback: Mapping[str, Any] | None,
+    effective_batch: int | None,
+    iteration: int,
+    net_batch: int | None,
+    test_batch: int | None,
+    test_iter: int,
+    cpu_safety_margin: float,
+    gpu_safety_margin: float,
+    max_attempts: int,
+    failures: Sequence[Failure] = (),
+    attempts_made: int = 0,
+    placing: bool = False,
+    train_items: int | None = None,
+) -> Decision:
+    """The plan of a job's next attempt on a device of `engine` under `limit_bytes`: the fallback policy's decision
+    (core.fallback.decide) with the job's own safety margin, growth and attempt budget.
+
+    `footprint(batch, test_batch)`: the job's estimate in bytes; `requested_batch` and `fallback`: the job's
+    request ("batch": a number, "auto" or None for the net's own; "fallback": {"safety_margin", "growth",
+    "max_attempts", "start"}); `effective_batch` and `iteration`: the job's, the effective batch being kept once
+    training has started; `net_batch`, `test_batch`, `test_iter`: the net's own. `placing`: the plan that decides
+    where the job fits, which the "wanted" start does not change; otherwise a job that asked to start with its
+    wanted batch as given ("start": "wanted") gets it for its first attempt (before any failure) even where the
+    estimate says it does not fit, with `fits` saying whether it does."""
+    fallback = fallback or {}
+    given = fallback.get("safety_margin")
+    margin = float(given) if given is not None else cpu_safety_margin if engine == ENGINE_CPU else gpu_safety_margin
+    policy = Policy(
+        safety_margin=margin,
+        growth=fallback.get("growth", Policy().growth),
+        max_attempts=fallback.get("max_attempts", max_attempts),
+    )
+    # The effective batch to keep: fixed once training has started; else as asked (None: auto).
+    wanted: int | None
+    if effective_batch is not None and iteration > 0:
+        wanted = effective_batch
+    elif requested_batch == "auto":
+        wanted = None
+    else:
+        wanted = int(requested_batch) if requested_batch is not None else net_batch
+    decision = decide(
+        policy, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
+        test_batch=test_batch, test_iter=test_iter,
+        max_batch=auto_batch_limit(train_items) if wanted is None else None,
+    )
+    if placing or decision.plan is None or attempts_made or failures or fallback.get("start") != "wanted" or not wanted:
+        return decision
+    try:
+        cost = footprint(wanted, None)
+    except BatchLimitError:
+        return decision  # Caffe cannot build it in one pass at all: the planned iter_size is the start
+    plan = BatchPlan(wanted, 1, cost <= usable_bytes(limit_bytes, margin), cost, wanted)
+    return dataclasses.replace(
+        decision, plan=plan, message=f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
+    )
+
+
+def job_end(result: AttemptResult) -> tuple[str, str] | None:
+    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory)."""
+    outcome = result.outcome
+    if outcome.status == SUCCESS:
+        return DONE, f"training finished at iteration {result.last_iteration}"
+    if outcome.status == OUTCOME_INTERRUPTED:
+        return INTERRUPTED, INTERRUPTED_MESSAGE
+    if outcome.status == OUTCOME_CANCELLED:
+        return CANCELLED, "cancelled"
+    if outcome.status != OUT_OF_MEMORY:
+        return FAILED, outcome.message
+    return None
+
+
+def failure_of(attempt: Attempt) -> Failure:
+    """An earlier out-of-memory attempt (before a restart or a resume), as the policy reads it."""
+    record = attempt.out_of_memory or {}
+    return Failure(
+        batch_size=attempt.batch_size,
+        test_batch_size=attempt.test_batch_size,
+        limit_bytes=int(attempt.limit_bytes or 0),
+        requested_bytes=record.get("requested_bytes"),
+        free_bytes=record.get("free_bytes"),
+        used_bytes=attempt.peak_bytes,
+    )
+
+
+def stacks(definition: JobDefinition) -> int:
+    """Address space the runner's capped child reserves for Caffe's thread stacks."""
+    return definition.threads * THREAD_STACK_BYTES
+
+
+class AttemptLoop:
+    """The attempts of the manager's running jobs. `run(job_id)` is a job's task (the manager's `_run_job`): it
+    returns once the job's end is recorded (or raises; the manager records the error as the job's end)."""
+
+    def __init__(
+        self,
+        config: ManagerConfig,
+        devices: DeviceReader,
+        progress: Progress,
+        lock: threading.RLock,
+        running: dict[str, Running],
+        *,
+        jobs_root: Path,
+        oracle: ShapeOracle | None,
+        definition: Callable[[Job], JobDefinition],
+        measure: Callable[[str], None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.devices = devices
+        self.progress = progress
+        self._lock = lock
+        self._running = running
+        self.jobs_root = jobs_root
+        self.oracle = oracle
+        self._definition = definition
+        self._measure = measure
+        self._stopping = stopping
+
+    def plan(
+        self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure] = (),
+        made: int = 0, *, placing: bool = False,
+    ) -> Decision:
+        """`plan_attempt` for this job on a device of `engine` (the scheduler's plan with `placing`)."""
+        estimator = definition.estimator(engine, self.oracle)
+
+        def footprint(batch: int, test_batch: int | None) -> int:
+            return estimator.report(batch, test_batch)[0].total_bytes
+
+        return plan_attempt(
+            footprint, engine=engine, limit_bytes=limit, requested_batch=job.spec.get("batch"),
+            fallback=job.spec.get("fallback"), effective_batch=job.effective_batch, iteration=job.iteration,
+            net_batch=definition.net_batch, test_batch=definition.test_batch, test_iter=definition.test_iter,
+            cpu_safety_margin=self.config.cpu_safety_margin, gpu_safety_margin=self.config.gpu_safety_margin,
+            max_attempts=self.config.max_attempts, failures=failures, attempts_made=made, placing=placing,
+            train_items=definition.train_items,
+        )
+
+    def _job(self, job_id: str) -> Job:
+        job = self.progress.store.get_job(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return self.progress.view(job)
+
+    def run(self, job_id: str) -> None:
+        store, progress = self.progress.store, self.progress
+        job = self._job(job_id)
+        entry = self._running[job_id]
+        definition = self._definition(job)
+        engine = self.config.gpu_engine if entry.kind == GPU else ENGINE_CPU
+        earlier = [a for a in store.attempts(job_id) if a.device == entry.device]
+        failures = [failure_of(a) for a in earlier if a.status == OUT_OF_MEMORY and a.limit_bytes is not None]
+        made = 0
+        job = store.update_job(job_id, started_at=job.started_at or time.time())
+        progress.emit_job(job)
+        while True:
+            with self._lock:
+                if entry.cancel or self._stopping():
+                    stopping = self._stopping()
+                    progress.finish(job_id, INTERRUPTED if stopping else CANCELLED,
+                                    INTERRUPTED_MESSAGE if stopping else "cancelled")
+                    return
+            devices = self.devices.read()
+            device = devices.get(entry.device)
+            with self._lock:
+                held = reserved(self._running.values(), entry.device, exclude=job_id)
+            cap = memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap)
+            limit = None if device is None else limit_for(
+                device, reserved=held, cap=cap, cap_overhead=stacks(definition)
+            )
+            if device is None or limit is None:
+                progress.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
+                return
+            job = self._job(job_id)
+            decision = self.plan(job, definition, engine, limit.limit_bytes, failures, made)
+            if decision.stop or decision.plan is None:
+                prefix = "out of memory: " if failures else ""
+                progress.finish(job_id, FAILED, prefix + decision.message)
+                return
+            result, attempt = self._run_attempt(job, definition, entry, limit, decision)
+            self._measure(job_id)
+            made += 1
+            ending = job_end(result)
+            if ending is not None:
+                progress.finish(job_id, *ending)
+                return
+            failures.append(self._failure_after(attempt, limit, result))
+
+    def _failure_after(self, attempt: Attempt, limit: Limit, result: AttemptResult) -> Failure:
+        """What the failed attempt tells, with its limit lowered to what the device had free once it ended
+        (another process may have taken memory meanwhile); a cap stays the cap."""
+        overhead = limit.overhead_bytes
+        effective = limit.cap_bytes - overhead if limit.cap_bytes is not None else limit.limit_bytes
+        if limit.cap_bytes is None:
+            device = self.devices.read().get(limit.device.key)
+            if device is not None and device.memory_free is not None:
+                effective = min(effective, device.memory_free)
+        record = result.outcome.out_of_memory
+        failure = Failure(
+            batch_size=attempt.batch_size,
+            test_batch_size=attempt.test_batch_size,
+            limit_bytes=effective,
+            requested_bytes=None if record is None else record.requested_bytes,
+            free_bytes=None if record is None else record.free_bytes,
+            used_bytes=None if result.peak_bytes is None else max(0, result.peak_bytes - overhead),
+        )
+        self.progress.durable(
+            attempt.job_id, f"attempt {attempt.number}'s limit",
+            lambda: self.progress.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
+            attempt=(attempt.number, {"limit_bytes": effective}),
+        )
+        return failure
+
+    def _spec(
+        self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision, number: int
+    ) -> tuple[AttemptSpec, dict[str, str]]:
+        """The attempt's spec, with its files written, and the child's environment (its CUDA device)."""
+        plan = decision.plan
+        if plan is None:
+            raise ValueError("an attempt needs a plan")
+        folder = self.jobs_root / job.folder
+        attempt_dir = f"attempts/{number}"
+        test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
+        environment: dict[str, str] = {}
+        device = AttemptDevice("cpu")
+        if entry.kind == GPU:
+            try:
+                child = child_cuda_environment([entry.device], self.devices.read().gpus)
+            except DeviceSelectionError as error:
+                raise JobError(str(error)) from None
+            environment.update(child.environment)
+            device = AttemptDevice("gpu", entry.device, child.cuda_index[entry.device])
+        else:
+            environment["CUDA_VISIBLE_DEVICES"] = ""
+        files = write_attempt(
+            definition, folder, attempt_dir, batch_size=plan.batch_size, iter_size=plan.iter_size,
+            test_batch=test_batch, gpu=device.cuda_index,
+        )
+        resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
+        solver = definition.solver
+        spec = AttemptSpec(
+            job_id=job.id,
+            attempt=number,
+            solver=files.solver,
+            log=f"{attempt_dir}/caffe.log",
+            progress=f"{attempt_dir}/progress.jsonl",
+            device=device,
+            batch_size=plan.batch_size,
+            iter_size=plan.iter_size,
+            resume=resume,
+            memory_cap=limit.cap_bytes,
+            max_iter=definition.max_iter,
+            test_interval=int(solver.test_interval) if definition.training.tests else 0,
+            test_iter=tuple(test_iters(definition, test_batch)),
+            test_initialization=bool(solver.test_initialization),
+            snapshot=int(solver.snapshot),
+            snapshot_after_train=bool(solver.snapshot_after_train),
+            snapshot_prefix=snapshot_prefix(solver),
+            snapshot_format="HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
+            schedule=definition.schedule.to_dict(),
+            nice=self.config.job_nice,
+        )
+        spec.write(folder / attempt_dir / "attempt.json")
+        return spec, environment
+
+    def _run_attempt(
+        self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
+    ) -> tuple[AttemptResult, Attempt]:
+        store, progress = self.progress.store, self.progress
+        folder = self.jobs_root / job.folder
+        check_job_folder(self.jobs_root, folder)
+        with self._lock:  # what earlier attempts could not write at first is written by now (the writes block)
+            progress.unrecorded.pop(job.id, None)
+        number = len(store.attempts(job.id)) + 1
+        spec, environment = self._spec(job, definition, entry, limit, decision, number)
+        attempt = store.add_attempt(
+            Attempt(
+                job_id=job.id, number=number, status=RUNNING, device=entry.device, batch_size=spec.batch_size,
+                iter_size=spec.iter_size, started_at=time.time(), log=spec.log,
+                test_batch_size=decision.test_plan["batch_size"] if decision.test_plan else definition.test_batch,
+                test_iter=spec.test_iter[0] if spec.test_iter else None, resumed_from=spec.resume,
+                start_iteration=job.snapshot["iteration"] if spec.resume and job.snapshot else 0,
+                limit_bytes=limit.limit_bytes, estimated_bytes=decision.plan.bytes if decision.plan else None,
+                correction=decision.correction,
+            )
+        )
+        updated = store.update_job(
+            job.id, batch_size=spec.batch_size, iter_size=spec.iter_size, test_batch_size=attempt.test_batch_size,
+            test_iter=attempt.test_iter, message=f"attempt {number}: {decision.message}",
+            iteration=attempt.start_iteration,
+        )
+        progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        progress.emit_job(updated)
+
+        process = AttemptProcess(
+            folder, f"attempts/{number}/attempt.json", spec.log, environment=environment,
+            on_record=lambda record: progress.on_record(job.id, number, record),
+            on_log=lambda lines: progress.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
+            grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
+        )
+        with self._lock:
+            entry.process, entry.attempt, entry.peak = process, number, None
+            entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
+            entry.progress = {"train": None, "test": []}
+            stopping, cancel = self._stopping(), entry.cancel
+            pid = process.start()
+            if stopping:
+                process.kill()
+            elif cancel:
+                process.cancel()
+        try:  # the child runs now: nothing may stop this task from following it
+            store.update_attempt(job.id, number, pid=pid)
+        except StoreError as error:
+            log.warning("job %s attempt %d: pid %d not stored (%s)", job.id, number, pid, error)
+        result = process.wait()
+        outcome = result.outcome
+        if self._stopping() and outcome.status == OUTCOME_CANCELLED:
+            outcome = dataclasses.replace(outcome, status=OUTCOME_INTERRUPTED, message=INTERRUPTED_MESSAGE)
+            result = dataclasses.replace(result, outcome=outcome)
+        if outcome.status == FAILED_OUTCOME:
+            outcome = _note_full_disk(folder, result, outcome)
+            result = dataclasses.replace(result, outcome=outcome)
+        peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
+        ended = {
+            "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
+            "signal": outcome.signal, "message": outcome.message,
+            "out_of_memory": None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
+            "peak_bytes": None if peak < 0 else peak, "allocated_bytes": result.allocated_bytes,
+            "end_iteration": result.last_iteration,
+        }
+        # What the job is once this attempt has ended, shown while the writes below wait for the database.
+        known = progress_fields(entry)
+        ending = job_end(result)
+        if ending is not None:
+            known.update(status=ending[0], message=ending[1], finished_at=time.time() if ending[0] in FINAL_STATES else None)
+        # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.
+        progress.durable(
+            job.id, f"attempt {number}'s progress", lambda: progress.store_progress(job.id, entry, force=True, wait=True),
+            job=known, attempt=(number, ended),
+        )
+        attempt = progress.durable(
+            job.id, f"the end of attempt {number}", lambda: store.update_attempt(job.id, number, **ended),
+            job=known, attempt=(number, ended),
+        )
+        result = dataclasses.replace(result, peak_bytes=attempt.peak_bytes)
+        progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        return result, attempt
+
+
+def _note_full_disk(folder: Path, result: AttemptResult, outcome: Outcome) -> Outcome:
+    """A failed attempt whose disk is full says so. Caffe aborts when a snapshot cannot be written and glog's
+    own line about it cannot reach the full disk either, so the free space is what tells."""
+    free = free_bytes(folder)
+    reported = (result.error or {}).get("type") == DISK_FULL
+    if not reported and (free is None or free >= LOW_DISK_BYTES):
+        return outcome
+    cause = (result.error or {}).get("message") if reported else outcome.message
+    message = (
+        f"no space left on the disk holding the job's folder ({free_note(folder)}): the attempt stopped at "
+        f"iteration {result.last_iteration or 0} ({cause}); free some space, then resume the job (it continues "
+        "from its last snapshot)"
+    )
+    return dataclasses.replace(outcome, message=message)
+
+
+__all__ = ["INTERRUPTED_MESSAGE", "AttemptLoop", "failure_of", "job_end", "plan_attempt", "stacks"]

@@ -1,0 +1,77 @@
+"""The job manager's settings (jobs.manager.JobManager), read once from the plugin's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..core.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
+from ..core.layers.base import ENGINE_CUDNN
+from .store import BUSY_SECONDS
+
+MAX_QUEUED_JOBS = 100
+MAX_STORED_JOBS = 1000
+MAX_STORED_BYTES = 20 * 1024**3
+JOB_NICE = 10
+STALL_SECONDS = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    data_dir: Path
+    dataset_roots: tuple[Path, ...]
+    jobs_per_gpu: int = 1
+    jobs_per_cpu: int = 1
+    cpu_memory_cap: int | None = None
+    cpu_safety_margin: float = CPU_SAFETY_MARGIN
+    gpu_safety_margin: float = GPU_SAFETY_MARGIN
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    gpu_engine: str = ENGINE_CUDNN
+    poll_seconds: float = 1.0
+    """How often waiting jobs are placed again and GPU memory of running attempts is sampled."""
+    grace_seconds: float = 5.0
+    """Between SIGTERM and SIGKILL when an attempt is cancelled."""
+    store_progress_seconds: float = 1.0
+    """Iteration records are written to the store at most this often per job (tests and snapshots always)."""
+    max_queued_jobs: int = MAX_QUEUED_JOBS
+    """Jobs that may wait in the queue at once; a submission (or a resume) beyond it is refused."""
+    store_busy_seconds: float = BUSY_SECONDS
+    """How long a store call waits while another process holds the database's write lock."""
+    job_nice: int = JOB_NICE
+    """The training child's nice value: the web server keeps the CPU first where training takes every core."""
+    stall_seconds: float | None = STALL_SECONDS
+    """Silence after which the watchdog ends an attempt (jobs.watchdog); None: never (not for production)."""
+    gpus_simulated: bool = False
+    """The demo mode (--simulate-gpus): the GPUs' memory is made up and no CUDA device is behind them, so jobs that
+    would train on a GPU are refused at submission rather than failing in Caffe."""
+    max_stored_jobs: int = MAX_STORED_JOBS
+    """Jobs kept at once, whatever their state; a submission beyond it is refused until some are deleted."""
+    max_stored_bytes: int = MAX_STORED_BYTES
+    """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ManagerConfig:
+        roots = settings.dataset_roots or (settings.data_dir / "datasets",)
+        return cls(
+            data_dir=settings.data_dir,
+            dataset_roots=tuple(roots),
+            jobs_per_gpu=settings.jobs_per_gpu,
+            jobs_per_cpu=settings.jobs_per_cpu,
+            cpu_memory_cap=settings.cpu_memory_cap,
+            cpu_safety_margin=_first(settings.job_safety_margin, CPU_SAFETY_MARGIN),
+            gpu_safety_margin=_first(settings.job_safety_margin, GPU_SAFETY_MARGIN),
+            max_attempts=settings.job_max_attempts,
+            gpu_engine=settings.gpu_engine,
+            max_queued_jobs=settings.max_queued_jobs,
+            store_busy_seconds=settings.store_busy_seconds,
+            job_nice=settings.job_nice,
+            stall_seconds=settings.job_stall_seconds,
+            gpus_simulated=settings.simulate_gpus is not None,
+            max_stored_jobs=settings.max_stored_jobs,
+            max_stored_bytes=settings.max_stored_bytes,
+        )
+
+
+def _first(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,278 @@
+"""What jobs' tasks learn, written to the store and told to the listeners: the runner's records kept on the job
+row (at most once per `store_progress_seconds` for iterations), writes the job's record must not lose (an attempt's
+end, the job's end) retried until the database takes them, and meanwhile what they say shown on top of what the
+database holds, so that a job whose child is gone does not read "running".
+
+The manager (jobs.manager) and the attempt loop (jobs.attempts) share one `Progress`: its lock is the manager's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from .attempt import AttemptProcess
+from .records import FINAL_STATES, Attempt, Job
+from .store import JobStore, StoreError
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+EventCallback = Callable[[str, dict[str, Any]], None]
+
+
+@dataclasses.dataclass
+class Running:
+    """A job placed on a device: its slot, and its current attempt once started."""
+
+    job_id: str
+    device: str
+    kind: str
+    process: AttemptProcess | None = None
+    attempt: int | None = None
+    estimated: int = 0
+    peak: int | None = None
+    cancel: bool = False
+    task: Any = None
+    last_stored: float = 0.0
+    progress: dict[str, Any] = dataclasses.field(default_factory=dict)
+    snapshot: dict[str, Any] | None = None
+    """The latest snapshot record not yet written to the store (the database was locked)."""
+    store_warned: bool = False
+
+
+def reserved(running: Iterable[Running], device: str, exclude: str | None = None) -> int:
+    """Memory our running attempts on the device were planned to take and have not taken yet."""
+    return sum(
+        max(0, entry.estimated - (entry.peak or 0))
+        for entry in running
+        if entry.device == device and entry.job_id != exclude
+    )
+
+
+@dataclasses.dataclass
+class Unrecorded:
+    """What a job's task knows about the job and its attempts but could not write to the database yet (a full disk,
+    a lock held too long): what the manager shows until the write is made, so that a job whose child is gone does
+    not read "running" meanwhile."""
+
+    reason: str
+    job: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attempts: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+class Progress:
+    """The jobs' writes and events. `store` gives the manager's store (it raises while the manager is stopped),
+    `running` is the manager's table of placed jobs, `finished` is notified (under `lock`) when a job's end is
+    written, `stopping` says whether the manager is stopping (a durable write then gives up)."""
+
+    def __init__(
+        self,
+        store: Callable[[], JobStore],
+        lock: threading.RLock,
+        finished: threading.Condition,
+        running: dict[str, Running],
+        on_event: EventCallback,
+        stopping: Callable[[], bool],
+        *,
+        poll_seconds: float,
+        store_progress_seconds: float,
+    ) -> None:
+        self._store = store
+        self._lock = lock
+        self._finished = finished
+        self._running = running
+        self.on_event = on_event
+        self._stopping = stopping
+        self.poll_seconds = poll_seconds
+        self.store_progress_seconds = store_progress_seconds
+        self.unrecorded: dict[str, Unrecorded] = {}
+        """Per job whose task holds writes the database did not take yet: what they say (see Unrecorded)."""
+
+    @property
+    def store(self) -> JobStore:
+        return self._store()
+
+    # --- events -------------------------------------------------------------------------------------------------
+
+    def emit(self, name: str, payload: dict[str, Any]) -> None:
+        try:
+            self.on_event(name, payload)
+        except Exception:
+            log.exception("the %s event listener failed", name)
+
+    def emit_job(self, job: Job) -> None:
+        self.emit("job", job.to_json())
+
+    # --- what the task knows, on top of the database ------------------------------------------------------------
+
+    def view(self, job: Job) -> Job:
+        """The job as its task knows it: what the database holds, with what could not be written yet on top, and
+        the message saying so."""
+        with self._lock:
+            pending = self.unrecorded.get(job.id)
+            if pending is None:
+                return job
+            fields = dict(pending.job)
+        message = fields.pop("message", job.message)
+        return dataclasses.replace(job, **fields, message=f"{message} ({pending.reason})")
+
+    def view_attempts(self, job_id: str, attempts: list[Attempt]) -> list[Attempt]:
+        with self._lock:
+            pending = self.unrecorded.get(job_id)
+            changes = dict(pending.attempts) if pending is not None else {}
+        return [dataclasses.replace(a, **changes[a.number]) if a.number in changes else a for a in attempts]
+
+    def durable(
+        self, job_id: str, what: str, write: Callable[[], _T], first: StoreError | None = None, *,
+        job: dict[str, Any] | None = None, attempt: tuple[int, dict[str, Any]] | None = None,
+    ) -> _T:
+        """A write the job's record must not lose (an attempt's end, the job's end). Each try waits for the
+        database as long as the store does. After a failed try, what the write says (`job`: the job's fields,
+        `attempt`: an attempt's number and fields) is held and shown as the job's state (see `hold`), the job's
+        listeners are told, and the write is tried again every poll interval until it is stored or the manager
+        stops (then the next start finds the job running and marks it interrupted, resumable)."""
+        error = first
+        told = False
+        while True:
+            if error is None:
+                try:
+                    return write()
+                except StoreError as failed:
+                    error = failed
+            if self._stopping():
+                raise error
+            if not told:
+                log.error("job %s: %s is not recorded yet: %s; trying again until it is", job_id, what, error)
+                self.hold(job_id, what, error, job=job, attempt=attempt)
+                told = True
+            time.sleep(self.poll_seconds)
+            error = None
+
+    def hold(
+        self, job_id: str, what: str, error: StoreError, *, job: dict[str, Any] | None = None,
+        attempt: tuple[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """Keep what a write the database refused says, so that the job reads as its task knows it (a child that
+        ended on a full disk: failed, not running) with a message saying it is not recorded yet; and tell the
+        job's listeners."""
+        with self._lock:
+            pending = self.unrecorded.setdefault(job_id, Unrecorded(""))
+            pending.reason = (
+                f"{what} is not recorded yet in the jobs database: {error}; the server keeps it and writes it as "
+                "soon as it can"
+            )
+            pending.job.update(job or {})
+            if attempt is not None:
+                pending.attempts.setdefault(attempt[0], {}).update(attempt[1])
+        with contextlib.suppress(StoreError):  # reads go on where writes fail (a full disk, a lock)
+            stored = self.store.get_job(job_id)
+            if stored is not None:
+                self.emit_job(self.view(stored))
+            if attempt is not None:
+                for held in self.view_attempts(job_id, self.store.attempts(job_id)):
+                    if held.number == attempt[0]:
+                        self.emit("job_attempt", {"job_id": job_id, **held.to_json()})
+
+    # --- the runner's records -----------------------------------------------------------------------------------
+
+    def on_record(self, job_id: str, number: int, record: dict[str, Any]) -> None:
+        """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job."""
+        self.emit("job_progress", {"job_id": job_id, "attempt": number, **record})
+        event = record.get("event")
+        changed: Job | None = None
+        with self._lock:
+            entry = self._running.get(job_id)
+            if entry is None:
+                return
+            memory = record.get("memory_bytes")
+            if isinstance(memory, int):  # what the attempt holds already is no longer held back for it
+                entry.peak = max(entry.peak or 0, memory)
+            if event == "iteration":
+                entry.progress["train"] = record
+                self.store_progress(job_id, entry, first=record.get("iteration") == 1)
+            elif event == "test":
+                tests = entry.progress.setdefault("test", [])
+                while len(tests) <= int(record.get("net", 0)):
+                    tests.append(None)
+                tests[int(record.get("net", 0))] = record
+                self.store_progress(job_id, entry, force=True)
+            elif event == "snapshot":
+                entry.snapshot = {key: record[key] for key in ("iteration", "model", "state")}
+                changed = self.store_progress(job_id, entry, force=True)
+        if changed is not None:  # listeners are called outside the lock: they may take their time
+            self.emit_job(changed)
+
+    def store_progress(
+        self, job_id: str, entry: Running, force: bool = False, first: bool = False, wait: bool = False
+    ) -> Job | None:
+        """Keep the latest progress (and a new snapshot) on the job row, at most once per `store_progress_seconds`
+        for iterations. The child's records must keep flowing whatever the database does, so unless `wait` this
+        write does not wait for another process's lock: when it cannot be made, the next one (or the attempt's
+        end, which waits) makes it. The job as stored, or None when nothing was written."""
+        now = time.monotonic()
+        due = force or first or entry.snapshot is not None
+        if not due and now - entry.last_stored < self.store_progress_seconds:
+            return None
+        entry.last_stored = now
+        train = entry.progress.get("train")
+        fields: dict[str, Any] = {"progress": entry.progress}
+        if entry.snapshot is not None:
+            fields["snapshot"] = entry.snapshot
+        try:
+            if train is not None:
+                fields["iteration"] = int(train["iteration"])
+                job = self.store.get_job(job_id)
+                if job is not None and job.effective_batch is None and job.batch_size and job.iter_size:
+                    fields["effective_batch"] = job.batch_size * job.iter_size
+            stored = self.store.update_job(job_id, busy_seconds=None if wait else 0.0, **fields)
+        except StoreError as error:
+            if wait:
+                raise
+            if not entry.store_warned:
+                log.warning("job %s: progress not stored (%s); it is kept and stored with the next write", job_id, error)
+                entry.store_warned = True
+            return None
+        entry.snapshot = None
+        return stored
+
+    # --- the job's end ------------------------------------------------------------------------------------------
+
+    def finish(self, job_id: str, status: str, message: str) -> None:
+        """Record how the job ended; retried (outside the manager's lock) while the database cannot be written."""
+        fields: dict[str, Any] = {
+            "status": status, "message": message, "finished_at": time.time() if status in FINAL_STATES else None,
+        }
+        failed: StoreError | None = None
+        with self._lock:
+            try:
+                job = self.store.update_job(job_id, **fields)
+            except StoreError as error:
+                failed = error
+            self._finished.notify_all()
+        if failed is not None:
+            job = self.durable(
+                job_id, f"the job's end ({status})", lambda: self.store.update_job(job_id, **fields), failed, job=fields
+            )
+            with self._lock:
+                self._finished.notify_all()
+        self.emit_job(job)
+
+
+def progress_fields(entry: Running) -> dict[str, Any]:
+    """The job's progress fields from what its running attempt reported (as `Progress.store_progress` writes them)."""
+    fields: dict[str, Any] = {"progress": entry.progress}
+    train = entry.progress.get("train")
+    if train is not None:
+        fields["iteration"] = int(train["iteration"])
+    if entry.snapshot is not None:
+        fields["snapshot"] = entry.snapshot
+    return fields
+
+
+__all__ = ["Progress", "Running", "Unrecorded", "progress_fields", "reserved"]

@@ -1,0 +1,104 @@
+"""A submission made a job: its folder written (the net and solver as submitted), its definition loaded and checked
+against the dataset folders (jobs.definition), and the definitions of the data folder's jobs kept once loaded."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import NetError
+from ..core.net import ShapeOracle
+from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, load_definition
+from .disk import disk_full, free_note
+from .errors import DiskFull, JobValidationError
+from .records import QUEUED, Job
+from .request import JobRequest
+
+NET_FILE = "net.prototxt"
+
+
+class Definitions:
+    """The jobs' definitions, loaded from their folders once and kept (by job id) until the job is deleted."""
+
+    def __init__(self, roots: tuple[Path, ...], oracle: ShapeOracle | None, jobs_root: Path) -> None:
+        self.roots = roots
+        self.oracle = oracle
+        self.jobs_root = jobs_root
+        self._loaded: dict[str, JobDefinition] = {}
+        self._lock = threading.Lock()
+
+    def get(self, job: Job) -> JobDefinition:
+        with self._lock:
+            definition = self._loaded.get(job.id)
+        if definition is None:
+            definition = self.load(self.jobs_root / job.folder, job.spec)
+            self.keep(job.id, definition)
+        return definition
+
+    def load(self, folder: Path, spec: dict[str, Any]) -> JobDefinition:
+        return load_definition(
+            (folder / NET_FILE).read_text(encoding="utf-8"),
+            (folder / SOLVER_SOURCE).read_text(encoding="utf-8"),
+            folder=folder,
+            roots=self.roots,
+            data=spec.get("data") or {},
+            data_shapes={key: tuple(value) for key, value in (spec.get("data_shapes") or {}).items()},
+            classes=spec.get("classes"),
+            max_iter=spec.get("max_iter"),
+            oracle=self.oracle,
+        )
+
+    def keep(self, job_id: str, definition: JobDefinition) -> None:
+        with self._lock:
+            self._loaded[job_id] = definition
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._loaded.pop(job_id, None)
+
+
+def write_job(request: JobRequest, device: str, definitions: Definitions) -> tuple[Job, JobDefinition]:
+    """A new queued job (not stored yet) for the request on the (admitted) device, with its folder written under
+    `definitions.jobs_root`; JobValidationError for a net, solver or data that cannot be used, DiskFull when the
+    disk has no room. Nothing is left behind when it raises."""
+    job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    folder = definitions.jobs_root / job_id
+    try:
+        folder.mkdir(parents=True)
+        (folder / NET_FILE).write_text(request.net, encoding="utf-8")
+        (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
+        spec = request.spec(device)
+        definition = definitions.load(folder, spec)
+    except NetError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
+    except OSError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        if disk_full(error):
+            raise DiskFull(
+                f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
+            ) from None
+        raise
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    now = time.time()
+    name = request.name or (definition.training.train.param.name or "job")
+    job = Job(
+        id=job_id, name=name, status=QUEUED, created_at=now, updated_at=now, folder=job_id, spec=spec,
+        max_iter=definition.max_iter, message="waiting for a device",
+    )
+    return job, definition
+
+
+def error_field(error: NetError, data: dict[str, str]) -> str:
+    """The request field an error belongs to: a source the request's `data` gave is the data's fault."""
+    if isinstance(error, DataSourceError) or error.field == "data" or (error.field or "").startswith("data_shapes"):
+        return "data"
+    if error.source == SOLVER_SOURCE or (error.source or "").startswith(SOLVER_SOURCE):
+        return "solver"
+    return "net"
