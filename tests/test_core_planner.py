@@ -194,7 +194,7 @@ def test_a_wanted_batch_past_the_blob_limit_is_planned_with_iter_size() -> None:
     assert "INT_MAX" in limit["message"] and "2048 x iter_size 2" in limit["message"]
     assert document["batch_size"] == 2048  # the footprint shown is one pass's
     plan = document["plan"]
-    assert plan["fits"] and plan["batch_size"] * plan["iter_size"] >= 4096 and plan["effective_batch"] == 4096
+    assert plan["fits"] and plan["effective_batch"] >= 4096 and document["safety_margin"] == 0.05  # jobs' GPU margin
     assert plan["batch_size"] <= 2674 and plan["iter_size"] > 1
     assert document["max_batch_limited_by"] == "memory"
     # The same net on a device with memory for more than Caffe can build: the plan is capped by the blob limit.

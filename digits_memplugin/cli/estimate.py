@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> None:
         "--free-bytes", type=size, metavar="B", help="free memory of the device, e.g. 8GiB or 8589934592"
     )
     parser.add_argument(
-        "--safety-margin", type=float, default=0.10, help="fraction of free memory kept back (default: %(default)s)"
+        "--safety-margin", type=float, default=None,
+        help="fraction of free memory kept back (default: as jobs plan: 0.03 on the CPU, 0.05 on GPUs)",
     )
     parser.add_argument(
         "--data-shape",

@@ -15,10 +15,11 @@ from typing import Any
 
 from .collector import paused_collector
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
+from .job_plan import JobAsk, PlanningPolicy, plan_job
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, max_buildable, plan_batch, usable_bytes
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -28,8 +29,6 @@ MAX_REMEMBERED_REPORTS = 2
 """Whole reports (with their built nets) kept per definition and way of counting: the form asks again and again
 about the same net at the same batch (each device's row, each keystroke that changes nothing), and a report is
 what an estimate costs most; two keep memory bounded for large nets."""
-DEFAULT_SAFETY_MARGIN = 0.10
-"""Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +44,10 @@ class EstimateRequest:
     engine: str = ENGINE_CPU
     free_bytes: int | None = None
     """Free memory of the target device; with it come max_batch_size and a plan."""
-    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    safety_margin: float | None = None
+    """Fraction of free memory kept back (None: the policy's for the engine, as jobs plan)."""
+    policy: PlanningPolicy = dataclasses.field(default_factory=PlanningPolicy)
+    """The server's planning policy: engines and margins per device kind (core.job_plan)."""
     data_shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     classes: int | None = None
     """Number of classes for DIGITS standard networks (InnerProduct layers without num_output)."""
@@ -73,7 +75,9 @@ class EstimateRequest:
             not isinstance(self.free_bytes, int) or isinstance(self.free_bytes, bool) or self.free_bytes < 0
         ):
             raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
-        if not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0:
+        if self.safety_margin is not None and (
+            not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0
+        ):
             raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
         if not isinstance(self.cuda_context_bytes, int) or isinstance(self.cuda_context_bytes, bool) or (
             self.cuda_context_bytes < 0
@@ -160,6 +164,10 @@ class Estimator:
         self._tests[key[1]] = built[2]
         self._totals[key] = built[0].total_bytes
         return built
+
+    def known_totals(self, test_batch: int | None = None) -> dict[int, int]:
+        """The footprints computed so far at `test_batch`, by train batch."""
+        return {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}
 
     def curve(self, test_batch: int | None = None) -> MemoryCurve:
         """Memory against the train batch, seeded with the totals already known at this test batch (the
@@ -249,23 +257,24 @@ def _estimate(
         "test_plan": None,
         "free_bytes": request.free_bytes,
         "usable_bytes": None,
-        "safety_margin": request.safety_margin,
+        "safety_margin": (
+            request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
+        ),
         "blob_limit": blob_limit,
     }
     if request.curve_batches:
         document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
         document["linear_model"] = _linear_model(estimator, request.test_batch)
-    limit = request.max_batch or MAX_BATCH
     # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
-    wanted = request.batch if blob_limit is not None else batch
-    if wanted is not None and request.free_bytes is not None:
-        document.update(_device_plan(estimator, definition, wanted, test_batch, request.free_bytes,
-                                     request.safety_margin, limit))
-    if wanted is not None and request.budgets:
-        document["plans"] = {
-            key: _device_plan(estimator, definition, wanted, test_batch, free, request.safety_margin, limit)
-            for key, free in request.budgets.items()
-        }
+    ask = JobAsk(
+        batch=request.batch if blob_limit is not None else batch, net_batch=batch,
+        test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
+        max_batch=request.max_batch, safety_margin=request.safety_margin,
+    )
+    if batch is not None and request.free_bytes is not None:
+        document.update(_device_plan(estimator, ask, request, request.free_bytes))
+    if batch is not None and request.budgets:
+        document["plans"] = {key: _device_plan(estimator, ask, request, free) for key, free in request.budgets.items()}
     return document
 
 
@@ -301,42 +310,29 @@ def _single_pass_limit(
     }
 
 
-def _limited_by(estimator: Estimator, largest: int, limit: int, test_batch: int | None) -> str:
-    """Why the largest batch is not larger: "max_batch" (the limit asked for, such as the dataset's size),
-    "blob_limit" (one more item would make a blob over INT_MAX elements), "unroll_limit" (a recurrent layer would
-    unroll past the estimator's bound) or "memory"."""
-    if largest >= limit:
-        return "max_batch"
-    if largest > 0:
-        try:
-            estimator.total(largest + 1, test_batch)
-        except BlobLimitError:
-            return "blob_limit"
-        except BatchLimitError:
-            return "unroll_limit"
-    return "memory"
+def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, free_bytes: int) -> dict[str, Any]:
+    """The job's plan on a device with `free_bytes`: the plan a job gets (core.job_plan.plan_job), so the batch
+    suggested here is the batch the job trains."""
 
+    def footprint(batch: int, test_batch: int | None) -> int:
+        # The nets' own test batch is the estimator's None: the totals already computed are found again.
+        return estimator.total(batch, None if test_batch == ask.test_batch else test_batch)
 
-def _device_plan(
-    estimator: Estimator,
-    definition: TrainingDefinition,
-    batch: int,
-    test_batch: int | None,
-    free_bytes: int,
-    safety_margin: float,
-    limit: int,
-) -> dict[str, Any]:
-    budget = usable_bytes(free_bytes, safety_margin)
-    plan, largest, test_plan = plan_job(estimator, batch, test_batch, definition, budget, limit)
+    known = estimator.known_totals(None)
+    decision = plan_job(footprint, ask, engine=request.engine, limit_bytes=free_bytes, policy=request.policy,
+                        known=known)
+    plan = decision.plan
+    if plan is None:  # not even batch 1 fits: what it would take
+        wanted = ask.wanted() or 1
+        plan = BatchPlan(1, wanted, False, decision.estimated_bytes, wanted)
     return {
         "free_bytes": free_bytes,
-        "usable_bytes": budget,
-        "max_batch_size": largest,
-        "max_batch_limited_by": _limited_by(
-            estimator, largest, limit, test_plan["batch_size"] if test_plan else test_batch
-        ),
+        "usable_bytes": decision.budget,
+        "safety_margin": decision.safety_margin,
+        "max_batch_size": decision.largest,
+        "max_batch_limited_by": decision.limited_by,
         "plan": plan.to_dict(),
-        "test_plan": test_plan,
+        "test_plan": decision.test_plan,
     }
 
 
@@ -392,33 +388,6 @@ def _cached_definition(
     for other devices many times, and parsing is most of the cost of a cold estimate. Nothing mutates a cached
     definition afterwards (classes are filled in before it is cached); errors are not cached."""
     return _definition(net, solver, net_source, solver_source, limits, classes)
-
-
-def plan_job(
-    estimator: Estimator,
-    wanted: int,
-    test_batch: int | None,
-    definition: TrainingDefinition,
-    budget: int,
-    limit: int = MAX_BATCH,
-) -> tuple[BatchPlan, int, dict[str, int] | None]:
-    """Plan the train batch with the test nets at their batch; when not even batch 1 fits beside them, shrink the
-    test batch too (raising test_iter so a test pass still covers as many items). No batch above `limit`."""
-    curve = estimator.curve(None)
-    largest = max_batch(curve, budget, limit)
-    if largest > 0 or test_batch is None:
-        return plan_batch(curve, wanted, budget, limit), largest, None
-    test_curve = MemoryCurve(lambda tb: estimator.total(1, tb))
-    fitting_test = max_batch(test_curve, budget, limit=test_batch)
-    if fitting_test == 0:
-        return plan_batch(curve, wanted, budget, limit), 0, None
-    curve = estimator.curve(fitting_test)
-    test_iter = definition.test_iters[0] if definition.test_iters else 1
-    test_plan = {
-        "batch_size": fitting_test,
-        "test_iter": math.ceil(test_iter * test_batch / fitting_test),
-    }
-    return plan_batch(curve, wanted, budget, limit), max_batch(curve, budget, limit), test_plan
 
 
 def _solver_type(definition: TrainingDefinition) -> str:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..sizes import format_size
-from .planner import BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from .errors import BlobLimitError
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 
 Footprint = Callable[[int, int | None], int]
 """Estimated bytes of a training job at (train batch, test batch); a test batch of None means the net's own."""
@@ -43,6 +44,15 @@ GPU_SAFETY_MARGIN = DEFAULT_SAFETY_MARGIN
 """On GPUs the CUDA context and cuDNN's workspaces are per-machine constants the estimate only models."""
 DEFAULT_GROWTH = 0.10
 DEFAULT_MAX_ATTEMPTS = 5
+LIMITED_BY_MEMORY = "memory"
+LIMITED_BY_BLOB_LIMIT = "blob_limit"
+"""One more item would make a blob over Caffe's INT_MAX elements."""
+LIMITED_BY_UNROLL_LIMIT = "unroll_limit"
+"""One more would unroll a recurrent layer past the estimator's bound."""
+LIMITED_BY_MAX_BATCH = "max_batch"
+"""The cap asked for: the training set's size for "auto", the estimate's max_batch, or the search's bound."""
+LIMITED_BY_FAILURES = "failures"
+"""A larger batch ran out of memory in an earlier attempt."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +120,11 @@ class Decision:
     estimated_bytes: int | None
     """The corrected estimate at the planned batch."""
     message: str
+    largest: int = 0
+    """The largest batch that fits in one pass (0: not even batch 1)."""
+    limited_by: str = LIMITED_BY_MEMORY
+    """Why `largest` is not larger: LIMITED_BY_MEMORY, _BLOB_LIMIT, _UNROLL_LIMIT, _MAX_BATCH or _FAILURES."""
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
 
     @property
     def stop(self) -> bool:
@@ -123,6 +138,9 @@ class Decision:
             "budget": self.budget,
             "estimated_bytes": self.estimated_bytes,
             "message": self.message,
+            "largest": self.largest,
+            "limited_by": self.limited_by,
+            "safety_margin": self.safety_margin,
         }
 
 
@@ -147,6 +165,7 @@ def decide(
     test_batch: int | None = None,
     test_iter: int = 1,
     max_batch: int | None = None,
+    known: Mapping[int, int] | None = None,
 ) -> Decision:
     """The plan of the next attempt.
 
@@ -154,7 +173,8 @@ def decide(
     memory the next attempt may use, `failures` every out-of-memory attempt of the job so far, `attempts_made` how
     many attempts ran already, `test_batch`/`test_iter` the test nets' own batch and iterations (the test batch
     only shrinks when not even train batch 1 fits beside it), `max_batch` the largest batch worth a pass (the
-    training set's size, for "auto": planner.auto_batch_limit).
+    training set's size, for "auto": planner.auto_batch_limit), `known` footprints already computed at `test_batch`
+    (the search starts from them; only before any failure, when the estimate is not corrected).
     """
     if wanted is not None and wanted <= 0:
         raise ValueError(f"the wanted batch must be positive, got {wanted}")
@@ -165,10 +185,12 @@ def decide(
         return Decision(
             None, None, factor, budget, None,
             f"gave up after {attempts_made} attempts (the retry budget); batches that ran out of memory: {tried}",
+            safety_margin=policy.safety_margin,
         )
 
     def curve_at(tb: int | None) -> MemoryCurve:
-        return MemoryCurve(lambda batch: math.ceil(factor * footprint(batch, tb)))
+        seeded = known if known and factor == 1.0 and tb == test_batch else None
+        return MemoryCurve(lambda batch: math.ceil(factor * footprint(batch, tb)), seeded)
 
     def ceiling_at(tb: int | None) -> int | None:
         ceiling = _failed_ceiling(failures, tb)
@@ -208,7 +230,10 @@ def decide(
             + (" with the test batch reduced to 1" if test_batch and test_batch > 1 else "")
             + f": estimated {_size(cost)} against {_size(budget)} usable"
             + (f" (the estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))" if failures else ""),
+            safety_margin=policy.safety_margin,
         )
+    limited_by = _limited_by(curve, largest, ceiling_at(test_plan["batch_size"] if test_plan else test_batch),
+                             max_batch)
     if wanted is None:
         plan = BatchPlan(largest, 1, True, int(curve(largest)), largest)
     else:
@@ -216,7 +241,22 @@ def decide(
     message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_size(plan.bytes)} of {_size(budget)} usable"
     if failures:
         message += f" (estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))"
-    return Decision(plan, test_plan, factor, budget, plan.bytes, message)
+    return Decision(plan, test_plan, factor, budget, plan.bytes, message, largest, limited_by, policy.safety_margin)
+
+
+def _limited_by(curve: MemoryCurve, largest: int, ceiling: int | None, max_batch: int | None) -> str:
+    """Why the largest batch is not larger (see Decision.limited_by)."""
+    if ceiling is not None and largest >= ceiling:
+        return LIMITED_BY_MAX_BATCH if max_batch is not None and largest >= max_batch else LIMITED_BY_FAILURES
+    if largest >= MAX_BATCH:
+        return LIMITED_BY_MAX_BATCH
+    curve(largest + 1)
+    error = curve.errors.get(largest + 1)
+    if isinstance(error, BlobLimitError):
+        return LIMITED_BY_BLOB_LIMIT
+    if error is not None:
+        return LIMITED_BY_UNROLL_LIMIT
+    return LIMITED_BY_MEMORY
 
 
 def _failed_ceiling(failures: Sequence[Failure], test_batch: int | None) -> int | None:

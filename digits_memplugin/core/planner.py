@@ -59,14 +59,17 @@ class MemoryCurve:
         self._bytes_at = bytes_at
         self._cache: dict[int, float] = {batch: float(total) for batch, total in (known or {}).items()}
         self.evaluations = 0
+        self.errors: dict[int, BatchLimitError] = {}
+        """Why each batch that could not be built could not (its BatchLimitError)."""
 
     def __call__(self, batch: int) -> float:
         if batch not in self._cache:
             self.evaluations += 1
             try:
                 self._cache[batch] = float(self._bytes_at(batch))
-            except BatchLimitError:
+            except BatchLimitError as error:
                 self._cache[batch] = math.inf
+                self.errors[batch] = error
         return self._cache[batch]
 
     def known(self) -> list[int]:

@@ -4,7 +4,8 @@
      "device": "GPU-...", "data_shapes": {"data": [3, 256, 256]}, "classes": 10, "safety_margin": 0.1}
 
 Only `net` (or a solver with an inline net) is required; `free_bytes` is a number of bytes or a size ("8GiB").
-`device` takes the free memory from that device; `devices` (a list of keys, or "all") adds `plans`, one per device,
+`device` takes the free memory from that device, and without `engine` the engine jobs train with there (the
+server's policy, as `safety_margin` defaults to its margin for the engine: 3% on the CPU, 5% on GPUs); `devices` (a list of keys, or "all") adds `plans`, one per device,
 from the same estimate. `curve_batches` adds the footprint at those batch sizes (`curve`) and a linear model of it.
 `max_batch` caps the planned batch. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
 first top) to its item shape; `read_datasets: true` reads the shapes from the datasets the net names, inside
@@ -105,6 +106,8 @@ def post_estimate() -> ResponseReturnValue:
     if errors:
         return _validation_error(errors)
 
+    policy = plugin.jobs.config.policy
+    values["policy"] = policy
     device_key = values.pop("device", None)
     device_keys = values.pop("devices", None)
     device_errors: dict[str, str] = {}
@@ -119,6 +122,8 @@ def post_estimate() -> ResponseReturnValue:
         if device.error or device.memory_free is None:
             return _validation_error({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
         values["free_bytes"] = device.memory_free
+        # The engine that trains there, as jobs plan (one policy for the form, this API and the job manager).
+        values.setdefault("engine", policy.engine(device.kind))
     if device_keys is not None:
         if device_keys == "all":
             device_keys = [device.key for device in listed.devices]

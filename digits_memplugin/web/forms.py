@@ -21,6 +21,7 @@ from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
 from ..core.estimate import EstimateRequest
+from ..core.job_plan import PlanningPolicy
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
 from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
@@ -332,7 +333,8 @@ class ModelSpec:
     device: str
 
     def estimate_request(
-        self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None
+        self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None,
+        policy: PlanningPolicy | None = None,
     ) -> EstimateRequest:
         """The estimate of this job on one device; `batch` None means the net's own batch; `max_batch` caps the
         batch the planner may choose (the dataset's size, for "auto")."""
@@ -347,6 +349,7 @@ class ModelSpec:
             data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
             classes=self.classes,
             max_batch=max_batch,
+            policy=policy or PlanningPolicy(),
         )
 
 

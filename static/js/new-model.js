@@ -1,8 +1,8 @@
 /* digits-memplugin: the "New model" page. The form works without this script; with it, the page
  *
  * - shows only the chosen network and solver sections, and copies a standard network into the custom one;
- * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device: gpu-cudnn on GPUs,
- *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
+ * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device, each against that
+ *   device's free memory with the engine and margin jobs are planned with there), cancelling stale estimates;
  * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
  * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
  * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, no more
@@ -297,7 +297,7 @@
     const ask = (device, extra) => MP.requestJSON(MP.config.estimateUrl, {
       method: "POST",
       signal,
-      body: { ...request, ...extra, engine: device.kind === "gpu" ? "gpu-cudnn" : "cpu", device: device.key },
+      body: { ...request, ...extra, device: device.key }, // the server picks the engine jobs train with there
     });
     try {
       answers = await Promise.all(devices.map((device) => ask(device, {})));
@@ -373,8 +373,8 @@
   /** Memory at a few batch sizes from 1 to past the largest batch that fits anywhere. */
   async function drawCurve(request, devices, current, signal) {
     const gpus = devices.filter((d) => d.kind === "gpu");
-    const engine = gpus.length ? "gpu-cudnn" : "cpu";
     const onEngine = (gpus.length ? gpus : devices).map((d) => results.get(d.key));
+    const engine = onEngine[0].engine; // the engine the server planned with there (its policy)
     const wanted = onEngine[0].batch_size;
     const largest = Math.max(wanted, ...onEngine.map((doc) => doc.max_batch_size || 0));
     const top = Math.max(Math.ceil(largest * 1.25), 8);
