@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flask import Flask
 from flask.typing import ResponseReturnValue
@@ -35,7 +35,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     def index() -> ResponseReturnValue:
         """The plugin's home page, served at the root too: the standalone app has nothing else to show. The
         blueprint's access check runs here too, since this route is the app's, not the blueprint's."""
-        return check_request() or app.view_functions["memplugin.home"]()
+        refused = check_request()
+        if refused is not None:
+            return refused
+        # The blueprint's home view is a plain function (web/pages.py), not a coroutine.
+        home = cast(Callable[[], ResponseReturnValue], app.view_functions["memplugin.home"])
+        return home()
 
     @app.errorhandler(HTTPException)
     def page_error(error: HTTPException) -> ResponseReturnValue:

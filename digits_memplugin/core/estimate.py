@@ -338,7 +338,7 @@ def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, fr
 
 def _curve(estimator: Estimator, batches: tuple[int, ...], test_batch: int | None) -> list[dict[str, Any]]:
     """The footprint at each batch; a batch Caffe cannot build (a blob over INT_MAX elements) says why."""
-    points = []
+    points: list[dict[str, Any]] = []
     for batch in sorted(set(batches)):
         try:
             points.append({"batch": batch, "total_bytes": estimator.total(batch, test_batch), "error": None})

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from flask import Blueprint, current_app, jsonify, request
+from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import (
     BadRequest,
@@ -227,7 +228,10 @@ def is_api_request() -> bool:
 
 
 def register(blueprint: Blueprint) -> None:
-    blueprint.record_once(lambda state: state.app.url_map.converters.setdefault("anypath", AnyPathConverter))
+    def add_converter(state: BlueprintSetupState) -> None:
+        state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
+
+    blueprint.record_once(add_converter)
     blueprint.add_url_rule(f"{API_PATH}/health", "api_health", health)
     blueprint.add_url_rule(
         f"{API_PATH}/<anypath:rest>", "api_unknown", unknown_api_path, methods=ALL_METHODS,

@@ -30,7 +30,7 @@ from ..inputs import capped, not_text, surrogate_in, type_name
 from ..sizes import byte_count
 from .api import API_PATH, read_json
 
-FIELDS = {
+FIELDS: dict[str, type | tuple[type, ...]] = {
     "net": str,
     "solver": str,
     "batch": int,

@@ -60,6 +60,8 @@ class FiniteFloatField(FloatField):  # type: ignore[misc]
     """A float field that refuses what float() reads as infinite or not a number ("1e999", 400 digits, "nan"):
     a solver cannot use them, and NumberRange lets infinity through."""
 
+    data: float | None
+
     def process_formdata(self, valuelist: list[Any]) -> None:
         super().process_formdata(valuelist)
         if self.data is not None and not math.isfinite(self.data):
@@ -285,12 +287,13 @@ def parse_batch(value: str | None) -> int | str | None:
 
 
 def _step_values(text: str) -> list[int]:
-    steps = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
-    if any(step is None for step in steps):
+    parsed = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
+    steps = [step for step in parsed if step is not None]
+    if len(steps) != len(parsed):
         raise ValueError(f"{shown(text)!r} is not a list of iterations: write them like 10000,20000")
-    if any(step is None or not 0 < step <= INT32_MAX for step in steps) or steps != sorted(set(steps)):
+    if any(not 0 < step <= INT32_MAX for step in steps) or steps != sorted(set(steps)):
         raise ValueError(f"step values must be increasing, from 1 to {INT32_MAX}")
-    return steps  # type: ignore[return-value]
+    return steps
 
 
 def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
