@@ -15,6 +15,7 @@ from typing import Any
 
 from .collector import paused_collector
 from .errors import NetError, ShapeError
+from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from .layers.base import ENGINE_CPU, ENGINES
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
@@ -204,7 +205,11 @@ def _estimate(
         solver_type=_solver_type(definition),
         l1_regularization=definition.l1_regularization,
         cuda_context_bytes=request.cuda_context_bytes,
+        flavour=definition.flavour,
+        history_itemsize=solver_storage(definition.solver),
     )
+    # NVcaffe's figures are a model no GPU has checked yet: plan with a wider margin (flavour.NVCAFFE_SAFETY_MARGIN).
+    margin = max(request.safety_margin, NVCAFFE_SAFETY_MARGIN) if options.flavour == NVCAFFE else request.safety_margin
     estimator = Estimator(definition, options, request.data_shapes, oracle)
     report, train, tests = estimator.report(request.batch, request.test_batch)
     batch = net_batch(train)
@@ -217,6 +222,7 @@ def _estimate(
         "batch_size": batch,
         "test_batch_size": test_batch,
         "engine": request.engine,
+        "flavour": options.flavour,
         "solver_type": options.solver_type,
         "categories": dict(report.categories),
         "layers": [
@@ -237,18 +243,17 @@ def _estimate(
         "test_plan": None,
         "free_bytes": request.free_bytes,
         "usable_bytes": None,
-        "safety_margin": request.safety_margin,
+        "safety_margin": margin,
     }
     if request.curve_batches:
         document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
         document["linear_model"] = _linear_model(estimator, request.test_batch)
     limit = request.max_batch or MAX_BATCH
     if batch is not None and request.free_bytes is not None:
-        document.update(_device_plan(estimator, definition, batch, test_batch, request.free_bytes,
-                                     request.safety_margin, limit))
+        document.update(_device_plan(estimator, definition, batch, test_batch, request.free_bytes, margin, limit))
     if batch is not None and request.budgets:
         document["plans"] = {
-            key: _device_plan(estimator, definition, batch, test_batch, free, request.safety_margin, limit)
+            key: _device_plan(estimator, definition, batch, test_batch, free, margin, limit)
             for key, free in request.budgets.items()
         }
     return document
