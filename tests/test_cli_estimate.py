@@ -124,3 +124,13 @@ def test_broken_prototxt_reports_line_and_column(tmp_path: Path) -> None:
     result = run(net)
     assert result.returncode == 2
     assert f"{net}:6:32: Expected \"}}\"" in result.stderr, result.stderr  # the end of the text: a brace is missing
+
+
+def test_the_table_names_the_schema_flavour() -> None:
+    """An NVcaffe net (DIGITS' Caffe) is estimated and the table says so; a BVLC net says bvlc."""
+    nvcaffe = run(ZOO / "nvcaffe_resnet18" / "train_val.prototxt", "--data-shape", "data=3,256,256", "--batch", "2",
+                  "--no-pycaffe")
+    assert nvcaffe.returncode == 0, nvcaffe.stderr
+    assert nvcaffe.stdout.startswith("nvcaffe caffe, engine cpu")
+    bvlc = run(LENET, "--data-shape", "data=1,28,28", "--no-pycaffe")
+    assert bvlc.returncode == 0 and bvlc.stdout.startswith("bvlc caffe, engine cpu"), bvlc.stderr

@@ -280,7 +280,7 @@
     panel.setLayers(shown.layers);
     setStatus(
       "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
-      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
+      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + (shown.flavour === "nvcaffe" ? ", NVcaffe" : "") + ").",
     );
     drawCurve(request, devices, current, signal);
   }
