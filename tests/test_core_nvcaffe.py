@@ -361,3 +361,85 @@ def test_a_job_for_an_nvcaffe_net_is_refused_before_it_starts(tmp_path: Path) ->
     with pytest.raises(NetError, match=f"{NVCAFFE_REFUSAL} \\(its solver"):
         load_definition(input_layer("x", 1, 3, 8, 8), "base_lr: 0.01 max_iter: 10 solver_data_type: FLOAT",
                         folder=tmp_path, roots=[tmp_path])
+
+
+def detectnet_shaped(trunk_stride: int = 16) -> str:
+    """A net wired like DIGITS' DetectNet (data and label LMDBs, the transformation, the label slices and masks,
+    coverage and box heads on a stride-16 trunk, L1 and Euclidean losses, the val net's clustering Python layers)
+    with a four-convolution trunk in place of GoogLeNet's."""
+    data = "".join(
+        f'layer {{ name: "{phase}_{top}" type: "Data" top: "{top}" data_param {{ source: "{phase}_{top}" '
+        f"backend: LMDB batch_size: {batch} }} include {{ phase: {caffe_phase} {stage} }} }}\n"
+        for phase, batch, caffe_phase, stage in (("train", 10, "TRAIN", ""), ("val", 6, "TEST", 'stage: "val"'))
+        for top in ("data", "label")
+    )
+    both = 'include { phase: TRAIN } include { phase: TEST stage: "val" }'
+    transform = "".join(
+        f'layer {{ name: "{phase}_transform" type: "DetectNetTransformation" bottom: "data" bottom: "label" '
+        'top: "transformed_data" top: "transformed_label" detectnet_groundtruth_param { stride: 16 scale_cvg: 0.4 '
+        "gridbox_type: GRIDBOX_MIN min_cvg_len: 20 obj_norm: true image_size_x: 1248 image_size_y: 384 "
+        "object_class { src: 1 dst: 0 } } transform_param { mean_value: 127 } "
+        f"include {{ phase: {caffe_phase} {stage} }} }}\n"
+        for phase, caffe_phase, stage in (("train", "TRAIN", ""), ("val", "TEST", 'stage: "val"'))
+    )
+    labels = (
+        'layer { name: "slice-label" type: "Slice" bottom: "transformed_label" top: "foreground-label" '
+        'top: "bbox-label" top: "size-label" top: "obj-label" top: "coverage-label" '
+        f"slice_param {{ slice_dim: 1 slice_point: 1 slice_point: 5 slice_point: 7 slice_point: 8 }} {both} }}\n"
+        'layer { name: "coverage-block" type: "Concat" bottom: "foreground-label" bottom: "foreground-label" '
+        f'bottom: "foreground-label" bottom: "foreground-label" top: "coverage-block" {both} }}\n'
+        'layer { name: "size-block" type: "Concat" bottom: "size-label" bottom: "size-label" top: "size-block" '
+        f"{both} }}\n"
+        'layer { name: "obj-block" type: "Concat" bottom: "obj-label" bottom: "obj-label" bottom: "obj-label" '
+        f'bottom: "obj-label" top: "obj-block" {both} }}\n'
+        'layer { name: "bb-label-norm" type: "Eltwise" bottom: "bbox-label" bottom: "size-block" '
+        f'top: "bbox-label-norm" eltwise_param {{ operation: PROD }} {both} }}\n'
+        'layer { name: "bb-obj-norm" type: "Eltwise" bottom: "bbox-label-norm" bottom: "obj-block" '
+        f'top: "bbox-obj-label-norm" eltwise_param {{ operation: PROD }} {both} }}\n'
+    )
+    trunk, bottom = "", "transformed_data"
+    for index in range(4):
+        trunk += (f'layer {{ name: "conv{index}" type: "Convolution" bottom: "{bottom}" top: "conv{index}" '
+                  f"convolution_param {{ num_output: 32 kernel_size: 3 pad: 1 stride: 2 }} }}\n"
+                  f'layer {{ name: "relu{index}" type: "ReLU" bottom: "conv{index}" top: "conv{index}" }}\n')
+        bottom = f"conv{index}"
+    heads = (
+        f'layer {{ name: "cvg/classifier" type: "Convolution" bottom: "{bottom}" top: "cvg/classifier" '
+        "convolution_param { num_output: 1 kernel_size: 1 } }\n"
+        'layer { name: "coverage/sig" type: "Sigmoid" bottom: "cvg/classifier" top: "coverage" }\n'
+        f'layer {{ name: "bbox/regressor" type: "Convolution" bottom: "{bottom}" top: "bboxes" '
+        "convolution_param { num_output: 4 kernel_size: 1 } }\n"
+        'layer { name: "bbox_mask" type: "Eltwise" bottom: "bboxes" bottom: "coverage-block" top: "bboxes-masked" '
+        f"eltwise_param {{ operation: PROD }} {both} }}\n"
+        'layer { name: "bbox-norm" type: "Eltwise" bottom: "bboxes-masked" bottom: "size-block" '
+        f'top: "bboxes-masked-norm" eltwise_param {{ operation: PROD }} {both} }}\n'
+        'layer { name: "bbox-obj-norm" type: "Eltwise" bottom: "bboxes-masked-norm" bottom: "obj-block" '
+        f'top: "bboxes-obj-masked-norm" eltwise_param {{ operation: PROD }} {both} }}\n'
+        'layer { name: "bbox_loss" type: "L1Loss" bottom: "bboxes-obj-masked-norm" bottom: "bbox-obj-label-norm" '
+        f'top: "loss_bbox" loss_weight: 2 {both} }}\n'
+        'layer { name: "coverage_loss" type: "EuclideanLoss" bottom: "coverage" bottom: "coverage-label" '
+        f'top: "loss_coverage" {both} }}\n'
+        'layer { name: "cluster" type: "Python" bottom: "coverage" bottom: "bboxes" top: "bbox-list" '
+        'python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterDetections" } '
+        'include { phase: TEST stage: "val" } }\n'
+    )
+    return data + transform + labels + trunk + heads
+
+
+def test_a_detectnet_shaped_net_estimates_at_digits_defaults() -> None:
+    """DIGITS' defaults for DetectNet on KITTI: 1248 x 384 images, batch 10, validation batch 6, DIGITS' stages;
+    the label tensor's 9 channels slice into DetectNet's five labels, and the losses meet the heads' shapes."""
+    document = estimate(EstimateRequest(
+        net=detectnet_shaped(),
+        data_shapes={"data": (3, 384, 1248), "label": (1, 64, 16), "cluster/bbox-list": (6, 50, 5)},
+        engine=ENGINE_CUDNN, free_bytes=12 << 30,
+    ))
+    assert document["flavour"] == NVCAFFE
+    assert document["batch_size"] == 10 and document["test_batch_size"] == 6
+    layers = {(layer["name"], layer["phase"]): layer for layer in document["layers"]}
+    assert layers[("train_transform", "TRAIN")]["type"] == "DetectNetTransformation"
+    assert ("cluster", "TEST") in layers and ("cluster", "TRAIN") not in layers
+    net = build_net(parse_net(detectnet_shaped()), "TRAIN", data_shapes={"data": (3, 384, 1248), "label": (1, 64, 16)},
+                    state=caffe_pb2.NetState(stage=["train"]))
+    assert shapes(net)["transformed_label"] == (10, 9, 24, 78)
+    assert shapes(net)["bboxes"] == (10, 4, 24, 78) and shapes(net)["coverage-block"] == (10, 4, 24, 78)
