@@ -15,10 +15,11 @@ from digits_memplugin.core.layers.base import ENGINE_CUDNN
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 
 ZOO_FILES = sorted(ZOO.glob("*/*.prototxt"))
-COVERED = {file for case in NVCAFFE_CASES for file in case.files.values()}
-"""Files a solver case estimates as its nets (SSD's test.prototxt is a test net: alone it has no data layer)."""
+COVERED = {file for case in NVCAFFE_CASES for file in case.files.values()} | {DETECTNET_PATH}
+"""Files a case of their own estimates: as a solver's nets (SSD's test.prototxt is a test net: alone it has no data
+layer), or with the shapes of its Python layers (DetectNet)."""
 NVCAFFE_FILES = {"nvcaffe_resnet18/train_val.prototxt", "ssd300_coco_nvcaffe/train.prototxt",
-                 "ssd300_coco_nvcaffe/test.prototxt", "ssd300_coco_nvcaffe/solver.prototxt"}
+                 "ssd300_coco_nvcaffe/test.prototxt", "ssd300_coco_nvcaffe/solver.prototxt", DETECTNET_PATH}
 
 
 def relative(path: Path) -> str:
