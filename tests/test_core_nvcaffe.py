@@ -443,3 +443,44 @@ def test_a_detectnet_shaped_net_estimates_at_digits_defaults() -> None:
                     state=caffe_pb2.NetState(stage=["train"]))
     assert shapes(net)["transformed_label"] == (10, 9, 24, 78)
     assert shapes(net)["bboxes"] == (10, 4, 24, 78) and shapes(net)["coverage-block"] == (10, 4, 24, 78)
+
+
+SSD_LAYERS = (
+    input_layer("feat", 2, 16, 10, 10) + input_layer("data", 2, 3, 300, 300)
+    + 'layer { name: "norm" type: "Normalize" bottom: "feat" top: "norm" norm_param { across_spatial: false channel_shared: false } }\n'
+    + 'layer { name: "norm1" type: "Normalize" bottom: "feat" top: "norm1" }\n'
+    + 'layer { name: "loc" type: "Convolution" bottom: "norm" top: "loc" convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }\n'
+    + 'layer { name: "conf" type: "Convolution" bottom: "norm" top: "conf" convolution_param { num_output: 84 kernel_size: 3 pad: 1 } }\n'
+    + 'layer { name: "loc_perm" type: "Permute" bottom: "loc" top: "loc_perm" permute_param { order: 0 order: 2 order: 3 order: 1 } }\n'
+    + 'layer { name: "conf_perm" type: "Permute" bottom: "conf" top: "conf_perm" permute_param { order: 0 order: 2 order: 3 order: 1 } }\n'
+    + 'layer { name: "loc_flat" type: "Flatten" bottom: "loc_perm" top: "loc_flat" }\n'
+    + 'layer { name: "conf_flat" type: "Flatten" bottom: "conf_perm" top: "conf_flat" }\n'
+    + 'layer { name: "priors" type: "PriorBox" bottom: "norm" bottom: "data" top: "priors" prior_box_param { '
+    "min_size: 30 max_size: 60 aspect_ratio: 2 flip: true variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 } }\n"
+)
+"""A small SSD head: 4 priors per cell of a 10 x 10 map, 21 classes."""
+
+
+def test_the_ssd_rules_build_what_this_pycaffe_builds() -> None:
+    """pycaffe here (brocolli's Caffe) carries Wei Liu's SSD layers, the same code NVcaffe took: on BVLC-schema nets
+    the rules give its shapes exactly, params included."""
+    from digits_memplugin.core.net import input_net
+    from digits_memplugin.pycaffe_shapes import caffe_net, differences
+
+    train = SSD_LAYERS + input_layer("gt", 1, 1, 3, 8) + (
+        'layer { name: "loss" type: "MultiBoxLoss" bottom: "loc_flat" bottom: "conf_flat" bottom: "priors" '
+        'bottom: "gt" top: "loss" propagate_down: true propagate_down: true propagate_down: false '
+        "propagate_down: false multibox_loss_param { num_classes: 21 } }\n"
+    )
+    test = SSD_LAYERS + input_layer("gt", 1, 1, 3, 8) + (
+        'layer { name: "det" type: "DetectionOutput" bottom: "loc_flat" bottom: "conf_flat" bottom: "priors" '
+        'top: "det" detection_output_param { num_classes: 21 keep_top_k: 20 nms_param { nms_threshold: 0.45 top_k: 40 } '
+        "confidence_threshold: 0.01 } }\n"
+        'layer { name: "eval" type: "DetectionEvaluate" bottom: "det" bottom: "gt" top: "eval" '
+        "detection_evaluate_param { num_classes: 21 } }\n"
+    )
+    for text, phase in ((train, "TRAIN"), (test, "TEST")):
+        param = parse_net(text)
+        assert flavour_of(param) == BVLC
+        net = build_net(param, phase)
+        assert differences(net, caffe_net(input_net(net), phase)) == []

@@ -59,7 +59,9 @@ class AnnotatedDataRule(LayerRule):
         batch = _batch(ctx, p.batch_size, "data_param.batch_size")
         transform = ctx.param.transform_param
         top = ctx.param.top[0]
-        resize = transform.resize_param if transform.HasField("resize_param") else None
+        # NVcaffe's resize_param; BVLC's schema (pycaffe's) has none.
+        has_resize = "resize_param" in transform.DESCRIPTOR.fields_by_name and transform.HasField("resize_param")
+        resize = transform.resize_param if has_resize else None
         if resize is not None and resize.resize_mode == resize.FIT_SMALL_SIZE and batch != 1:
             raise ctx.error("resize_mode FIT_SMALL_SIZE only supports a batch size of 1",
                             field="transform_param.resize_param.resize_mode")
