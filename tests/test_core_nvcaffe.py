@@ -484,3 +484,11 @@ def test_the_ssd_rules_build_what_this_pycaffe_builds() -> None:
         assert flavour_of(param) == BVLC
         net = build_net(param, phase)
         assert differences(net, caffe_net(input_net(net), phase)) == []
+
+
+def test_an_nvcaffe_solver_makes_the_whole_job_nvcaffe() -> None:
+    """A BVLC-schema net trained by an NVcaffe solver runs in NVcaffe: its pool, its shared workspace, its margin."""
+    document = estimate(EstimateRequest(net=big_conv(), solver="base_lr: 0.1 solver_data_type: FLOAT",
+                                        engine=ENGINE_CUDNN, free_bytes=8 << 30))
+    assert document["flavour"] == NVCAFFE and NVCAFFE_UNVERIFIED in document["assumptions"]
+    assert sum(1 for layer in document["layers"] if layer["categories"].get(WORKSPACE)) == 1

@@ -378,7 +378,8 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
             "cuDNN workspace: per convolution, one group's im2col matrix capped at BVLC's 8 MiB limit, "
             "x group x 3 streams (the algorithm cuDNN picks is only known on the GPU)"
         )
-    if any(flavour_of(net.param) == NVCAFFE for net in (train, *tests) if net.param is not None):
+    nvcaffe_nets = any(flavour_of(net.param) == NVCAFFE for net in (train, *tests) if net.param is not None)
+    if options.flavour == NVCAFFE or nvcaffe_nets:  # an NVcaffe solver trains BVLC-schema nets with NVcaffe too
         assumptions.extend(_nvcaffe_semantics(layers, options))
     if any(layer.from_oracle for net in (train, *tests) for layer in net.layers):
         names = sorted({layer.name for net in (train, *tests) for layer in net.layers if layer.from_oracle})
