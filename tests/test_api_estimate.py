@@ -235,3 +235,13 @@ def test_read_datasets_only_inside_the_dataset_roots(data_dir: Any, tmp_path: An
     refused = post(client, {"net": outside, "read_datasets": True})
     assert refused.status_code == 400
     assert "outside the dataset folders" in refused.get_json()["errors"]["read_datasets"]["message"]
+
+
+def test_the_document_names_the_schema_flavour(client: FlaskClient) -> None:
+    """DIGITS' users send NVcaffe nets: the estimate says which Caffe the net was read for, and plans it with
+    NVcaffe's wider margin."""
+    resnet18 = (ZOO / "nvcaffe_resnet18" / "train_val.prototxt").read_text()
+    nvcaffe = post(client, {"net": resnet18, "data_shapes": {"data": [3, 256, 256]}, "batch": 2,
+                            "free_bytes": 8 * 1024**3}).get_json()
+    assert nvcaffe["flavour"] == "nvcaffe" and nvcaffe["safety_margin"] == 0.2
+    assert post(client, {"net": LENET, "data_shapes": SHAPES}).get_json()["flavour"] == "bvlc"

@@ -167,7 +167,7 @@ BAD = {
         {"data_shapes": {"data": (1, 3, 3)}},
     ),
     "unknown-layer-type": Bad(
-        input_net(1, 3, 4, 4, extra='layer { name: "n" type: "Normalize" bottom: "data" top: "n" }\n'),
+        input_net(1, 3, 4, 4, extra='layer { name: "n" type: "ROIPooling" bottom: "data" top: "n" }\n'),
         UnsupportedLayerError, "n", "type", "not known to the estimator", 3,
     ),
 }

@@ -147,7 +147,8 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
     from ..sizes import format_size
 
     lines = [
-        f"engine {document['engine']}, solver {document['solver_type']}, batch {document['batch_size']}"
+        f"{document.get('flavour', 'bvlc')} caffe, engine {document['engine']}, solver {document['solver_type']}, "
+        f"batch {document['batch_size']}"
         + (f", test batch {document['test_batch_size']}" if document["test_batch_size"] else ""),
         f"total: {format_size(document['total_bytes'])} ({document['total_bytes']} bytes)",
         "",

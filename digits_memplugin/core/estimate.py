@@ -15,6 +15,7 @@ from typing import Any
 
 from .collector import paused_collector
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
+from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from .job_plan import JobAsk, PlanningPolicy, plan_job
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
@@ -217,7 +218,13 @@ def _estimate(
         solver_type=_solver_type(definition),
         l1_regularization=definition.l1_regularization,
         cuda_context_bytes=request.cuda_context_bytes,
+        flavour=definition.flavour,
+        history_itemsize=solver_storage(definition.solver),
     )
+    # NVcaffe's figures are a model no GPU has checked yet: plan with a wider margin (flavour.NVCAFFE_SAFETY_MARGIN).
+    margin = request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
+    if options.flavour == NVCAFFE:
+        margin = max(margin, NVCAFFE_SAFETY_MARGIN)
     estimator = Estimator(definition, options, request.data_shapes, oracle)
     blob_limit = None
     try:
@@ -237,6 +244,7 @@ def _estimate(
         "batch_size": batch,
         "test_batch_size": test_batch,
         "engine": request.engine,
+        "flavour": options.flavour,
         "solver_type": options.solver_type,
         "categories": dict(report.categories),
         "layers": [
@@ -257,9 +265,7 @@ def _estimate(
         "test_plan": None,
         "free_bytes": request.free_bytes,
         "usable_bytes": None,
-        "safety_margin": (
-            request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
-        ),
+        "safety_margin": margin,
         "blob_limit": blob_limit,
     }
     if request.curve_batches:
@@ -269,7 +275,7 @@ def _estimate(
     ask = JobAsk(
         batch=request.batch if blob_limit is not None else batch, net_batch=batch,
         test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
-        max_batch=request.max_batch, safety_margin=request.safety_margin,
+        max_batch=request.max_batch, safety_margin=margin,
     )
     if batch is not None and request.free_bytes is not None:
         document.update(_device_plan(estimator, ask, request, request.free_bytes))

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from ..sizes import format_size
 from .errors import ShapeError
+from .flavour import BVLC, NVCAFFE, NVCAFFE_UNVERIFIED, flavour_of, layer_storage, pool_allocation
 from .layers.base import (
     ACTIVATION_DIFFS,
     ACTIVATIONS,
@@ -33,6 +34,7 @@ from .layers.base import (
     PHASE_TEST,
     PHASE_TRAIN,
     SOLVER_HISTORY,
+    WORKSPACE,
     Buffer,
     SubNet,
 )
@@ -119,6 +121,10 @@ class MemoryOptions:
     l1_regularization: bool = False
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
     cudnn_handle_bytes: int = DEFAULT_CUDNN_HANDLE_BYTES
+    flavour: str = BVLC
+    """NVcaffe: allocations through its GPU pool, storage types per layer, one shared cuDNN workspace."""
+    history_itemsize: int = FLOAT_BYTES
+    """Bytes per element of the solver's history (NVcaffe's solver_data_type)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -190,7 +196,7 @@ def _allocation(nbytes: int, options: MemoryOptions, single: bool = True) -> int
     if nbytes <= 0:
         return 0
     if options.engine != ENGINE_CPU:
-        return nbytes
+        return pool_allocation(nbytes) if options.flavour == NVCAFFE else nbytes
     if single and nbytes >= CPU_MMAP_THRESHOLD:
         chunk = ((nbytes + CPU_SIZE_BYTES + CPU_ALIGNMENT - 1) & ~(CPU_ALIGNMENT - 1)) + CPU_SIZE_BYTES
         return -(-chunk // CPU_PAGE_BYTES) * CPU_PAGE_BYTES
@@ -243,6 +249,8 @@ def net_memory(
     whose data and diff belong to an enclosing net (an unrolled net's inputs and output)."""
     training = net.phase == PHASE_TRAIN
     shared = set(shared_param_layers)
+    # Bytes per element of each layer's data and diff (NVcaffe's forward/backward types; float in BVLC).
+    storage = [layer_storage(net.param, layer.param) for layer in net.layers]
     result = [LayerMemory(layer.name, layer.type, net.phase, net_index) for layer in net.layers]
 
     # Which blob buffers are touched, and which layer they are charged to (their producer).
@@ -277,11 +285,13 @@ def net_memory(
                     touch_diff(blob_id)
 
     for blob_id, producer in data_owner.items():
-        result[producer].categories[ACTIVATIONS] += _allocation(net.blobs[blob_id].capacity * FLOAT_BYTES, options)
+        result[producer].categories[ACTIVATIONS] += _allocation(
+            net.blobs[blob_id].capacity * storage[producer][0], options
+        )
     for blob_id in diff_touched:
         producer = net.blobs[blob_id].producer
         result[producer].categories[ACTIVATION_DIFFS] += _allocation(
-            net.blobs[blob_id].capacity * FLOAT_BYTES, options
+            net.blobs[blob_id].capacity * storage[producer][1], options
         )
 
     state_blobs = SOLVER_STATE_BLOBS[options.solver_type][ENGINE_GPU if options.on_gpu else ENGINE_CPU]
@@ -291,12 +301,15 @@ def net_memory(
         if param.owner is not None:
             continue
         layer = net.layers[param.layer]
-        nbytes = _allocation(param.count * FLOAT_BYTES, options)
+        data_size, diff_size = storage[param.layer]
+        nbytes = _allocation(param.count * data_size, options)
         if layer.name not in shared:
             result[param.layer].categories[PARAMS] += nbytes
         if training:
-            result[param.layer].categories[PARAM_DIFFS] += nbytes
-            result[param.layer].categories[SOLVER_HISTORY] += state_blobs * nbytes
+            result[param.layer].categories[PARAM_DIFFS] += _allocation(param.count * diff_size, options)
+            result[param.layer].categories[SOLVER_HISTORY] += state_blobs * _allocation(
+                param.count * options.history_itemsize, options
+            )
 
     for layer, memory in zip(net.layers, result):
         if layer.rule is None:
@@ -311,7 +324,10 @@ def net_memory(
                 continue
             # A rule gives bytes (itemsize 1) for what it added up over many allocations (a reader's queued
             # records): no page rounding for the sum.
-            nbytes = _allocation(buffer.bytes, options, single=buffer.itemsize != 1)
+            size = buffer.bytes
+            if buffer.itemsize == FLOAT_BYTES and buffer.category != DATA_PREFETCH and storage[layer.index][0] != 4:
+                size = buffer.count * storage[layer.index][0]  # an NVcaffe layer's Ftype blobs
+            nbytes = _allocation(size, options, single=buffer.itemsize != 1)
             if nbytes:
                 memory.categories[buffer.category] += nbytes
                 memory.buffers.append(buffer)
@@ -404,6 +420,9 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
             "cuDNN workspace: per convolution, one group's im2col matrix capped at BVLC's 8 MiB limit, "
             "x group x 3 streams (the algorithm cuDNN picks is only known on the GPU)"
         )
+    nvcaffe_nets = any(flavour_of(net.param) == NVCAFFE for net in (train, *tests) if net.param is not None)
+    if options.flavour == NVCAFFE or nvcaffe_nets:  # an NVcaffe solver trains BVLC-schema nets with NVcaffe too
+        assumptions.extend(_nvcaffe_semantics(layers, options))
     if any(layer.from_oracle for net in (train, *tests) for layer in net.layers):
         names = sorted({layer.name for net in (train, *tests) for layer in net.layers if layer.from_oracle})
         assumptions.append(f"shapes of {', '.join(names)} came from pycaffe; their internal buffers are not counted")
@@ -426,3 +445,24 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
         assumptions=assumptions,
         memory_required_for_data=[net.memory_required_for_data for net in (train, *tests)],
     )
+
+
+def _nvcaffe_semantics(layers: Sequence[LayerMemory], options: MemoryOptions) -> list[str]:
+    """NVcaffe's one cuDNN workspace per device (GPUMemory::workspace_, shared by every convolution of every net of
+    the solver, cudnn_conv_layer.cpp) instead of BVLC's per layer: only the largest layer's figure stays. Says what
+    the NVcaffe model assumes."""
+    notes = [NVCAFFE_UNVERIFIED]
+    if options.on_gpu:
+        notes.append("NVcaffe's GPU pool (cub::CachingDeviceAllocator, bins 2^6..2^22) rounds each allocation up to "
+                     "a power of two up to 4 MiB")
+    workspaces = [layer for layer in layers if layer.categories.get(WORKSPACE)]
+    if workspaces:
+        largest = max(workspaces, key=lambda layer: layer.categories[WORKSPACE])
+        for layer in workspaces:
+            if layer is not largest:
+                layer.categories[WORKSPACE] = 0
+        notes.append(f"NVcaffe shares one cuDNN workspace between all convolutions: the largest, "
+                     f"{largest.categories[WORKSPACE] / MiB:.1f} MiB for {largest.name}")
+    if options.history_itemsize != FLOAT_BYTES:
+        notes.append(f"solver history stored in {options.history_itemsize} bytes per value (solver_data_type)")
+    return notes

@@ -33,6 +33,7 @@ from google.protobuf import text_format
 
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
+from ..core.flavour import NVCAFFE, flavour_of
 from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ..core.layers.data import DataSpec
 from ..core.memory import SOLVER_STATE_BLOBS, MemoryOptions
@@ -158,6 +159,7 @@ def load_definition(
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
+    _refuse_nvcaffe(training)
     solver = training.solver
     if solver is None:  # pragma: no cover - training_definition always has the solver when its text is given
         raise NetError("give a solver", source=SOLVER_SOURCE)
@@ -225,6 +227,22 @@ def _train_items(params: list[Any], roots: list[Path]) -> int | None:
             if found.entries:
                 counts.append(found.entries)
     return min(counts) if counts else None
+
+
+NVCAFFE_REFUSAL = "this server trains with BVLC Caffe; this net needs NVcaffe"
+
+
+def _refuse_nvcaffe(training: TrainingDefinition) -> None:
+    """A definition only NVIDIA's Caffe fork reads (core/flavour.py) is refused here, before a job exists: BVLC's
+    pycaffe would abort on its first NVcaffe field. It can still be estimated."""
+    if training.flavour != NVCAFFE:
+        return
+    net_needs_it = flavour_of(training.train.param) == NVCAFFE
+    raise NetError(
+        f"{NVCAFFE_REFUSAL} (its {'net' if net_needs_it else 'solver'} uses fields only NVcaffe has; the estimate "
+        "still works, training needs a server with NVcaffe)",
+        source=NET_SOURCE if net_needs_it else SOLVER_SOURCE,
+    )
 
 
 def _unique_params(training: TrainingDefinition) -> list[Any]:

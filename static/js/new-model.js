@@ -348,7 +348,7 @@
     panel.setLayers(shown.layers);
     setStatus(
       "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
-      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
+      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + (shown.flavour === "nvcaffe" ? ", NVcaffe" : "") + ").",
     );
     showBlobLimit(shown.blob_limit);
     if (auto && !autoButton && target) {

@@ -217,25 +217,32 @@ class LayerRule:
 
 
 _REGISTRY: dict[str, LayerRule] = {}
+_FLAVOUR_REGISTRY: dict[tuple[str, str], LayerRule] = {}
+"""(flavour, type) -> the rule for a layer type a Caffe fork implements differently (NVcaffe's BatchNorm)."""
 R = TypeVar("R", bound=type[LayerRule])
 
 
-def layer_rule(*types: str) -> Callable[[R], R]:
-    """Register a rule class for the given layer types; a type registered twice is a programming error."""
+def layer_rule(*types: str, flavour: str | None = None) -> Callable[[R], R]:
+    """Register a rule class for the given layer types (for one schema flavour only, when given: see
+    core/flavour.py); a type registered twice is a programming error."""
 
     def register(cls: R) -> R:
         instance = cls()
         cls.types = types
         for layer_type in types:
-            if layer_type in _REGISTRY:
+            registry: dict[Any, LayerRule] = _REGISTRY if flavour is None else _FLAVOUR_REGISTRY
+            key: Any = layer_type if flavour is None else (flavour, layer_type)
+            if key in registry:
                 raise RuntimeError(f"layer type {layer_type!r} has two rules")
-            _REGISTRY[layer_type] = instance
+            registry[key] = instance
         return cls
 
     return register
 
 
-def rule_for(layer_type: str) -> LayerRule | None:
+def rule_for(layer_type: str, flavour: str | None = None) -> LayerRule | None:
+    if flavour is not None and (flavour, layer_type) in _FLAVOUR_REGISTRY:
+        return _FLAVOUR_REGISTRY[(flavour, layer_type)]
     return _REGISTRY.get(layer_type)
 
 
