@@ -20,6 +20,7 @@ from werkzeug.test import EnvironBuilder, TestResponse
 from werkzeug.wrappers import Request
 
 from digits_memplugin import create_app, devices
+from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers.base import CATEGORIES, ENGINES
 from digits_memplugin.fake_nvml import FakeNvml
 from digits_memplugin.jobs import request as job_request
@@ -220,3 +221,20 @@ def test_the_request_schemas_name_every_field_the_api_takes() -> None:
     assert tuple(schemas["EstimateRequest"]["properties"]["engine"]["enum"]) == ENGINES
     assert set(schemas["Estimate"]["properties"]["categories"]["required"]) == set(CATEGORIES)
     assert tuple(schemas["Job"]["properties"]["status"]["enum"]) == JOB_STATES
+
+
+def test_the_estimate_schema_names_every_field_an_estimate_has() -> None:
+    """Every key of real estimate documents (a plan, device plans, a curve, a blob limit, an NVcaffe net) is in the
+    Estimate schema, and every device plan's key in DevicePlan: a field added to the document must be added there."""
+    schemas = load_document()["components"]["schemas"]
+    documents = [
+        estimate(EstimateRequest(net=BUNDLED_LENET, data_shapes={"*": (1, 28, 28)}, classes=10, batch=200000,
+                                 free_bytes=1 << 40, budgets={"cpu": 1 << 30}, curve_batches=(1, 64))),
+        estimate(EstimateRequest(net=BUNDLED_LENET, data_shapes={"*": (1, 28, 28)}, classes=10)),
+    ]
+    for document in documents:
+        assert set(document) <= set(schemas["Estimate"]["properties"]), set(document) - set(
+            schemas["Estimate"]["properties"]
+        )
+    plan = documents[0]["plans"]["cpu"]
+    assert set(plan) <= set(schemas["DevicePlan"]["properties"]), set(plan) - set(schemas["DevicePlan"]["properties"])
