@@ -22,6 +22,7 @@ from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
 from ..core.estimate import EstimateRequest
 from ..core.job_plan import PlanningPolicy
+from ..core.layers.base import INT_MAX
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
 from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
@@ -36,7 +37,6 @@ NEEDS_POWER = frozenset({"inv", "poly"})
 BATCH_AUTO = "auto"
 DEVICE_NEXT = "next"
 DEVICE_CPU = "cpu"
-MAX_BATCH = 2**31 - 1
 """Caffe keeps blob dimensions in an int."""
 INT32_MAX = 2**31 - 1
 """The solver's iteration counts and intervals are int32 fields of caffe.proto."""
@@ -114,7 +114,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     train_source = StringField("Training data", validators=[InputRequired(), Length(max=4096)])
     val_source = StringField("Validation data", validators=[Optional(), Length(max=4096)])
     item_shape = StringField("Item shape", validators=[Optional(), Length(max=100)])
-    classes = WholeNumberField("Classes", validators=[Optional(), NumberRange(min=1, max=MAX_BATCH)])
+    classes = WholeNumberField("Classes", validators=[Optional(), NumberRange(min=1, max=INT_MAX)])
 
     batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
@@ -281,8 +281,8 @@ def parse_batch(value: str | None) -> int | str | None:
     batch = ascii_int(text, max_digits=10)
     if batch is None:
         raise ValueError(f"{shown(value)!r} is not a batch size: give a positive integer (0-9), or 'auto'")
-    if not 0 < batch <= MAX_BATCH:
-        raise ValueError(f"the batch size must be between 1 and {MAX_BATCH}, got {batch}")
+    if not 0 < batch <= INT_MAX:
+        raise ValueError(f"the batch size must be between 1 and {INT_MAX} (Caffe's INT_MAX), got {batch}")
     return batch
 
 

@@ -167,7 +167,7 @@ def target_device(choice: str, devices: DeviceList) -> Device:
     return device
 
 
-def plan_job(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
+def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
     """Plan the job on its device as its first attempt will be planned: the form's estimate gives the report (and
     which data layers the nets have), the typed request goes to the job manager's preview (the same definition
     checks, memory and planning function as the job's attempts). `strict` False (Auto): a dataset the job cannot
@@ -369,7 +369,7 @@ def submit_model(spec: ModelSpec, devices: DeviceList) -> tuple[Job, PlannedJob]
     """Plan the job (a definition error comes back beside its field, with its line), refuse a simulated GPU, then
     create the job through the REST API's own path."""
     try:
-        planned = plan_job(spec, devices)
+        planned = plan_model(spec, devices)
     except PlanError as error:
         raise Refused({error.field: error.detail}) from None
     if planned.device.kind == "gpu" and is_simulated():
@@ -396,7 +396,7 @@ def create_model() -> ResponseReturnValue:
     try:
         spec = spec_of(form)
         if suggest:
-            planned = plan_job(dataclasses.replace(spec, batch=BATCH_AUTO), devices, strict=False)
+            planned = plan_model(dataclasses.replace(spec, batch=BATCH_AUTO), devices, strict=False)
             form.batch_size.data = str(planned.plan["batch_size"])
             return _render_form(form, devices, planned=planned)
         job, _ = submit_model(spec, devices)
@@ -471,7 +471,7 @@ def preview_model_json() -> ResponseReturnValue:
         if not isinstance(form, NewModelForm):
             return form
         try:
-            planned = plan_job(spec_of(form), devices)
+            planned = plan_model(spec_of(form), devices)
         except FormError as error:
             return jsonify(errors={error.field: error.message}), 400
         except PlanError as error:
