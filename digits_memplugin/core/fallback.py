@@ -277,8 +277,10 @@ def _largest(curve: MemoryCurve, budget: int, ceiling: int | None) -> int:
 
 
 def _capped(curve: MemoryCurve, largest: int) -> MemoryCurve:
-    """The curve with every batch above `largest` made infinite, so plan_batch never picks a batch that failed."""
-    return MemoryCurve(lambda batch: curve(batch) if batch <= largest else math.inf)  # type: ignore[arg-type,return-value]
+    """The curve with every batch above `largest` made infinite, so plan_batch never picks a batch that failed;
+    it starts from what `curve` knows (its search then builds no batch twice, nor batch 2 for its slope)."""
+    known = {batch: int(curve(batch)) for batch in curve.known() if batch <= largest and math.isfinite(curve(batch))}
+    return MemoryCurve(lambda batch: curve(batch) if batch <= largest else math.inf, known)  # type: ignore[arg-type,return-value]
 
 
 def _shrink_test_batch(

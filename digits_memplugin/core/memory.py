@@ -9,7 +9,6 @@ layers' prefetch, and on GPU engines the cuDNN workspace and the CUDA context.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -314,11 +313,12 @@ def net_memory(
     for layer, memory in zip(net.layers, result):
         if layer.rule is None:
             continue
-        # The rule sees whether backward runs in this count (a net counted as TEST runs none) on a copy of the
-        # layer's context: a built net is shared between counts and never changed.
-        ctx = copy.copy(layer.ctx)
-        ctx.need_backward = training and layer.need_backward
-        ctx.bottom_need_backward = list(layer.bottom_need_backward) if training else []
+        # The rule sees whether backward runs in this count: as the net was built (net.py sets it), or for a net
+        # counted as TEST (an inner net whose layer runs no backward) on a copy: a built net is never changed.
+        ctx = layer.ctx
+        if ctx.need_backward != (training and layer.need_backward) or (not training and ctx.bottom_need_backward):
+            ctx = ctx.counted(training and layer.need_backward,
+                              list(layer.bottom_need_backward) if training else [])
         for buffer in layer.rule.buffers(ctx, layer.setup, options.engine):
             if options.on_gpu and buffer.host_only:
                 continue

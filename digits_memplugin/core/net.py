@@ -558,6 +558,11 @@ def build_net(
     )
     if net_param.force_backward:
         _force_backward(net)
+    # What the rules' `buffers` read: whether backward runs through each layer (in TRAIN), and for which bottoms.
+    training = prepared.phase == PHASE_TRAIN
+    for layer in net.layers:
+        layer.ctx.need_backward = training and layer.need_backward
+        layer.ctx.bottom_need_backward = list(layer.bottom_need_backward) if training else []
     return net
 
 

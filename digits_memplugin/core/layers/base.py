@@ -144,6 +144,15 @@ class LayerContext:
         self.need_backward = False
         self.bottom_need_backward: list[bool] = []
 
+    def counted(self, need_backward: bool, bottom_need_backward: list[bool]) -> LayerContext:
+        """This context as a count that runs backward differently sees it (a net inside a layer that runs none): a
+        copy, since a built net is never changed once built."""
+        view = object.__new__(LayerContext)
+        view.__dict__.update(self.__dict__)
+        view.need_backward = need_backward
+        view.bottom_need_backward = bottom_need_backward
+        return view
+
     def build_subnet(self, net_param: Any) -> Any:
         """Build a net this layer holds inside (in this layer's phase, by the builder that builds this net); its
         errors are this layer's."""
