@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,18 +146,24 @@ def _csrf_problem() -> str | None:
     return None
 
 
-def cancel_job_form(job_id: str) -> ResponseReturnValue:
-    """Cancel from the page without JavaScript; the page comes back with the job "cancelling" or cancelled."""
+def _job_action_form(job_id: str, done: str, action: Callable[[str], object]) -> ResponseReturnValue:
+    """A job action posted from the page without JavaScript: the CSRF token checked, the action run, the page again
+    (with why it was not `done` when it was not)."""
     problem = _csrf_problem()
     if problem is not None:
-        return job_page(job_id, f"The job was not cancelled: {problem} Reload the page and try again.", 400)
+        return job_page(job_id, f"The job was not {done}: {problem} Reload the page and try again.", 400)
     try:
-        _manager().cancel(job_id)
+        action(job_id)
     except JobNotFound as missing:
         raise NotFound(str(missing)) from None
     except JobStateError as error:
-        return job_page(job_id, f"The job was not cancelled: {error}.", 409)
+        return job_page(job_id, f"The job was not {done}: {error}.", 409)
     return redirect(url_for(".job_page", job_id=job_id), code=303)
+
+
+def cancel_job_form(job_id: str) -> ResponseReturnValue:
+    """Cancel from the page without JavaScript; the page comes back with the job "cancelling" or cancelled."""
+    return _job_action_form(job_id, "cancelled", _manager().cancel)
 
 
 def delete_job_form(job_id: str) -> ResponseReturnValue:
@@ -178,16 +185,7 @@ def delete_job_form(job_id: str) -> ResponseReturnValue:
 
 def resume_job_form(job_id: str) -> ResponseReturnValue:
     """Resume from the page without JavaScript (the API's resume: from the last snapshot, or from the start)."""
-    problem = _csrf_problem()
-    if problem is not None:
-        return job_page(job_id, f"The job was not resumed: {problem} Reload the page and try again.", 400)
-    try:
-        _manager().resume(job_id)
-    except JobNotFound as missing:
-        raise NotFound(str(missing)) from None
-    except JobStateError as error:
-        return job_page(job_id, f"The job was not resumed: {error}.", 409)
-    return redirect(url_for(".job_page", job_id=job_id), code=303)
+    return _job_action_form(job_id, "resumed", _manager().resume)
 
 
 def register(blueprint: Blueprint) -> None:
