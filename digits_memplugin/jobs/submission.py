@@ -74,22 +74,9 @@ def write_job(request: JobRequest, device: str, definitions: Definitions) -> tup
     disk has no room. Nothing is left behind when it raises."""
     job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     folder = definitions.jobs_root / job_id
+    spec = request.spec(device)
     try:
-        folder.mkdir(parents=True)
-        (folder / NET_FILE).write_text(request.net, encoding="utf-8")
-        (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
-        spec = request.spec(device)
-        definition = definitions.load(folder, spec)
-    except NetError as error:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
-    except OSError as error:
-        shutil.rmtree(folder, ignore_errors=True)
-        if disk_full(error):
-            raise DiskFull(
-                f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
-            ) from None
-        raise
+        definition = _load_in(folder, request, spec, definitions, create=True)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -108,19 +95,28 @@ def preview_definition(request: JobRequest, device: str, definitions: Definition
     `write_job` gives."""
     definitions.jobs_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".preview-", dir=definitions.jobs_root) as folder:
-        path = Path(folder)
-        try:
-            (path / NET_FILE).write_text(request.net, encoding="utf-8")
-            (path / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
-            return definitions.load(path, request.spec(device))
-        except NetError as error:
-            raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
-        except OSError as error:
-            if disk_full(error):
-                raise DiskFull(
-                    f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
-                ) from None
-            raise
+        return _load_in(Path(folder), request, request.spec(device), definitions)
+
+
+def _load_in(
+    folder: Path, request: JobRequest, spec: dict[str, Any], definitions: Definitions, *, create: bool = False
+) -> JobDefinition:
+    """The request's net and solver written into `folder` (made first with `create`) and its definition loaded from
+    there; a definition error is the request field's JobValidationError, a full disk DiskFull."""
+    try:
+        if create:
+            folder.mkdir(parents=True)
+        (folder / NET_FILE).write_text(request.net, encoding="utf-8")
+        (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
+        return definitions.load(folder, spec)
+    except NetError as error:
+        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
+    except OSError as error:
+        if disk_full(error):
+            raise DiskFull(
+                f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
+            ) from None
+        raise
 
 
 @dataclasses.dataclass(frozen=True)
