@@ -222,15 +222,10 @@ def _planned_by_form(
     spec: ModelSpec, device: Device, engine: str, document: dict[str, Any], cap: int | None,
     policy: PlanningPolicy, dataset: FoundDataset | None,
 ) -> PlannedJob:
-    """Auto before the dataset can be read: the form's estimate plans (core.job_plan, the server's policy)."""
+    """Auto before the dataset can be read: the form's estimate plans (core.job_plan, the server's policy). The
+    caller found that batch 1 fits there, so the largest batch that fits does too."""
     if spec.batch == BATCH_AUTO and document["max_batch_size"]:
         document = _estimate(spec, engine, device, document["max_batch_size"], cap, policy)
-    if not document["plan"]["fits"]:
-        raise PlanError(
-            "device",
-            f"does not fit on {device_label(device)}: even batch 1 needs more than the "
-            f"{format_size(document['usable_bytes'])} usable there; choose another device",
-        )
     return PlannedJob(
         spec=spec, device=device, engine=engine, estimate=document, plan=document["plan"],
         test_plan=document["test_plan"], usable_bytes=document["usable_bytes"], free_bytes=document["free_bytes"],
