@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ from .job_plan import JobAsk, PlanningPolicy, plan_job
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -294,8 +293,7 @@ def _single_pass_limit(
     largest = max_buildable(estimator.curve(test_batch), wanted - 1, hint)
     if largest == 0:
         raise error
-    iter_size = math.ceil(wanted / largest)
-    batch = math.ceil(wanted / iter_size)
+    batch, iter_size = passes(wanted, largest)
     return {
         "wanted_batch_size": wanted,
         "max_batch_size": largest,

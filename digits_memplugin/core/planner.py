@@ -145,6 +145,13 @@ def max_buildable(curve: MemoryCurve, limit: int, hint: int | None = None) -> in
     return lo
 
 
+def passes(wanted: int, largest: int) -> tuple[int, int]:
+    """(batch_size, iter_size) for `wanted` items per update in passes of at most `largest`: the fewest passes, and
+    the smallest batch that with them covers `wanted` (for 256 with at most 100: 86 x 3)."""
+    iter_size = math.ceil(wanted / largest)
+    return math.ceil(wanted / iter_size), iter_size
+
+
 def plan_batch(curve: MemoryCurve, wanted: int, budget: int, limit: int = MAX_BATCH) -> BatchPlan:
     """The plan for `wanted` items per update within `budget` bytes, no pass larger than `limit` items.
 
@@ -160,6 +167,5 @@ def plan_batch(curve: MemoryCurve, wanted: int, budget: int, limit: int = MAX_BA
     if largest == 0:
         cost = curve(1)
         return BatchPlan(1, wanted, False, int(cost) if math.isfinite(cost) else None, wanted)
-    iter_size = math.ceil(wanted / largest)
-    batch = math.ceil(wanted / iter_size)
+    batch, iter_size = passes(wanted, largest)
     return BatchPlan(batch, iter_size, True, int(curve(batch)), batch * iter_size)
