@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .core.fallback import CPU_SAFETY_MARGIN, GPU_SAFETY_MARGIN
-from .core.job_plan import PlanningPolicy
 from .sizes import parse_gpu_spec, parse_size
 
 CONFIG_PREFIX = "MEMPLUGIN_"
@@ -135,16 +133,6 @@ class Settings:
         """The settings as `MEMPLUGIN_*` config keys (what `init_app` writes back into the app config)."""
         return {CONFIG_PREFIX + f.name.upper(): getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def planning_policy(self) -> PlanningPolicy:
-        """How this server plans jobs (engine and margins per device kind): the job manager, the form, the REST
-        estimate and the command line all plan with it (core.job_plan)."""
-        margin = self.job_safety_margin
-        return PlanningPolicy(
-            gpu_engine=self.gpu_engine,
-            cpu_safety_margin=CPU_SAFETY_MARGIN if margin is None else margin,
-            gpu_safety_margin=GPU_SAFETY_MARGIN if margin is None else margin,
-            max_attempts=self.job_max_attempts,
-        )
 
 
 def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
