@@ -36,5 +36,10 @@ $(VENV)/.installed: $(INSTALL_INPUTS)
 $(VENDOR_STAMP): package.json package-lock.json scripts/frontend.sh
 	scripts/frontend.sh
 
+# ruff (the rule set in pyproject.toml) and mypy over the package; `make test` runs both too (tests/test_lint.py).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy digits_memplugin
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache node_modules static/vendor

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flask import Flask
 from flask.typing import ResponseReturnValue
 from flask_socketio import SocketIO
+from werkzeug.exceptions import HTTPException
 
 from .extension import init_app
 from .settings import Settings
 from .web.access import HostCheckMiddleware, check_request, host_names
+from .web.api import is_api_request, json_error
+from .web.error_pages import error_page
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -33,7 +36,18 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     def index() -> ResponseReturnValue:
         """The plugin's home page, served at the root too: the standalone app has nothing else to show. The
         blueprint's access check runs here too, since this route is the app's, not the blueprint's."""
-        return check_request() or app.view_functions["memplugin.home"]()
+        refused = check_request()
+        if refused is not None:
+            return refused
+        # The blueprint's home view is a plain function (web/pages.py), not a coroutine.
+        home = cast(Callable[[], ResponseReturnValue], app.view_functions["memplugin.home"])
+        return home()
+
+    @app.errorhandler(HTTPException)
+    def page_error(error: HTTPException) -> ResponseReturnValue:
+        """A URL no route takes (the blueprint's own views have their handler): the site's error page, JSON under
+        the API's path. Only here: a host app that carries the plugin keeps its own error pages."""
+        return json_error(error) if is_api_request() else error_page(error)
 
     return app
 

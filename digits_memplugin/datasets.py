@@ -12,6 +12,7 @@ else; LMDB then maps that very file (/proc/self/fd) with no lock file at all, so
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -65,14 +66,30 @@ _LMDB_OPEN = threading.Lock()
 reading the same dataset at once (a threaded host app) took turns failing before this lock."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset holds: its items' specs by top, how many items, and the bytes its files take on disk."""
+
+    specs: dict[str, DataSpec]
+    entries: int
+    """Records of an LMDB, rows of every file of an HDF5 list together: the most items one pass can hold."""
+    disk_bytes: int
+
+
 def lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None) -> DataSpec:
     """The first Datum of an LMDB: its stored shape, and whether it holds bytes or floats. With `allowed`, its data
     file must lie inside those folders; `name` is how messages show the folder (default: `path`)."""
+    return lmdb_info(path, layer, allowed, name=name).specs["data"]
+
+
+def lmdb_info(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None) -> DatasetInfo:
+    """`lmdb_item`, with the LMDB's record count (its stat: nothing is read past the first record) and the size its
+    data file takes on disk (an LMDB's file is sparse up to its map size: its blocks, not its length)."""
     with _LMDB_OPEN:
-        return _lmdb_item(path, layer, allowed, name or str(path))
+        return _lmdb_info(path, layer, allowed, name or str(path))
 
 
-def _lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None, name: str) -> DataSpec:
+def _lmdb_info(path: Path, layer: str, allowed: Iterable[Path] | None, name: str) -> DatasetInfo:
     import lmdb
 
     field = "data_param.source"
@@ -86,13 +103,18 @@ def _lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None, name: str
         env = lmdb.open(f"/proc/self/fd/{fd}", subdir=False, readonly=True, lock=False, readahead=False)
     except lmdb.Error as error:
         os.close(fd)
-        raise NetError(f"cannot open LMDB {name}: {_lmdb_reason(error)}", **where) from None
+        raise NetError(f"cannot open LMDB {name.rstrip('/')}/{LMDB_DATA_FILE}: {_lmdb_reason(error)}", **where) from None
     try:
+        facts = os.fstat(fd)
+        disk_bytes = min(facts.st_size, facts.st_blocks * 512)
+        entries = int(env.stat()["entries"])
         with env.begin() as txn:
             cursor = txn.cursor()
             if not cursor.first():
                 raise NetError(f"LMDB {name} is empty", **where)
             value = cursor.value()
+    except lmdb.Error as error:
+        raise NetError(f"cannot read LMDB {name.rstrip('/')}/{LMDB_DATA_FILE}: {_lmdb_reason(error)}", **where) from None
     finally:
         env.close()
         os.close(fd)
@@ -111,13 +133,18 @@ def _lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None, name: str
         )
     shape = (datum.channels, datum.height, datum.width)
     itemsize = 4 if len(datum.float_data) and not datum.data else 1
-    return DataSpec(shape, stored_itemsize=itemsize)
+    return DatasetInfo({"data": DataSpec(shape, stored_itemsize=itemsize)}, entries, disk_bytes)
 
 
 def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> dict[str, DataSpec]:
     """Shapes of each top's dataset in the HDF5 files a list file names (relative names from the list's folder);
     rows of the largest file. Every file, the list included, is opened only if it is a regular file (inside
     `allowed`): a FIFO named there would otherwise stop the reader until someone writes to it."""
+    return hdf5_info(listing, tops, layer, allowed).specs
+
+
+def hdf5_info(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> DatasetInfo:
+    """`hdf5_items`, with the rows of all the files together and the bytes they take on disk."""
     import h5py
 
     field = "hdf5_data_param.source"
@@ -135,9 +162,14 @@ def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Pat
         raise NetError(f"HDF5 list file {listing} names no file", **where)
     shapes: dict[str, tuple[int, ...]] = {}
     rows = 0
+    total_rows = 0
+    disk_bytes = len(data)
     for file in files:
         fd = open_regular(listing.parent / file, name=file, roots=roots, **where)
         try:
+            facts = os.fstat(fd)
+            disk_bytes += min(facts.st_size, facts.st_blocks * 512)
+            file_rows = 0
             with h5py.File(f"/proc/self/fd/{fd}", "r") as h5:
                 for top in tops:
                     if top not in h5:
@@ -154,11 +186,14 @@ def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Pat
                         )
                     shapes[top] = shape[1:]
                     rows = max(rows, shape[0])
+                    file_rows = max(file_rows, shape[0])
+            total_rows += file_rows
         except OSError as error:
             raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", layer=layer, field=field) from None
         finally:
             os.close(fd)
-    return {top: DataSpec(shape, rows=rows, stored_itemsize=4) for top, shape in shapes.items()}
+    specs = {top: DataSpec(shape, rows=rows, stored_itemsize=4) for top, shape in shapes.items()}
+    return DatasetInfo(specs, total_rows, disk_bytes)
 
 
 def shapes_from_sources(

@@ -201,6 +201,23 @@ class _Identity:
     pci_bus_id: str | None
 
 
+# Why NVML would not start, in the words a user acts on: no NVIDIA driver at all, a driver installed but not
+# running, or one this user may not use. Other codes keep NVML's own words.
+_INIT_FAILURES = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML is missing (libnvidia-ml.so.1 was not found): no NVIDIA driver is "
+    "installed on this machine",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "no NVIDIA driver is running: NVML is installed but the driver (the nvidia "
+    "kernel module) is not loaded",
+    pynvml.NVML_ERROR_NO_PERMISSION: "NVML refused this user: no permission to use the NVIDIA driver's devices",
+}
+
+
+def _init_failure(error: _Unavailable) -> str:
+    """The reason there are no GPUs when nvmlInit fails."""
+    known = _INIT_FAILURES.get(error.code)
+    return f"{known} (NVML: {error})" if known else f"NVML is not available: {error}"
+
+
 class _NvmlSession:
     """NVML in this process: initialised at the first read and kept; the outcome of a failed start is kept too."""
 
@@ -219,7 +236,10 @@ class _NvmlSession:
             self._started = True
             try:
                 _call(pynvml.nvmlInit)
-            except (_Unavailable, _GpuGone) as error:
+            except _Unavailable as error:
+                self._failure = _init_failure(error)
+                log.info("%s; listing the CPU only", self._failure)
+            except _GpuGone as error:
                 self._failure = f"NVML is not available: {error}"
                 log.info("%s; listing the CPU only", self._failure)
             else:

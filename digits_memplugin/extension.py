@@ -76,6 +76,10 @@ def init_app(
     settings = Settings.from_config(app.config, options)
     app.config.update(settings.config_items())
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.dataset_roots is None:
+        # The default dataset folder, made at start so that the page can tell a new user where to put data (the
+        # page names it, and `digits-memplugin sample-dataset` writes into it); configured roots are left as given.
+        (settings.data_dir / "datasets").mkdir(exist_ok=True)
 
     if socketio is None:
         socketio = SocketIO(app, async_mode=settings.async_mode, message_queue=settings.message_queue)

@@ -150,6 +150,7 @@ class Settings:
         return {CONFIG_PREFIX + f.name.upper(): getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+
 def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
     key = CONFIG_PREFIX + field.name.upper()
     if field.name == "data_dir":

@@ -27,6 +27,8 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$", re.ASCII)  # 0-9 only: not "١٢"
 _ITEM = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(.+?)\s*$")
 
+MAX_SIZE_TEXT = 40
+"""Characters a size may have: no size needs more, and float() reads 400 digits as infinity, which int() refuses."""
 MAX_SIMULATED_GPUS = 64
 MIN_SIMULATED_GPU_MEMORY = 256 * MIB
 MAX_SIMULATED_GPU_MEMORY = 16 * TIB
@@ -34,11 +36,22 @@ MAX_SIMULATED_GPU_MEMORY = 16 * TIB
 
 def parse_size(text: str) -> int:
     """Bytes in `text`, which must name its unit ("24GiB", "512 MiB", "1.5GB"): a bare number is too easy to misread."""
-    match = _SIZE.match(text)
+    match = _SIZE.match(text) if len(text) <= MAX_SIZE_TEXT else None
     if not match or match.group(2).lower() not in _UNITS:
         units = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
-        raise ValueError(f"{text.strip()!r} is not a memory size: write a number and a unit ({units}), e.g. '24GiB'")
+        shown = text.strip() if len(text) <= MAX_SIZE_TEXT else f"{text.strip()[:MAX_SIZE_TEXT]}..."
+        raise ValueError(f"{shown!r} is not a memory size: write a number and a unit ({units}), e.g. '24GiB'")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def byte_count(value: object) -> int:
+    """A byte count as the REST API takes it: a whole number of bytes, or a size with its unit ("8GiB"), as the
+    command line and the settings take it. Raises ValueError saying why; the range is the caller's to check."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return parse_size(value)
+    raise ValueError('must be a whole number of bytes or a size such as "8GiB"')
 
 
 def format_size(size: int | None) -> str:

@@ -57,6 +57,15 @@ def test_plan_with_free_bytes(client: FlaskClient) -> None:
     assert plan["batch_size"] * plan["iter_size"] >= 1024
 
 
+@pytest.mark.parametrize(("size", "free_bytes"), [("8GiB", 8 * 1024**3), ("60 MiB", 60 * 1024**2), ("1.5GB", 1_500_000_000)])
+def test_free_bytes_takes_a_size_as_jobs_and_the_cli_do(client: FlaskClient, size: str, free_bytes: int) -> None:
+    body = {"net": LENET, "data_shapes": SHAPES, "batch": 1024}
+    as_size = post(client, {**body, "free_bytes": size})
+    assert as_size.status_code == 200, as_size.get_json()
+    assert as_size.get_json() == post(client, {**body, "free_bytes": free_bytes}).get_json()
+    assert as_size.get_json()["free_bytes"] == free_bytes
+
+
 def test_free_memory_from_a_device(data_dir: Any) -> None:
     app = create_app(
         {"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "MEMPLUGIN_SIMULATE_GPUS": "2x4GiB"}
@@ -87,6 +96,9 @@ def test_free_memory_from_a_device(data_dir: Any) -> None:
         ({"net": LENET, "data_shapes": {"data": [1, -28, 28]}}, "data_shapes.data", "positive integers"),
         ({"net": LENET, "data_shapes": {"data": "1,28,28"}}, "data_shapes.data", "positive integers"),
         ({"net": LENET, "bach": 8}, "bach", "unknown field"),
+        ({"net": LENET, "free_bytes": "8 gigs", "data_shapes": SHAPES}, "free_bytes", "'8 gigs' is not a memory size"),
+        ({"net": LENET, "free_bytes": 1.5, "data_shapes": SHAPES}, "free_bytes", 'or a size such as "8GiB", got float'),
+        ({"net": LENET, "free_bytes": "9" * 500 + "GiB", "data_shapes": SHAPES}, "free_bytes", "not a memory size"),
     ],
 )
 def test_validation_errors_name_the_field(client: FlaskClient, body: dict[str, Any], field: str, fragment: str) -> None:
@@ -223,3 +235,13 @@ def test_read_datasets_only_inside_the_dataset_roots(data_dir: Any, tmp_path: An
     refused = post(client, {"net": outside, "read_datasets": True})
     assert refused.status_code == 400
     assert "outside the dataset folders" in refused.get_json()["errors"]["read_datasets"]["message"]
+
+
+def test_the_document_names_the_schema_flavour(client: FlaskClient) -> None:
+    """DIGITS' users send NVcaffe nets: the estimate says which Caffe the net was read for, and plans it with
+    NVcaffe's wider margin."""
+    resnet18 = (ZOO / "nvcaffe_resnet18" / "train_val.prototxt").read_text()
+    nvcaffe = post(client, {"net": resnet18, "data_shapes": {"data": [3, 256, 256]}, "batch": 2,
+                            "free_bytes": 8 * 1024**3}).get_json()
+    assert nvcaffe["flavour"] == "nvcaffe" and nvcaffe["safety_margin"] == 0.2
+    assert post(client, {"net": LENET, "data_shapes": SHAPES}).get_json()["flavour"] == "bvlc"

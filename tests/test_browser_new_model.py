@@ -14,6 +14,7 @@ from browser_fixtures import TRAIN_DB, TYPE_BATCH_UNTIL_ESTIMATE, VIEWPORT, Serv
 from playwright.sync_api import Browser, Page, expect
 
 from digits_memplugin.networks import standard_network
+from digits_memplugin.sizes import format_size
 
 LENET = standard_network("lenet")
 
@@ -66,10 +67,11 @@ def test_panel_shows_two_gpus_and_the_cpu_live(page: Page, server: Server) -> No
 def test_pasted_lenet_and_auto_fill_a_batch_that_fits(page: Page, server: Server, tmp_path: Path) -> None:
     open_form(page, server)
     use_custom_network(page, LENET.text)
+    gpu0 = server.api("devices")["devices"][0]
+    page.select_option("#device", gpu0["key"])  # the demo trains on the CPU; plans against a GPU all the same
     page.click("#auto-batch")
     expect(page.locator("#batch_size")).to_have_value(re.compile(r"^\d+$"))
     batch = int(page.input_value("#batch_size"))
-    gpu0 = server.api("devices")["devices"][0]
     # The same estimate through the API: the batch filled in is the largest that fits on GPU 0, and it fits.
     document = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=batch))
     assert document["max_batch_size"] == batch
@@ -106,7 +108,7 @@ def test_editing_the_batch_re_estimates_without_a_reload(page: Page, server: Ser
 
 def test_a_batch_too_big_for_one_pass_fits_with_iter_size(page: Page, server: Server, tmp_path: Path) -> None:
     open_form(page, server)
-    page.get_by_label("AlexNet-sized").check()
+    page.get_by_label("AlexNet-sized", exact=True).check()
     page.fill("#batch_size", "4096")
     gpu1 = server.api("devices")["devices"][1]
     request = {
@@ -240,12 +242,13 @@ def test_without_javascript_auto_fills_the_suggested_batch(browser: Browser, ser
     page = context.new_page()
     try:
         page.goto(server.form_url)
+        gpu0 = server.api("devices")["devices"][0]
         page.fill("#train_source", "/data/mnist/train_db")
         page.fill("#model_name", "lenet")
+        page.select_option("#device", gpu0["key"])
         page.click("#auto-batch")
         expect(page.locator("#batch_size")).to_have_value(re.compile(r"^\d+$"))
         batch = int(page.input_value("#batch_size"))
-        gpu0 = server.api("devices")["devices"][0]
         solver = 'type: "SGD"\ntrain_state { stage: "train" }\n'
         document = server.api("estimate", {"net": LENET.text, "solver": solver, "data_shapes": {"data": [1, 28, 28]},
                                            "classes": 10, "engine": "gpu-cudnn", "device": gpu0["key"]})
@@ -264,3 +267,103 @@ def test_a_post_without_the_csrf_token_is_refused(page: Page, server: Server) ->
     expect(page.locator("#csrf-error")).to_contain_text("The CSRF token is missing.")
     assert page.url.endswith("/memplugin/models")  # the form again, not a job's page
     assert page.locator("#job-name").count() == 0
+
+
+# --- issue 14, 5 and 6: the first job, datasets, Auto within the dataset ---------------------------------------------
+
+
+def test_the_demo_trains_on_the_cpu_and_the_form_says_where_data_goes(page: Page, server: Server) -> None:
+    """Issue 14, 5: the default device was "Next available GPU", which a demo refuses at the first submit."""
+    open_form(page, server)
+    assert page.input_value("#device") == "cpu"
+    expect(page.locator("#datasets-help")).to_contain_text(f"Put datasets in {server.data_dir / 'datasets'}:")
+    expect(page.locator("#datasets-help")).to_contain_text(f"digits-memplugin sample-dataset {server.data_dir / 'datasets'}")
+    page.fill("#train_source", TRAIN_DB)
+    page.fill("#max_iter", "2")
+    page.fill("#model_name", "first-job")
+    page.click("#create-model")
+    expect(page).to_have_url(re.compile(r"/memplugin/jobs/[\w-]+$"))
+    job = server.job(page.url.rsplit("/", 1)[1])
+    assert job["device"]["requested"] == "cpu"
+    server.request("POST", f"jobs/{job['id']}/cancel")
+
+
+def test_datasets_found_are_offered_and_choosing_one_fills_the_item_shape(page: Page, server: Server) -> None:
+    open_form(page, server)
+    found = {d["name"]: d for d in server.api("datasets")["datasets"]}
+    train = found[TRAIN_DB]
+    assert (train["shape"], train["entries"]) == ([1, 28, 28], 512)
+    option = page.locator(f'#mp-dataset-list option[value="{TRAIN_DB}"]')
+    expect(option).to_have_attribute("label", f"LMDB · 1×28×28 · 512 items · {format_size(train['disk_bytes'])}")
+    expect(page.locator(f'#datasets-found tr[data-dataset="{TRAIN_DB}"]')).to_contain_text("512")
+    page.get_by_label("Custom network", exact=True).check()
+    page.fill("#custom_network", LENET.text)
+    page.select_option("#data_backend", "hdf5")
+    assert page.input_value("#item_shape") == ""
+    page.fill("#train_source", TRAIN_DB)  # what choosing the option does: the field's value, an input event
+    expect(page.locator("#item_shape")).to_have_value("1,28,28")
+    expect(page.locator("#data_backend")).to_have_value("lmdb")
+
+
+def test_placeholders_do_not_look_like_values(page: Page, server: Server) -> None:
+    open_form(page, server)
+    for selector in ("#train_source", "#val_source", "#model_name"):
+        assert (page.get_attribute(selector, "placeholder") or "").startswith("e.g. ")
+    assert page.get_attribute("#item_shape", "placeholder") == "default: 1,28,28"
+    placeholder = page.evaluate("getComputedStyle(document.getElementById('train_source'), '::placeholder').fontStyle")
+    typed = page.evaluate("getComputedStyle(document.getElementById('train_source')).fontStyle")
+    assert (placeholder, typed) == ("italic", "normal")
+
+
+def test_auto_is_capped_at_the_training_datasets_size(page: Page, server: Server) -> None:
+    """Issue 14, 6: Auto gave LeNet batches of 100000+ on a 24 GiB GPU; the training set here has 512 images."""
+    open_form(page, server)
+    gpu0 = server.api("devices")["devices"][0]
+    page.select_option("#device", gpu0["key"])
+    uncapped = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"]))["max_batch_size"]
+    assert uncapped > 512
+    use_custom_network(page, LENET.text)
+    page.fill("#train_source", TRAIN_DB)
+    page.click("#auto-batch")
+    expect(page.locator("#batch_size")).to_have_value("512")
+    expect(page.locator("#batch-note")).to_have_text(
+        f"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images ({TRAIN_DB})."
+    )
+    row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
+    expect(row.locator('[data-role="verdict"]')).to_contain_text("batch 512 × iter_size 1")
+
+
+def test_auto_typed_is_estimated_at_the_batch_auto_would_give(page: Page, server: Server) -> None:
+    """Typing "auto" estimated the network's own 64; it is the largest batch that fits on each device (within the
+    dataset when one is chosen), as Auto and a job with batch "auto" would run."""
+    open_form(page, server)
+    gpu0 = server.api("devices")["devices"][0]
+    use_custom_network(page, LENET.text)
+    largest = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"]))["max_batch_size"]
+    at_largest = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=largest))
+    row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
+    page.fill("#batch_size", "auto")
+    expect(row).to_have_attribute("data-estimate-bytes", str(at_largest["total_bytes"]))
+    expect(row.locator('[data-role="verdict"]')).to_contain_text(f"batch {largest} × iter_size 1")
+    page.fill("#train_source", TRAIN_DB)  # now within the dataset: 512
+    at_512 = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=512))
+    expect(row).to_have_attribute("data-estimate-bytes", str(at_512["total_bytes"]))
+    page.select_option("#device", gpu0["key"])
+    expect(page.locator("#batch-note")).to_contain_text("capped at the dataset's 512 images")
+
+
+def test_without_javascript_auto_is_capped_at_the_training_datasets_size(browser: Browser, server: Server) -> None:
+    context = browser.new_context(java_script_enabled=False, viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(server.form_url)
+        page.fill("#train_source", TRAIN_DB)
+        page.fill("#model_name", "lenet")
+        page.select_option("#device", server.api("devices")["devices"][0]["key"])
+        page.click("#auto-batch")
+        expect(page.locator("#batch_size")).to_have_value("512")
+        expect(page.locator("#batch-note")).to_have_text(
+            f"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images ({TRAIN_DB})."
+        )
+    finally:
+        context.close()

@@ -28,7 +28,10 @@ def test_table_without_nvml_lists_the_cpu_and_the_reason(capsys: pytest.CaptureF
     lines = run_cli(capsys).splitlines()
     assert lines[0].split()[:6] == ["DEVICE", "NAME", "TOTAL", "FREE", "USED", "RESERVED"]
     assert lines[1].startswith("cpu ")
-    assert "No GPUs: NVML is not available: NVML Shared Library Not Found" in lines
+    assert (
+        "No GPUs: NVML is missing (libnvidia-ml.so.1 was not found): no NVIDIA driver is installed on this machine "
+        "(NVML: NVML Shared Library Not Found)"
+    ) in lines
 
 
 def test_table_of_fake_gpus_with_processes_and_unknowns(

@@ -124,3 +124,24 @@ def test_broken_prototxt_reports_line_and_column(tmp_path: Path) -> None:
     result = run(net)
     assert result.returncode == 2
     assert f"{net}:6:32: Expected \"}}\"" in result.stderr, result.stderr  # the end of the text: a brace is missing
+
+
+def test_a_batch_past_caffes_blob_limit_is_planned_and_explained() -> None:
+    # LeNet's conv1 top holds 20x24x24 = 11,520 elements an item: at most 186,413 items under INT_MAX.
+    result = run(LENET, "--data-shape", "data=1,28,28", "--batch", "200000", "--free-bytes", "1TiB", "--engine", "cpu",
+                 "--no-pycaffe")
+    assert result.returncode == 0, result.stderr
+    assert "Caffe cannot build batch 200000 in one pass: layer 'conv1'" in result.stdout
+    assert "at most batch 186413 per pass, so batch 200000 is reached as 100000 x iter_size 2" in result.stdout
+    assert "largest batch that fits: 186413  (Caffe's INT_MAX blob limit)" in result.stdout
+    assert "plan: batch_size 100000 x iter_size 2 = 200000" in result.stdout
+
+
+def test_the_table_names_the_schema_flavour() -> None:
+    """An NVcaffe net (DIGITS' Caffe) is estimated and the table says so; a BVLC net says bvlc."""
+    nvcaffe = run(ZOO / "nvcaffe_resnet18" / "train_val.prototxt", "--data-shape", "data=3,256,256", "--batch", "2",
+                  "--no-pycaffe")
+    assert nvcaffe.returncode == 0, nvcaffe.stderr
+    assert nvcaffe.stdout.startswith("nvcaffe caffe, engine cpu")
+    bvlc = run(LENET, "--data-shape", "data=1,28,28", "--no-pycaffe")
+    assert bvlc.returncode == 0 and bvlc.stdout.startswith("bvlc caffe, engine cpu"), bvlc.stderr

@@ -52,6 +52,14 @@ def test_auto_takes_the_largest_batch_that_fits() -> None:
     assert (decision.plan.batch_size, decision.plan.iter_size) == (90, 1)
 
 
+@pytest.mark.parametrize(("max_batch", "expected"), [(None, 85), (60, 60), (85, 85), (500, 85)])
+def test_auto_is_capped_at_the_training_sets_size(max_batch: int | None, expected: int) -> None:
+    """Issue 14, 6: auto never plans a pass larger than the dataset (planner.auto_batch_limit gives the cap)."""
+    decision = decide(Policy(safety_margin=0.05), affine(10 * MIB, MIB), None, 100 * MIB,  # type: ignore[arg-type]
+                      max_batch=max_batch)
+    assert decision.plan is not None and (decision.plan.batch_size, decision.plan.iter_size) == (expected, 1)
+
+
 def test_a_failure_raises_the_estimate_to_what_it_proves_plus_growth() -> None:
     footprint = affine(10 * MIB, MIB)
     failure = Failure(batch_size=85, test_batch_size=None, limit_bytes=100 * MIB)  # estimated 95 MiB, failed at 100
@@ -103,6 +111,16 @@ def test_nothing_fits_is_said_with_numbers() -> None:
     decision = decide(Policy(), affine(200 * MIB, MIB), 8, 100 * MIB)  # type: ignore[arg-type]
     assert decision.stop
     assert decision.message.startswith("does not fit even at batch 1: estimated 201.0 MiB against 95.0 MiB usable")
+
+
+def test_messages_write_sizes_with_the_size_formatter() -> None:
+    """Issue 14, 8: job messages said "22480.7 MiB"; they write sizes as every page does (sizes.format_size)."""
+    gib = 1 << 30
+    fits = decide(Policy(safety_margin=0.0), affine(20 * gib, 10 * MIB), 64, 24 * gib)  # type: ignore[arg-type]
+    assert fits.message == "batch 64 x iter_size 1: estimated 20.6 GiB of 24.0 GiB usable"
+    nothing = decide(Policy(safety_margin=0.0), affine(30 * gib, MIB), 8, 24 * gib)  # type: ignore[arg-type]
+    assert nothing.message.startswith("does not fit even at batch 1: estimated 30.0 GiB against 24.0 GiB usable")
+    assert "MiB" not in fits.message + nothing.message
 
 
 def test_the_test_batch_shrinks_when_not_even_batch_one_fits_beside_it() -> None:

@@ -151,12 +151,6 @@ BAD = {
         'layer { name: "d" type: "DummyData" top: "x" dummy_data_param { shape { dim: 9223372036854775807 } } }\n',
         ShapeError, "d", None, "(INT_MAX)", 1,
     ),
-    "batch-10**12": Bad(
-        input_net(1, 3, 4, 4), ShapeError, "in", None, "[1000000000000, 3, 4, 4]", 2, {"batch": 10**12}
-    ),
-    "batch-10**12-with-free-memory": Bad(
-        input_net(1, 3, 4, 4), ShapeError, "in", None, "(INT_MAX)", 2, {"batch": 10**12, "free_bytes": 10**15}
-    ),
     "data-layer-batch-uint32-max": Bad(
         DATA_NET.replace("batch_size: 64", "batch_size: 4294967295"), ShapeError, "mnist", None, "(INT_MAX)", 2,
         {"data_shapes": {"data": (1, 28, 28)}},
@@ -173,7 +167,7 @@ BAD = {
         {"data_shapes": {"data": (1, 3, 3)}},
     ),
     "unknown-layer-type": Bad(
-        input_net(1, 3, 4, 4, extra='layer { name: "n" type: "Normalize" bottom: "data" top: "n" }\n'),
+        input_net(1, 3, 4, 4, extra='layer { name: "n" type: "ROIPooling" bottom: "data" top: "n" }\n'),
         UnsupportedLayerError, "n", "type", "not known to the estimator", 3,
     ),
 }

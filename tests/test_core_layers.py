@@ -9,16 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin.core.errors import NetError, ShapeError
+from digits_memplugin.core.errors import NetError, ShapeError, UnrollLimitError
+from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers.base import (
     ACTIVATION_DIFFS,
     ACTIVATIONS,
+    CONTEXT,
     ENGINE_CPU,
     ENGINE_CUDNN,
     ENGINE_GPU,
+    LAYER_BUFFERS,
+    PARAM_DIFFS,
     PARAMS,
+    SOLVER_HISTORY,
 )
-from digits_memplugin.core.memory import MemoryOptions, net_memory
+from digits_memplugin.core.layers.recurrent import MAX_UNROLLED_STEPS
+from digits_memplugin.core.memory import SUBNET_OWN_ELSEWHERE, MemoryOptions, net_memory
 from digits_memplugin.core.net import Net, build_net, input_net
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.core.training import training_definition
@@ -385,7 +391,8 @@ def test_lstm_params_and_top_are_caffes() -> None:
     # W_xc (4 x num_output, input size), b_c, W_hc (4 x num_output, num_output): the unrolled net's own params.
     assert [net.params[i].shape for i in lstm.params] == [(16, 5), (16,), (16, 4)]
     assert net.blob("lstm").shape == (6, 2, 4)
-    unrolled: Net = lstm.setup.details["unrolled_net"]
+    assert lstm.setup.subnet is not None
+    unrolled: Net = lstm.setup.subnet.net
     assert unrolled.layers[2].name == "lstm_cont_slice"
     assert sum(1 for layer in unrolled.layers if layer.type == "LSTMUnit") == 6
     assert unrolled.blob("h").shape == (6, 2, 4)
@@ -408,30 +415,46 @@ def test_lstm_buffers_leave_out_what_the_outer_net_counts(engine: str) -> None:
     net = build(LSTM_NET)
     memory = net_memory(net, MemoryOptions(engine=engine))[1]
     names = [buffer.name for buffer in memory.buffers]
-    unrolled: Net = net.layers[1].setup.details["unrolled_net"]
-    concat = next(index for index, layer in enumerate(unrolled.layers) if layer.name == "lstm_h_concat")
+    inner = {layer.name: layer for layer in memory.inner}
     # Params are the layer's own (counted once, as the outer net's); x, cont and the output h share the bottoms'
     # and the top's memory, so the unrolled net's first Input layer and h_concat bring nothing of their own.
-    assert not any(name.startswith(("unrolled[0].", f"unrolled[{concat}].")) for name in names)
-    assert "unrolled[1].lstm_.activations" in names  # c_0 and h_0 are the unrolled net's own
-    assert not any(buffer.category == PARAMS for buffer in memory.buffers)
+    first_input = memory.inner[0]
+    assert first_input.categories[ACTIVATIONS] == 0 and first_input.categories[ACTIVATION_DIFFS] == 0
+    assert inner["lstm_h_concat"].categories[ACTIVATIONS] == 0
+    assert inner["lstm_h_concat"].categories[ACTIVATION_DIFFS] == 0
+    assert memory.inner[1].categories[ACTIVATIONS] > 0  # c_0 and h_0 are the unrolled net's own
     assert memory.categories[PARAMS] == sum(
         net.params[i].count * 4 + (16 if engine == ENGINE_CPU else 0) for i in net.layers[1].params
     )
-    unit_tops = [b for b in memory.buffers if ".lstm_unit_" in b.name and b.category == ACTIVATIONS]
-    assert len(unit_tops) == 6
+    units = [layer for layer in memory.inner if layer.type == "LSTMUnit" and layer.categories[ACTIVATIONS]]
+    assert len(units) == 6
     assert "unrolled.c_T.diff" in names  # LayerSetUp zeroes the last cell state's diff
-    assert any(b.category == ACTIVATION_DIFFS for b in memory.buffers)
+    assert any(layer.categories[ACTIVATION_DIFFS] for layer in memory.inner)
+    # The layer counts its top, its own buffers and params, and the inner net's blobs and buffers (its params and
+    # their state aside: they are the layer's), plus on the CPU the inner net's bookkeeping.
+    overhead = 16 if engine == ENGINE_CPU else 0
+    top = net.blob("lstm").count * 4 + overhead
+
+    def inner(category: str) -> int:
+        return sum(layer.categories[category] for layer in memory.inner)
+
+    assert memory.categories[ACTIVATIONS] == inner(ACTIVATIONS) + top
+    assert memory.categories[ACTIVATION_DIFFS] == inner(ACTIVATION_DIFFS) + top + sum(
+        b.bytes + overhead for b in memory.buffers if b.category == ACTIVATION_DIFFS
+    )
+    assert memory.categories[LAYER_BUFFERS] == inner(LAYER_BUFFERS) > 0
+    assert memory.categories[PARAM_DIFFS] == memory.categories[PARAMS]  # the layer's own, not the inner net's too
+    assert (memory.categories[CONTEXT] > 0) == (engine == ENGINE_CPU)
+    assert {PARAMS, PARAM_DIFFS, SOLVER_HISTORY} == SUBNET_OWN_ELSEWHERE
 
 
 def test_lstm_in_a_test_net_keeps_no_diffs_but_the_zeroed_ones() -> None:
     net = build(LSTM_NET, "TEST")
     memory = net_memory(net, MemoryOptions())[1]
     diffs = [buffer.name for buffer in memory.buffers if buffer.category == ACTIVATION_DIFFS]
-    pseudo_loss = len(net.layers[1].setup.details["unrolled_net"].layers) - 1
-    assert sorted(diffs) == [
-        "unrolled.c_T.diff", "unrolled.h_6.diff", f"unrolled[{pseudo_loss}].h_pseudoloss.activation_diffs"
-    ]
+    assert sorted(diffs) == ["unrolled.c_T.diff", "unrolled.h_6.diff"]
+    inner_diffs = [layer.name for layer in memory.inner if layer.categories[ACTIVATION_DIFFS]]
+    assert inner_diffs == ["h_pseudoloss"]  # its loss weight is written into its diff at set-up
 
 
 def test_lstm_unit_keeps_gate_activations_on_the_gpu_only() -> None:
@@ -530,7 +553,11 @@ def measured_and_estimated(text: str) -> tuple[int, int, int]:
     report, _, _ = definition.memory(MemoryOptions())
     with tempfile.TemporaryDirectory() as folder:
         measurement = measure(definition, Path(folder), {})
-    own = sum(b.bytes for layer in report.layers if layer.type in ("LSTM", "RNN", "SPP") for b in layer.buffers)
+    own = sum(  # the layer's buffers, and its inner net's blobs, buffers and bookkeeping (its params aside)
+        sum(b.bytes for b in layer.buffers) + layer.categories.get(CONTEXT, 0)
+        + sum(n for inner in layer.inner for c, n in inner.categories.items() if c not in SUBNET_OWN_ELSEWHERE)
+        for layer in report.layers if layer.type in ("LSTM", "RNN", "SPP")
+    )
     return measurement.allocated, report.total_bytes, report.total_bytes - own
 
 
@@ -570,3 +597,14 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "t" }}
 """
     allocated, estimated, _ = measured_and_estimated(text)
     assert abs(estimated - allocated) < 0.01 * allocated
+
+
+def test_planning_a_recurrent_net_is_bounded_by_the_unroll_limit() -> None:
+    """Recurrent nets put time on the first axis, which the planner varies like a batch: its search once built
+    unrolled nets of up to a million timesteps (it never ended). Past MAX_UNROLLED_STEPS a batch cannot be built:
+    the plan stops there, and a net written with more timesteps is a clear error."""
+    document = estimate(EstimateRequest(net=LSTM_NET, free_bytes=8 << 30, engine=ENGINE_GPU))
+    assert document["max_batch_size"] == MAX_UNROLLED_STEPS
+    assert document["max_batch_limited_by"] == "unroll_limit"
+    with pytest.raises(UnrollLimitError, match="would unroll 501 timesteps; the estimator builds at most 500"):
+        estimate(EstimateRequest(net=LSTM_NET.replace("dim: 6", "dim: 501"), engine=ENGINE_GPU))

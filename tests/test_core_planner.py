@@ -10,9 +10,17 @@ from conftest import ZOO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from digits_memplugin.core.errors import ShapeError
+from digits_memplugin.core.errors import BlobLimitError, NetError, ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.planner import MAX_BATCH, MemoryCurve, max_batch, plan_batch, usable_bytes
+from digits_memplugin.core.planner import (
+    MAX_BATCH,
+    MemoryCurve,
+    auto_batch_limit,
+    max_batch,
+    max_buildable,
+    plan_batch,
+    usable_bytes,
+)
 
 
 def brute_force_max(f, budget: int, limit: int) -> int:  # type: ignore[no-untyped-def]
@@ -77,7 +85,7 @@ def test_a_known_point_replaces_one_evaluation_and_the_answer_stays_exact(
 def test_batches_caffe_cannot_build_count_as_not_fitting() -> None:
     def f(b: int) -> int:
         if b > 1000:
-            raise ShapeError("would create a blob of 3000000000 elements; Caffe's limit is 2147483647 (INT_MAX)")
+            raise BlobLimitError("would create a blob of 3000000000 elements; Caffe's limit is 2147483647 (INT_MAX)")
         return 100 * b
 
     assert max_batch(MemoryCurve(f), budget=10**12) == 1000
@@ -158,3 +166,59 @@ def test_estimate_shrinks_the_test_batch_when_even_batch_1_does_not_fit_beside_i
     assert document["plan"]["fits"]
 
 
+
+
+# --- Caffe's blob limit: the wanted batch is reached through iter_size (issue 14, point 3) ------------------------
+
+
+def test_max_buildable_finds_the_last_batch_caffe_can_build_with_or_without_a_good_hint() -> None:
+    def f(b: int) -> int:
+        if b > 2674:
+            raise BlobLimitError("over INT_MAX")
+        return b
+
+    for hint in (None, 2674, 14266, 1, 10**9):
+        assert max_buildable(MemoryCurve(f), limit=4095, hint=hint) == 2674
+    assert max_buildable(MemoryCurve(f), limit=1000) == 1000  # the limit itself is buildable
+
+
+def test_a_wanted_batch_past_the_blob_limit_is_planned_with_iter_size() -> None:
+    # GoogLeNet at batch 4096 on 3x256x256 items: conv1's top would hold 3,288,334,336 elements, past INT_MAX.
+    net = (ZOO / "caffe_googlenet" / "train_val.prototxt").read_text()
+    document = estimate(EstimateRequest(net=net, batch=4096, engine="gpu-cudnn", free_bytes=24 << 30,
+                                        data_shapes={"data": (3, 256, 256)}))
+    limit = document["blob_limit"]
+    assert limit["wanted_batch_size"] == 4096 and limit["layer"] == "conv1/7x7_s2"
+    assert limit["elements"] == 3288334336 and limit["max_batch_size"] == 2674
+    assert (limit["batch_size"], limit["iter_size"]) == (2048, 2)
+    assert "INT_MAX" in limit["message"] and "2048 x iter_size 2" in limit["message"]
+    assert document["batch_size"] == 2048  # the footprint shown is one pass's
+    plan = document["plan"]
+    assert plan["fits"] and plan["effective_batch"] >= 4096 and document["safety_margin"] == 0.05  # jobs' GPU margin
+    assert plan["batch_size"] <= 2674 and plan["iter_size"] > 1
+    assert document["max_batch_limited_by"] == "memory"
+    # The same net on a device with memory for more than Caffe can build: the plan is capped by the blob limit.
+    roomy = estimate(EstimateRequest(net=net, batch=4096, engine="cpu", free_bytes=1 << 50,
+                                     data_shapes={"data": (3, 256, 256)}))
+    assert (roomy["plan"]["batch_size"], roomy["plan"]["iter_size"]) == (2048, 2)
+    assert roomy["max_batch_size"] == 2674 and roomy["max_batch_limited_by"] == "blob_limit"
+
+
+def test_a_batch_caffe_cannot_take_at_all_is_refused_at_the_batch_field() -> None:
+    net = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()
+    with pytest.raises(NetError) as raised:
+        estimate(EstimateRequest(net=net, batch=2**31, data_shapes={"data": (1, 28, 28)}))
+    assert raised.value.field == "batch" and "at most 2147483647" in str(raised.value)
+
+
+def test_a_net_whose_own_batch_or_batch_one_is_past_the_limit_stays_an_error() -> None:
+    net = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()
+    with pytest.raises(BlobLimitError):  # no batch asked for: the net as written cannot be built
+        estimate(EstimateRequest(net=net, data_shapes={"data": (1, 100000, 100000)}))
+    with pytest.raises(BlobLimitError):  # not even batch 1 can be built: iter_size cannot help
+        estimate(EstimateRequest(net=net, batch=64, data_shapes={"data": (1, 100000, 100000)}))
+
+
+@pytest.mark.parametrize(("items", "limit"), [(None, MAX_BATCH), (0, MAX_BATCH), (1797, 1797), (MAX_BATCH + 5, MAX_BATCH)])
+def test_auto_is_limited_by_the_datasets_size(items: int | None, limit: int) -> None:
+    assert auto_batch_limit(items) == limit

@@ -88,7 +88,10 @@ def test_without_the_nvml_library_there_are_no_gpus_and_the_reason_says_why() ->
     listing = devices.read_devices()  # the real bindings, loading the real (absent) libnvidia-ml.so.1
     assert not listing.simulated
     assert listing.gpus == ()
-    assert listing.gpu_reason == "NVML is not available: NVML Shared Library Not Found"
+    assert listing.gpu_reason == (  # issue 14, 8: the reason says what is missing, in a user's words
+        "NVML is missing (libnvidia-ml.so.1 was not found): no NVIDIA driver is installed on this machine "
+        "(NVML: NVML Shared Library Not Found)"
+    )
     assert listing.driver_version is None
     assert listing.cpu.memory_total is not None
 
@@ -98,7 +101,10 @@ def test_a_driver_that_is_not_loaded_means_no_gpus_and_is_tried_once(install_nvm
     for _ in range(3):
         listing = devices.read_devices()
         assert listing.gpus == ()
-        assert listing.gpu_reason == "NVML is not available: Driver Not Loaded"
+        assert listing.gpu_reason == (
+            "no NVIDIA driver is running: NVML is installed but the driver (the nvidia kernel module) is not loaded "
+            "(NVML: Driver Not Loaded)"
+        )
     assert library.init_calls == 1
 
 

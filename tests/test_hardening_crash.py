@@ -218,17 +218,17 @@ def test_a_full_disk_fails_the_job_saying_so_and_the_server_goes_on(
 
 def test_the_runner_reports_a_full_disk_on_stdout_and_stops(tmp_path: Path, small_disk: Path) -> None:
     """The runner's reporter: a record that cannot reach the progress file still reaches the server (stdout first),
-    and the failure is a DiskFull the runner turns into its error record."""
+    and the failure is a ReportDiskFull the runner turns into its error record."""
     import io
 
-    from digits_memplugin.jobs.runner import DISK_FULL, DiskFull, Reporter, _report_error
+    from digits_memplugin.jobs.runner import DISK_FULL, ReportDiskFull, Reporter, _report_error
 
     out = io.StringIO()
     report = Reporter(out, small_disk / "progress.jsonl")
     report("started", pid=1)
     fill(small_disk, 0)
     iteration = 0
-    with pytest.raises(DiskFull, match=r"could not write .*progress\.jsonl: no space left on the device"):
+    with pytest.raises(ReportDiskFull, match=r"could not write .*progress\.jsonl: no space left on the device"):
         for iteration in range(1, 1000):  # the rest of the file's last page takes a few records, then it is full
             report("iteration", iteration=iteration, loss=0.5)
     assert _report_error(report, DISK_FULL, "no space left on the disk holding the job's folder") == 3

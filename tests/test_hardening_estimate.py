@@ -172,7 +172,8 @@ def test_api_detection_output_reaches_pycaffe_without_its_paths(
 ) -> None:
     response = estimate(client, {"net": detection_output_net(outside)})
     assert response.status_code == 200, response.get_json()
-    assert any("det" in line and "pycaffe" in line for line in response.get_json()["assumptions"])
+    # DetectionOutput has a rule now (layers/ssd.py): its paths reach neither the rule nor pycaffe.
+    assert not any("pycaffe" in line for line in response.get_json()["assumptions"])
     assert not (outside / "saved.txt").exists()  # the folder's content, mtimes included, is checked at the end
 
 
@@ -329,13 +330,16 @@ def test_the_oracle_gets_no_path_no_python_layer_and_no_layer_that_opens_a_file(
         assert path_fields(sent) == [], sent
 
 
-def test_a_fork_layer_that_reads_a_dataset_is_refused_before_pycaffe() -> None:
+def test_a_fork_data_layer_never_opens_its_dataset_nor_reaches_pycaffe() -> None:
     oracle = RecordingOracle()
     text = ('layer { name: "boxes" type: "AnnotatedData" top: "data" data_param { source: "/outside/lmdb" '
             'batch_size: 2 } }\n')
+    # AnnotatedData has a rule now (layers/ssd.py): it asks the caller for the item shape and never opens the source.
     with pytest.raises(NetError) as error:
         build_net(parse_net(text), "TRAIN", oracle=oracle)
-    assert (error.value.layer, error.value.layer_type, error.value.field) == ("boxes", "AnnotatedData", "data_param.source")
+    assert (error.value.layer, error.value.layer_type, error.value.field) == ("boxes", "AnnotatedData", "top")
+    assert build_net(parse_net(text), "TRAIN", oracle=oracle, data_shapes={"data": (3, 8, 8)}).blob("data").shape == (
+        2, 3, 8, 8)
     assert oracle.nets == []
 
 

@@ -16,3 +16,13 @@ def test_ruff_finds_nothing() -> None:
         cwd=REPO, check=False, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_finds_nothing() -> None:
+    """The package type-checks (pyproject.toml's mypy settings): CI runs it as `make lint` does."""
+    mypy = Path(sys.executable).parent / "mypy"
+    result = subprocess.run(
+        [mypy, "--no-incremental", "--cache-dir", "/dev/null", "digits_memplugin"],
+        cwd=REPO, check=False, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -32,6 +32,7 @@ def test_wheel_ships_templates_static_and_console_script(wheel: Path) -> None:
     assert "digits_memplugin/templates/memplugin/home.html" in names
     assert "digits_memplugin/templates/memplugin/base.html" in names
     assert "digits_memplugin/static/css/memplugin.css" in names
+    assert "digits_memplugin/web/openapi.json" in names
     assert not any(name.startswith(("tests/", "templates/", "static/")) for name in names)
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert "digits-memplugin = digits_memplugin.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -51,9 +52,11 @@ def test_installed_wheel_serves_pages_from_another_directory(wheel: Path, tmp_pa
 import json, digits_memplugin
 app = digits_memplugin.create_app({"MEMPLUGIN_DATA_DIR": "data", "MEMPLUGIN_ASYNC_MODE": "threading"})
 client = app.test_client()
-with client.get("/") as home, client.get("/memplugin/static/css/memplugin.css") as css:
+with client.get("/") as home, client.get("/memplugin/static/css/memplugin.css") as css, \\
+        client.get("/memplugin/api/openapi.json") as openapi:
     print(json.dumps({"module": digits_memplugin.__file__, "home": home.status_code,
-                      "title": "GPU memory for Caffe training" in home.text, "css": css.status_code}))
+                      "title": "GPU memory for Caffe training" in home.text, "css": css.status_code,
+                      "openapi": openapi.status_code}))
 """
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run(
@@ -63,5 +66,5 @@ with client.get("/") as home, client.get("/memplugin/static/css/memplugin.css") 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(report["module"]).is_relative_to(site)  # the wheel's copy, not the source tree
-    assert report == {**report, "home": 200, "title": True, "css": 200}
+    assert report == {**report, "home": 200, "title": True, "css": 200, "openapi": 200}
     assert (elsewhere / "data" / "secret_key").exists()

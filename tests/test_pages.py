@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from digits_memplugin import create_app, devices
-from digits_memplugin.fake_nvml import FakeNvml
+from digits_memplugin.fake_nvml import ERROR_DRIVER_NOT_LOADED, ERROR_NO_PERMISSION, FakeNvml
 
 PAGES = ("/", "/memplugin/", "/memplugin/devices")
 
@@ -51,7 +52,17 @@ def test_devices_page_shows_each_gpu_and_the_cpu(fake_gpus: FakeNvml, client: Fl
     assert "24.0 GiB" in page  # total of GPU 0, formatted
     assert "4242 /usr/bin/python3 (6.0 GiB)" in page
     assert "4343 n/a (2.0 GiB)" in page  # a process NVML will not name
-    assert "NVIDIA driver 550.54.15" in page
+    # Issue 14, 8: a fake library's GPUs are said to be simulated; its driver version is made up, so not shown.
+    assert "GPUs simulated by a fake NVML library" in page
+    assert "NVIDIA driver 550.54.15" not in page
+
+
+def test_devices_page_names_the_driver_of_real_gpus(
+    fake_gpus: FakeNvml, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(devices._session, "simulated", False)  # the fake library standing for a real driver
+    page = client.get("/memplugin/devices").text
+    assert "NVIDIA driver 550.54.15" in page and "simulated" not in page.lower()
 
 
 def test_devices_page_shows_a_lost_gpu_as_an_error(fake_gpus: FakeNvml, client: FlaskClient) -> None:
@@ -65,6 +76,23 @@ def test_devices_page_without_gpus_has_the_banner_and_the_cpu(client: FlaskClien
     page = client.get("/memplugin/devices").text
     assert 'id="no-gpu-banner"' in page and "NVML" in page
     assert 'data-key="cpu"' in page
+
+
+@pytest.mark.parametrize(
+    ("init_error", "why"),
+    [
+        (ERROR_DRIVER_NOT_LOADED, "No GPU is listed: no NVIDIA driver is running: NVML is installed but the driver"),
+        (ERROR_NO_PERMISSION, "No GPU is listed: NVML refused this user"),
+        (None, "No GPU is listed: the NVIDIA driver reports no GPU."),
+    ],
+)
+def test_devices_page_without_gpus_says_why(
+    install_nvml: Callable[[FakeNvml], FakeNvml], client: FlaskClient, init_error: int | None, why: str
+) -> None:
+    """Issue 14, 8: no NVIDIA driver, one not loaded or refusing this user, or no GPU at all: the page says which."""
+    install_nvml(FakeNvml([], init_error=init_error))
+    page = client.get("/memplugin/devices").text
+    assert why in page, page
 
 
 def test_home_page_links_to_the_devices_page_and_api(client: FlaskClient) -> None:

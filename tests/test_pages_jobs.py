@@ -125,9 +125,21 @@ def test_an_active_job_page_refreshes_itself_without_javascript(client: FlaskCli
 
 
 def test_unknown_job_page_is_a_404_page(client: FlaskClient) -> None:
-    response = client.get(f"{PAGES}/no-such-job")
-    assert response.status_code == 404
-    assert response.mimetype == "text/html"
+    """Issue 14, 8: the site's layout (menu, footer) with a link back to the jobs list, not Werkzeug's bare page;
+    the API keeps answering JSON."""
+    for path, says in ((f"{PAGES}/no-such-job", "no job &#39;no-such-job&#39;"), ("/memplugin/nowhere", "Not Found")):
+        response = client.get(path)
+        assert response.status_code == 404
+        assert response.mimetype == "text/html"
+        html = response.text
+        assert '<nav class="navbar' in html and "mp-footer" in html, html
+        assert "<h1" in html and "404 Not Found" in html and says in html
+        assert f'<a href="{PAGES}">Back to the jobs list</a>' in html
+    for path in (f"{API}/no-such-job", "/memplugin/api/nowhere"):
+        api = client.get(path)
+        assert api.status_code == 404 and api.mimetype == "application/json" and api.get_json()["status"] == 404
+    wrong = client.post(f"{PAGES}/no-such-job")  # a page's error other than 404 has the layout too
+    assert wrong.status_code == 405 and "mp-footer" in wrong.text and "GET" in wrong.headers["Allow"]
 
 
 def test_cancel_by_form_needs_the_token_then_stops_the_child(jobs_app: Flask, client: FlaskClient) -> None:
@@ -154,6 +166,27 @@ def test_cancel_by_form_needs_the_token_then_stops_the_child(jobs_app: Flask, cl
         again = client.post(f"{PAGES}/{job['id']}/cancel", data={"csrf_token": page_token(html)})
         assert again.status_code == 409
         assert "The job was not cancelled: the job is cancelled" in again.text
+    finally:
+        stop(client, job["id"])
+
+
+def test_resume_by_form_queues_a_cancelled_job_again(client: FlaskClient) -> None:
+    """Issue 14, 8: a cancelled job offered only Delete; its page offers Resume (a form post without JavaScript)."""
+    job = submit(client, max_iter=100_000)
+    try:
+        running(client, job["id"])
+        assert re.search(r'id="resume-form" hidden', client.get(f"{PAGES}/{job['id']}").text)  # running: no Resume
+        client.post(f"{API}/{job['id']}/cancel")
+        assert ended(client, job["id"])["status"] == "cancelled"
+        html = client.get(f"{PAGES}/{job['id']}").text
+        assert re.search(r'id="resume-form">', html) and ">Resume</button>" in html
+        refused = client.post(f"{PAGES}/{job['id']}/resume", data={})
+        assert refused.status_code == 400 and "The job was not resumed: The CSRF token is missing." in refused.text
+        response = client.post(f"{PAGES}/{job['id']}/resume", data={"csrf_token": page_token(html)})
+        assert response.status_code == 303 and response.headers["Location"] == f"{PAGES}/{job['id']}"
+        assert client.get(f"{API}/{job['id']}").get_json()["status"] in ("queued", "running")
+        again = client.post(f"{PAGES}/{job['id']}/resume", data={"csrf_token": page_token(html)})
+        assert again.status_code == 409 and "The job was not resumed: the job is " in again.text
     finally:
         stop(client, job["id"])
 

@@ -22,7 +22,7 @@ from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
 from digits_memplugin.networks import standard_network
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin.sizes import GIB, MIB, format_size
 from digits_memplugin.web.forms import solver_prototxt
 
 LENET = standard_network("lenet")
@@ -101,7 +101,7 @@ def gpus_app(fake_gpus: FakeNvml, app: Flask) -> FakeNvml:
 def datasets(app: Flask, data_dir: Any) -> Any:
     """MNIST-shaped LMDBs in the app's dataset root (<data dir>/datasets), as a user names them: relative to it."""
     root = data_dir / "datasets"
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)  # init_app made it
     write_lmdb(root / TRAIN_DB)
     write_lmdb(root / VAL_DB, records=8)
     return root
@@ -216,14 +216,71 @@ def test_plain_post_on_a_simulated_gpu_is_refused_beside_the_device(
     assert get_plugin(app).started_jobs().list_jobs() == []
 
 
-def test_the_form_says_to_train_on_the_cpu_when_the_gpus_are_simulated(gpus_app: FakeNvml, client: FlaskClient) -> None:
-    help_text = re.search(r'id="device-help">([^<]*)<', client.get(FORM_URL).text)
-    assert help_text and "The GPUs are simulated: plan against them, but choose the CPU to train" in help_text.group(1)
+def test_the_form_trains_on_the_cpu_by_default_when_the_gpus_are_simulated(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any
+) -> None:
+    """Issue 14, 5: "Next available GPU" was the default, and a job on a simulated GPU is refused: the first job of
+    a demo failed at its first submit. The CPU is chosen, and a form that names no device trains there."""
+    page = client.get(FORM_URL).text
+    help_text = re.search(r'id="device-help">([^<]*)<', page)
+    assert help_text and "The GPUs are simulated: plan against them, but jobs train on the CPU" in help_text.group(1)
+    assert re.search(r'<option selected value="cpu">CPU \(', page), "the CPU is not the device chosen"
+    fields = {key: value for key, value in form_data(csrf_token(client), **JOB).items() if key != "device"}
+    response = client.post(POST_URL, data=fields)
+    assert response.status_code == 303, error_box(response.text, "device")
+    (job,) = get_plugin(app).started_jobs().list_jobs()
+    assert job.spec["device"] == "cpu"
 
 
-def test_the_form_names_the_dataset_folders(client: FlaskClient, data_dir: Any) -> None:
-    help_text = re.search(r'id="train_source-help">([^<]*)<', client.get(FORM_URL).text)
-    assert help_text and f"inside the dataset folders ({data_dir / 'datasets'})" in help_text.group(1)
+def test_without_simulated_gpus_the_default_is_the_next_available_gpu(fake_gpus: FakeNvml, client: FlaskClient,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from digits_memplugin import devices
+
+    monkeypatch.setattr(devices._session, "simulated", False)
+    assert re.search(r'<option selected value="next">Next available GPU', client.get(FORM_URL).text)
+
+
+def test_the_form_says_where_to_put_data_and_how_to_get_some(client: FlaskClient, data_dir: Any) -> None:
+    """Issue 14, 5: the datasets folder exists from the start, and the page names it and the sample command."""
+    assert (data_dir / "datasets").is_dir()
+    help_text = re.search(r'id="datasets-help">(.*?)</p>', client.get(FORM_URL).text, re.S)
+    assert help_text, "the Dataset section does not say where to put data"
+    text = " ".join(re.sub(r"<[^>]+>", "", help_text.group(1)).split())
+    assert f"Put datasets in {data_dir / 'datasets'}: LMDB folders" in text
+    assert f"digits-memplugin sample-dataset {data_dir / 'datasets'}" in text
+
+
+def test_the_form_offers_the_datasets_found(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
+    """Each dataset of the root is offered in the source fields (a datalist: it works without JavaScript), with its
+    item shape, entries and size read from it; the same facts are listed in a table."""
+    (datasets / "rgb").mkdir()
+    write_lmdb(datasets / "rgb" / "cifar_lmdb", records=5, shape=(3, 32, 32))
+    page = client.get(FORM_URL).text
+    assert re.search(r'id="train_source" [^>]*list="mp-dataset-list"', page)
+    assert re.search(r'id="val_source" [^>]*list="mp-dataset-list"', page)
+    options = dict(re.findall(r'<option value="([^"]+)" label="([^"]+)">', page))
+    train_bytes = (datasets / TRAIN_DB / "data.mdb").stat().st_blocks * 512
+    assert options[TRAIN_DB] == f"LMDB · 1×28×28 · 16 items · {format_size(train_bytes)}"
+    assert options[VAL_DB].startswith("LMDB · 1×28×28 · 8 items · ")
+    assert options["rgb/cifar_lmdb"].startswith("LMDB · 3×32×32 · 5 items · ")
+    row = re.search(r'<tr data-dataset="rgb/cifar_lmdb">(.*?)</tr>', page, re.S)
+    assert row and re.sub(r"<[^>]+>|\s+", " ", row.group(1)).split() == ["rgb/cifar_lmdb", "LMDB", "3×32×32", "5",
+                                                                        *format_size(32768).split()]
+
+
+def test_without_javascript_an_empty_item_shape_is_the_datasets_own(
+    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
+) -> None:
+    """The standard LeNet expects 1x28x28, but the training dataset holds 3x32x32 items: the plan is for those."""
+    (datasets / "rgb").mkdir()
+    write_lmdb(datasets / "rgb" / "cifar_lmdb", records=40, shape=(3, 32, 32))
+    target = gpus_app.gpus[1]
+    response = client.post(POST_URL, data=form_data(csrf_token(client), device=target.uuid, action="suggest",
+                                                    train_source="rgb/cifar_lmdb"))
+    assert response.status_code == 200
+    plain = direct_estimate(LENET.text, target.free, shape=(3, 32, 32), batch=40)
+    assert re.search(r'id="estimate-status"[^>]*>\s*Estimated for lenet-mnist on GPU 1: '
+                     + re.escape(format_size(plain["total_bytes"])) + " at batch 40", response.text)
 
 
 def test_plain_post_puts_a_missing_dataset_beside_its_field(
@@ -290,6 +347,36 @@ def test_auto_button_without_javascript_fills_the_largest_batch_that_fits(
     assert "Planned model" not in response.text  # the form again, not a submission
     at_largest = direct_estimate(LENET.text, target.free, batch=largest)
     assert at_largest["plan"] == {**at_largest["plan"], "fits": True, "iter_size": 1, "batch_size": largest}
+
+
+def test_auto_without_javascript_is_capped_at_the_training_datasets_size(
+    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
+) -> None:
+    """Issue 14, 6: Auto suggested batches past the dataset's size (124256 for LeNet, MNIST has 60000 images). The
+    training set here holds 16 images: Auto gives 16, and says why."""
+    target = gpus_app.gpus[1]
+    assert direct_estimate(LENET.text, target.free)["max_batch_size"] > 16
+    response = client.post(POST_URL, data=form_data(csrf_token(client), **{**JOB, "device": target.uuid},
+                                                    action="suggest"))
+    assert response.status_code == 200
+    assert re.search(r'id="batch_size" [^>]*value="16"', response.text)
+    note = re.search(r'id="batch-note"[^>]*>([^<]*)<', response.text)
+    assert note and note.group(1) == (
+        f"Batch 16: the largest that fits on GPU 1, capped at the dataset&#39;s 16 images ({TRAIN_DB})."
+    )
+
+
+def test_a_job_with_batch_auto_is_planned_within_the_training_datasets_size(
+    app: Flask, client: FlaskClient, datasets: Any
+) -> None:
+    """The job manager caps "auto" the same way: the CPU could take thousands of LeNet items, the dataset has 16."""
+    response = client.post(JSON_URL, json={**JOB, "model_name": "auto", "batch_size": "auto", "val_source": None})
+    assert response.status_code == 201, response.get_json()
+    manager = get_plugin(app).started_jobs()
+    job = manager.wait(response.get_json()["id"], timeout=180)
+    assert job.status == "done", job.message
+    (attempt,) = manager.store.attempts(job.id)
+    assert (attempt.batch_size, attempt.iter_size) == (16, 1)
 
 
 def test_form_errors_come_back_beside_their_fields(gpus_app: FakeNvml, client: FlaskClient) -> None:
@@ -411,6 +498,22 @@ def test_json_twin_asks_for_the_item_shape_of_a_custom_network(gpus_app: FakeNvm
                                            "custom_network": LENET.text, "classes": 10})
     assert response.status_code == 400
     assert "item shape" in response.get_json()["errors"]["item_shape"]["message"]
+
+
+def test_the_item_shape_error_speaks_of_the_form_not_of_a_command_line_flag(
+    gpus_app: FakeNvml, client: FlaskClient
+) -> None:
+    """Issue 14, 8: the error asked web users for `--data-shape data=3,256,256`; the form and the API it estimates
+    with (the page's script) name no flag: the error stands at the Item shape field. The CLI keeps its flag
+    (test_cli_estimate.py)."""
+    page = client.post(POST_URL, data=form_data(csrf_token(client), network="custom", custom_network=LENET.text,
+                                                classes="10"))
+    assert page.status_code == 400
+    error = re.search(r'id="item_shape-error"[^>]*>(.*?)</div>\s*</div>', page.text, re.S)
+    assert error and "item shape for &#39;data&#39;" in error.group(1), page.text
+    assert "--data-shape" not in page.text
+    api = client.post("/memplugin/api/estimate", json={"net": LENET.text, "classes": 10})
+    assert api.status_code == 400 and "--data-shape" not in api.text and "item shape" in api.text
 
 
 def test_json_twin_form_encoded_needs_the_csrf_token(

@@ -107,7 +107,9 @@ layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module
         build_net(parse_net(text), "TEST", oracle=pycaffe_oracle)
     assert (error.value.layer, error.value.layer_type, error.value.field) == ("py", "Python", "top")
     assert "Python layer m.L, which the estimator never imports" in error.value.message
-    assert "--data-shape py/py=" in error.value.message
+    # The message names no front end's flag or field; each says how (the CLI: --data-shape py/py=...).
+    assert "--data-shape" not in error.value.message
+    assert error.value.missing_shape is not None and error.value.missing_shape[0] == "py/py"
 
 
 def test_a_net_with_a_python_layer_or_a_file_is_refused_before_any_child_starts() -> None:

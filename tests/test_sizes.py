@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from digits_memplugin.sizes import GIB, MIB, format_size, parse_gpu_spec, parse_size
+from digits_memplugin.sizes import GIB, MIB, byte_count, format_size, parse_gpu_spec, parse_size
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,25 @@ def test_parse_size(text: str, size: int) -> None:
 def test_a_size_without_a_known_unit_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a memory size"):
         parse_size(text)
+
+
+def test_a_size_of_hundreds_of_digits_is_refused_not_overflowed() -> None:
+    """float() reads 400 nines as infinity, which int() cannot convert: an OverflowError no caller expected."""
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_size("9" * 400 + "GiB")
+
+
+@pytest.mark.parametrize(("value", "size"), [(0, 0), (8 * GIB, 8 * GIB), ("8GiB", 8 * GIB), (" 512 MiB ", 512 * MIB)])
+def test_byte_count_takes_bytes_or_a_size(value: object, size: int) -> None:
+    assert byte_count(value) == size
+
+
+@pytest.mark.parametrize(("value", "message"), [("8", "not a memory size"), ("lots", "not a memory size"),
+                                                (1.5, "whole number of bytes"), (True, "whole number of bytes"),
+                                                (None, "whole number of bytes"), ([8], "whole number of bytes")])
+def test_byte_count_refuses_what_is_not_a_byte_count(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        byte_count(value)
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,79 @@ CASES = [
             batches=(1, 4), deploy=True),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlavouredCase:
+    """A zoo net (or a solver with its nets) for the flavour tests: which schema must read it, and the request
+    that estimates it at the batch its authors train with. `files` maps the paths its solver names to zoo files."""
+
+    name: str
+    flavour: str
+    net: str | None
+    solver: str | None = None
+    data_shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    classes: int | None = None
+
+    def texts(self) -> tuple[str | None, str | None]:
+        net = (ZOO / self.net).read_text() if self.net else None
+        solver = (ZOO / self.solver).read_text() if self.solver else None
+        return net, solver
+
+    def load(self, path: str) -> tuple[str, str]:
+        return (ZOO / self.files[path]).read_text(), self.files[path]
+
+
+SSD = "ssd300_coco_nvcaffe"
+NVCAFFE_CASES = [
+    # NVIDIA/caffe's models/resnet18: BatchNorm with scale_bias (NVcaffe's fused BatchNorm + Scale).
+    FlavouredCase("nvcaffe_resnet18", "nvcaffe", "nvcaffe_resnet18/train_val.prototxt",
+                  "nvcaffe_resnet18/solver.prototxt", {"data": IMAGENET},
+                  files={"models/resnet18/train_val.prototxt": "nvcaffe_resnet18/train_val.prototxt"}),
+    # SSD300 on COCO: AnnotatedData resizes to 300 x 300 (no item shape needed), PriorBox, MultiBoxLoss, and in the
+    # test net DetectionOutput and DetectionEvaluate; its solver names both nets and sets solver_data_type.
+    FlavouredCase(SSD, "nvcaffe", None, f"{SSD}/solver.prototxt",
+                  files={"models/VGGNet/coco/SSD_300x300/train.prototxt": f"{SSD}/train.prototxt",
+                         "models/VGGNet/coco/SSD_300x300/test.prototxt": f"{SSD}/test.prototxt"}),
+    FlavouredCase(f"{SSD}/deploy", "bvlc", f"{SSD}/deploy.prototxt"),
+]
+"""The zoo's NVcaffe nets. The SSD deploy net uses no NVcaffe-only field: BVLC's schema reads it."""
+
+DETECTNET_PATH = "detectnet_kitti/detectnet_network.prototxt"
+"""DIGITS' DetectNet (examples/object-detection points to NVcaffe's examples/kitti/detectnet_network.prototxt), where
+the shared zoo keeps it once added (see docs/memory-model.md, NVcaffe); its test is skipped without it."""
+DETECTNET = FlavouredCase(
+    "detectnet_kitti", "nvcaffe", DETECTNET_PATH, None,
+    {
+        # DIGITS' KITTI dataset: 1248 x 384 colour images; labels as DIGITS stores them, a header row and one
+        # 16-value row per box (DetectNetTransformationLayer::blobToLabels), room for 63 boxes.
+        "data": (3, 384, 1248),
+        "label": (1, 64, 16),
+        # The Python layers of the val net (caffe.layers.detectnet, never imported here): the clustering layers'
+        # box lists at (num, 50 boxes, 5 values), the scored list alike, and mAP's three scalars.
+        "cluster/bbox-list": (6, 50, 5),
+        "cluster_gt/bbox-list-label": (6, 50, 5),
+        "score/bbox-list-scored": (6, 50, 5),
+        "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,),
+    },
+)
+
+
+def generic_data_shapes(text: str) -> dict[str, Any]:
+    """Shapes for the data tops of any zoo net alone: an ImageNet-sized image (an HDF5 row of 4 values), a label,
+    and for a Python data layer a small image and its dense label (FCN's VOC layer)."""
+    from digits_memplugin.core.prototxt import parse_net
+
+    shapes: dict[str, Any] = {}
+    for layer in parse_net(text).layer:
+        if layer.type in ("Data", "ImageData", "HDF5Data", "WindowData") and not len(layer.bottom):
+            for i, top in enumerate(layer.top):
+                shapes[top] = ((4,) if layer.type == "HDF5Data" else IMAGENET) if i == 0 else ()
+        elif layer.type == "Python" and not len(layer.bottom):
+            for i, top in enumerate(layer.top):
+                shapes[top] = (1, 3, 64, 64) if i == 0 else (1, 1, 64, 64)
+    return shapes
 SMALL = ["caffe_lenet", "caffe_cifar10_quick", "caffe_hdf5_classification", "caffe_mnist_siamese", "digits_lenet"]
 """Cheap enough to measure in `make test` (seconds each)."""
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from .._version import __version__
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("serve", "estimate", "train", "devices")
+COMMANDS = ("serve", "estimate", "train", "devices", "sample-dataset")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         module.add_parser(subparsers)
     return parser
 

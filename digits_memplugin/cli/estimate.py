@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> None:
         "--free-bytes", type=size, metavar="B", help="free memory of the device, e.g. 8GiB or 8589934592"
     )
     parser.add_argument(
-        "--safety-margin", type=float, default=0.10, help="fraction of free memory kept back (default: %(default)s)"
+        "--safety-margin", type=float, default=None,
+        help="fraction of free memory kept back (default: as jobs plan: 0.03 on the CPU, 0.05 on GPUs)",
     )
     parser.add_argument(
         "--data-shape",
@@ -106,12 +107,22 @@ def run(args: argparse.Namespace) -> int:
         load = confined_loader(args.solver.resolve().parent) if args.solver else None
         document = estimate(request, load=load, oracle=None if args.no_pycaffe else _oracle())
     except NetError as error:
-        raise CommandError(str(error)) from None
+        raise CommandError(_command_line_words(error)) from None
     if args.json:
         print(json.dumps(document, indent=2))
     else:
         print(render(document))
     return 0
+
+
+def _command_line_words(error: Exception) -> str:
+    """The error, with the flag that gives a missing data shape (the core's message names no flag: the web form has
+    a field instead)."""
+    missing = getattr(error, "missing_shape", None)
+    if missing is None:
+        return str(error)
+    key, example = missing
+    return f"{error}; on the command line: --data-shape {key}={example}"
 
 
 def _read(path: Path) -> str:
@@ -136,7 +147,8 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
     from ..sizes import format_size
 
     lines = [
-        f"engine {document['engine']}, solver {document['solver_type']}, batch {document['batch_size']}"
+        f"{document.get('flavour', 'bvlc')} caffe, engine {document['engine']}, solver {document['solver_type']}, "
+        f"batch {document['batch_size']}"
         + (f", test batch {document['test_batch_size']}" if document["test_batch_size"] else ""),
         f"total: {format_size(document['total_bytes'])} ({document['total_bytes']} bytes)",
         "",
@@ -155,13 +167,16 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
             "",
             (f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
             f"after a {document['safety_margin']:.0%} margin"),
-            f"largest batch that fits: {document['max_batch_size']}",
+            f"largest batch that fits: {document['max_batch_size']}"
+            + ("  (Caffe's INT_MAX blob limit)" if document.get("max_batch_limited_by") == "blob_limit" else ""),
             f"plan: batch_size {plan['batch_size']} x iter_size {plan['iter_size']} = {plan['effective_batch']}"
             + ("" if plan["fits"] else "  (DOES NOT FIT, even at batch 1)"),
         ]
         if document.get("test_plan"):
             test = document["test_plan"]
             lines.append(f"test nets: batch_size {test['batch_size']}, test_iter {test['test_iter']}")
+    if document.get("blob_limit"):
+        lines += ["", f"{document['blob_limit']['message']}."]
     for assumption in document["assumptions"]:
         lines.append(f"assumes: {assumption}")
     return "\n".join(lines)

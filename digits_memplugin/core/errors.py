@@ -23,6 +23,7 @@ class NetError(MemPluginError, ValueError):
         layer: str | None = None,
         layer_type: str | None = None,
         field: str | None = None,
+        missing_shape: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -32,6 +33,9 @@ class NetError(MemPluginError, ValueError):
         self.layer = layer
         self.layer_type = layer_type
         self.field = field
+        self.missing_shape = missing_shape
+        """(data_shapes key, example shape) when the caller must give a data top's shape: each front end says how
+        in its own terms (the CLI's --data-shape KEY=SHAPE, the form's Item shape field); the message does not."""
 
     def __str__(self) -> str:
         # f-strings throughout: a caller that passed a non-str source must still get a message, not a TypeError.
@@ -69,6 +73,22 @@ class PrototxtSyntaxError(NetError):
 
 class ShapeError(NetError):
     """Shapes that Caffe would reject (it would abort with a CHECK failure)."""
+
+
+class BatchLimitError(ShapeError):
+    """A batch too large to build in one pass. Unlike other shape errors it depends on the batch: the planner treats
+    such a batch as one that cannot fit, and reaches the wanted batch through iter_size."""
+
+    elements: int | None = None
+    """The element count of the blob that overflowed, when a blob did."""
+
+
+class BlobLimitError(BatchLimitError):
+    """A blob over Caffe's INT_MAX elements (Blob::Reshape's CHECK)."""
+
+
+class UnrollLimitError(BatchLimitError):
+    """A recurrent layer unrolled over more timesteps than the estimator builds (each one is several layers)."""
 
 
 class UnsupportedLayerError(NetError):

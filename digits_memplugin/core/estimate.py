@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from .collector import paused_collector
-from .errors import NetError, ShapeError
-from .layers.base import ENGINE_CPU, ENGINES
+from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
+from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
+from .job_plan import JobAsk, PlanningPolicy, plan_job
+from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -28,8 +29,6 @@ MAX_REMEMBERED_REPORTS = 2
 """Whole reports (with their built nets) kept per definition and way of counting: the form asks again and again
 about the same net at the same batch (each device's row, each keystroke that changes nothing), and a report is
 what an estimate costs most; two keep memory bounded for large nets."""
-DEFAULT_SAFETY_MARGIN = 0.10
-"""Fraction of free memory kept back by default when planning: fragmentation, allocator slack, drivers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +44,10 @@ class EstimateRequest:
     engine: str = ENGINE_CPU
     free_bytes: int | None = None
     """Free memory of the target device; with it come max_batch_size and a plan."""
-    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    safety_margin: float | None = None
+    """Fraction of free memory kept back (None: the policy's for the engine, as jobs plan)."""
+    policy: PlanningPolicy = dataclasses.field(default_factory=PlanningPolicy)
+    """The server's planning policy: engines and margins per device kind (core.job_plan)."""
     data_shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     classes: int | None = None
     """Number of classes for DIGITS standard networks (InnerProduct layers without num_output)."""
@@ -64,11 +66,18 @@ class EstimateRequest:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
+        for name in ("batch", "test_batch"):
+            value = getattr(self, name)
+            if value is not None and value > INT_MAX:
+                # A batch Caffe could never be given (its batch sizes and shapes are 32-bit): no iter_size helps.
+                raise NetError(f"{name} must be at most {INT_MAX} (Caffe's INT_MAX), got {value}", field=name)
         if self.free_bytes is not None and (
             not isinstance(self.free_bytes, int) or isinstance(self.free_bytes, bool) or self.free_bytes < 0
         ):
             raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
-        if not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0:
+        if self.safety_margin is not None and (
+            not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0
+        ):
             raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
         if not isinstance(self.cuda_context_bytes, int) or isinstance(self.cuda_context_bytes, bool) or (
             self.cuda_context_bytes < 0
@@ -156,6 +165,10 @@ class Estimator:
         self._totals[key] = built[0].total_bytes
         return built
 
+    def known_totals(self, test_batch: int | None = None) -> dict[int, int]:
+        """The footprints computed so far at `test_batch`, by train batch."""
+        return {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}
+
     def curve(self, test_batch: int | None = None) -> MemoryCurve:
         """Memory against the train batch, seeded with the totals already known at this test batch (the
         report's, earlier searches'), so that a search builds no batch twice."""
@@ -204,9 +217,22 @@ def _estimate(
         solver_type=_solver_type(definition),
         l1_regularization=definition.l1_regularization,
         cuda_context_bytes=request.cuda_context_bytes,
+        flavour=definition.flavour,
+        history_itemsize=solver_storage(definition.solver),
     )
+    # NVcaffe's figures are a model no GPU has checked yet: plan with a wider margin (flavour.NVCAFFE_SAFETY_MARGIN).
+    margin = request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
+    if options.flavour == NVCAFFE:
+        margin = max(margin, NVCAFFE_SAFETY_MARGIN)
     estimator = Estimator(definition, options, request.data_shapes, oracle)
-    report, train, tests = estimator.report(request.batch, request.test_batch)
+    blob_limit = None
+    try:
+        report, train, tests = estimator.report(request.batch, request.test_batch)
+    except BatchLimitError as error:
+        if request.batch is None:
+            raise  # the net as written: there is no wanted batch to reach another way
+        blob_limit = _single_pass_limit(estimator, request.batch, request.test_batch, error)
+        report, train, tests = estimator.report(blob_limit["batch_size"], request.test_batch)
     batch = net_batch(train)
     test_batch = net_batch(tests[0]) if tests else None
 
@@ -217,6 +243,7 @@ def _estimate(
         "batch_size": batch,
         "test_batch_size": test_batch,
         "engine": request.engine,
+        "flavour": options.flavour,
         "solver_type": options.solver_type,
         "categories": dict(report.categories),
         "layers": [
@@ -237,46 +264,85 @@ def _estimate(
         "test_plan": None,
         "free_bytes": request.free_bytes,
         "usable_bytes": None,
-        "safety_margin": request.safety_margin,
+        "safety_margin": margin,
+        "blob_limit": blob_limit,
     }
     if request.curve_batches:
         document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
         document["linear_model"] = _linear_model(estimator, request.test_batch)
-    limit = request.max_batch or MAX_BATCH
+    # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
+    ask = JobAsk(
+        batch=request.batch if blob_limit is not None else batch, net_batch=batch,
+        test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
+        max_batch=request.max_batch, safety_margin=margin,
+    )
     if batch is not None and request.free_bytes is not None:
-        document.update(_device_plan(estimator, definition, batch, test_batch, request.free_bytes,
-                                     request.safety_margin, limit))
+        document.update(_device_plan(estimator, ask, request, request.free_bytes))
     if batch is not None and request.budgets:
-        document["plans"] = {
-            key: _device_plan(estimator, definition, batch, test_batch, free, request.safety_margin, limit)
-            for key, free in request.budgets.items()
-        }
+        document["plans"] = {key: _device_plan(estimator, ask, request, free) for key, free in request.budgets.items()}
     return document
 
 
-def _device_plan(
-    estimator: Estimator,
-    definition: TrainingDefinition,
-    batch: int,
-    test_batch: int | None,
-    free_bytes: int,
-    safety_margin: float,
-    limit: int,
+def _single_pass_limit(
+    estimator: Estimator, wanted: int, test_batch: int | None, error: BatchLimitError
 ) -> dict[str, Any]:
-    budget = usable_bytes(free_bytes, safety_margin)
-    plan, largest, test_plan = plan_job(estimator, batch, test_batch, definition, budget, limit)
+    """The wanted batch makes a blob over Caffe's INT_MAX elements: the fewest passes (iter_size) whose batch Caffe
+    can build, as the planner reaches a batch that does not fit in memory. Raises `error` when not even batch 1
+    can be built (the limit is not the batch's doing)."""
+    hint = INT_MAX * wanted // error.elements if error.elements else None
+    largest = max_buildable(estimator.curve(test_batch), wanted - 1, hint)
+    if largest == 0:
+        raise error
+    batch, iter_size = passes(wanted, largest)
+    return {
+        "wanted_batch_size": wanted,
+        "max_batch_size": largest,
+        "batch_size": batch,
+        "iter_size": iter_size,
+        "effective_batch": batch * iter_size,
+        "layer": error.layer,
+        "elements": error.elements,
+        "message": (
+            (
+                f"Caffe cannot build batch {wanted} in one pass: layer {error.layer!r} would create a blob of "
+                f"{error.elements} elements, over its limit of {INT_MAX} (INT_MAX)"
+                if isinstance(error, BlobLimitError)
+                else f"batch {wanted} cannot be built in one pass: layer {error.layer!r}: {error.message}"
+            )
+            + f"; at most batch {largest} per pass, so batch {wanted} is reached as {batch} x iter_size {iter_size}"
+        ),
+    }
+
+
+def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, free_bytes: int) -> dict[str, Any]:
+    """The job's plan on a device with `free_bytes`: the plan a job gets (core.job_plan.plan_job), so the batch
+    suggested here is the batch the job trains."""
+
+    def footprint(batch: int, test_batch: int | None) -> int:
+        # The nets' own test batch is the estimator's None: the totals already computed are found again.
+        return estimator.total(batch, None if test_batch == ask.test_batch else test_batch)
+
+    known = estimator.known_totals(None)
+    decision = plan_job(footprint, ask, engine=request.engine, limit_bytes=free_bytes, policy=request.policy,
+                        known=known)
+    plan = decision.plan
+    if plan is None:  # not even batch 1 fits: what it would take
+        wanted = ask.wanted() or 1
+        plan = BatchPlan(1, wanted, False, decision.estimated_bytes, wanted)
     return {
         "free_bytes": free_bytes,
-        "usable_bytes": budget,
-        "max_batch_size": largest,
+        "usable_bytes": decision.budget,
+        "safety_margin": decision.safety_margin,
+        "max_batch_size": decision.largest,
+        "max_batch_limited_by": decision.limited_by,
         "plan": plan.to_dict(),
-        "test_plan": test_plan,
+        "test_plan": decision.test_plan,
     }
 
 
 def _curve(estimator: Estimator, batches: tuple[int, ...], test_batch: int | None) -> list[dict[str, Any]]:
     """The footprint at each batch; a batch Caffe cannot build (a blob over INT_MAX elements) says why."""
-    points = []
+    points: list[dict[str, Any]] = []
     for batch in sorted(set(batches)):
         try:
             points.append({"batch": batch, "total_bytes": estimator.total(batch, test_batch), "error": None})
@@ -326,33 +392,6 @@ def _cached_definition(
     for other devices many times, and parsing is most of the cost of a cold estimate. Nothing mutates a cached
     definition afterwards (classes are filled in before it is cached); errors are not cached."""
     return _definition(net, solver, net_source, solver_source, limits, classes)
-
-
-def plan_job(
-    estimator: Estimator,
-    wanted: int,
-    test_batch: int | None,
-    definition: TrainingDefinition,
-    budget: int,
-    limit: int = MAX_BATCH,
-) -> tuple[BatchPlan, int, dict[str, int] | None]:
-    """Plan the train batch with the test nets at their batch; when not even batch 1 fits beside them, shrink the
-    test batch too (raising test_iter so a test pass still covers as many items). No batch above `limit`."""
-    curve = estimator.curve(None)
-    largest = max_batch(curve, budget, limit)
-    if largest > 0 or test_batch is None:
-        return plan_batch(curve, wanted, budget, limit), largest, None
-    test_curve = MemoryCurve(lambda tb: estimator.total(1, tb))
-    fitting_test = max_batch(test_curve, budget, limit=test_batch)
-    if fitting_test == 0:
-        return plan_batch(curve, wanted, budget, limit), 0, None
-    curve = estimator.curve(fitting_test)
-    test_iter = definition.test_iters[0] if definition.test_iters else 1
-    test_plan = {
-        "batch_size": fitting_test,
-        "test_iter": math.ceil(test_iter * test_batch / fitting_test),
-    }
-    return plan_batch(curve, wanted, budget, limit), max_batch(curve, budget, limit), test_plan
 
 
 def _solver_type(definition: TrainingDefinition) -> str:

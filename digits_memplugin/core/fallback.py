@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .planner import BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
+from ..sizes import format_size
+from .errors import BlobLimitError
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 
 Footprint = Callable[[int, int | None], int]
 """Estimated bytes of a training job at (train batch, test batch); a test batch of None means the net's own."""
@@ -42,6 +44,15 @@ GPU_SAFETY_MARGIN = DEFAULT_SAFETY_MARGIN
 """On GPUs the CUDA context and cuDNN's workspaces are per-machine constants the estimate only models."""
 DEFAULT_GROWTH = 0.10
 DEFAULT_MAX_ATTEMPTS = 5
+LIMITED_BY_MEMORY = "memory"
+LIMITED_BY_BLOB_LIMIT = "blob_limit"
+"""One more item would make a blob over Caffe's INT_MAX elements."""
+LIMITED_BY_UNROLL_LIMIT = "unroll_limit"
+"""One more would unroll a recurrent layer past the estimator's bound."""
+LIMITED_BY_MAX_BATCH = "max_batch"
+"""The cap asked for: the training set's size for "auto", the estimate's max_batch, or the search's bound."""
+LIMITED_BY_FAILURES = "failures"
+"""A larger batch ran out of memory in an earlier attempt."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +120,11 @@ class Decision:
     estimated_bytes: int | None
     """The corrected estimate at the planned batch."""
     message: str
+    largest: int = 0
+    """The largest batch that fits in one pass (0: not even batch 1)."""
+    limited_by: str = LIMITED_BY_MEMORY
+    """Why `largest` is not larger: LIMITED_BY_MEMORY, _BLOB_LIMIT, _UNROLL_LIMIT, _MAX_BATCH or _FAILURES."""
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
 
     @property
     def stop(self) -> bool:
@@ -122,6 +138,9 @@ class Decision:
             "budget": self.budget,
             "estimated_bytes": self.estimated_bytes,
             "message": self.message,
+            "largest": self.largest,
+            "limited_by": self.limited_by,
+            "safety_margin": self.safety_margin,
         }
 
 
@@ -145,13 +164,17 @@ def decide(
     attempts_made: int = 0,
     test_batch: int | None = None,
     test_iter: int = 1,
+    max_batch: int | None = None,
+    known: Mapping[int, int] | None = None,
 ) -> Decision:
     """The plan of the next attempt.
 
     `wanted` is the effective batch to keep (None: the largest batch that fits, iter_size 1), `limit_bytes` the
     memory the next attempt may use, `failures` every out-of-memory attempt of the job so far, `attempts_made` how
     many attempts ran already, `test_batch`/`test_iter` the test nets' own batch and iterations (the test batch
-    only shrinks when not even train batch 1 fits beside it).
+    only shrinks when not even train batch 1 fits beside it), `max_batch` the largest batch worth a pass (the
+    training set's size, for "auto": planner.auto_batch_limit), `known` footprints already computed at `test_batch`
+    (the search starts from them; only before any failure, when the estimate is not corrected).
     """
     if wanted is not None and wanted <= 0:
         raise ValueError(f"the wanted batch must be positive, got {wanted}")
@@ -162,19 +185,25 @@ def decide(
         return Decision(
             None, None, factor, budget, None,
             f"gave up after {attempts_made} attempts (the retry budget); batches that ran out of memory: {tried}",
+            safety_margin=policy.safety_margin,
         )
 
     def curve_at(tb: int | None) -> MemoryCurve:
-        return MemoryCurve(lambda batch: math.ceil(factor * footprint(batch, tb)))
+        seeded = known if known and factor == 1.0 and tb == test_batch else None
+        return MemoryCurve(lambda batch: math.ceil(factor * footprint(batch, tb)), seeded)
+
+    def ceiling_at(tb: int | None) -> int | None:
+        ceiling = _failed_ceiling(failures, tb)
+        return ceiling if max_batch is None else min(max_batch, ceiling if ceiling is not None else max_batch)
 
     curve = curve_at(test_batch)
-    largest = _largest(curve, budget, _ceiling(failures, test_batch))
+    largest = _largest(curve, budget, ceiling_at(test_batch))
     test_plan = None
     if largest == 0 and test_batch is not None and test_batch > 1:
         shrunk = _shrink_test_batch(curve_at, budget, test_batch, failures)
         if shrunk:
             curve = curve_at(shrunk)
-            largest = _largest(curve, budget, _ceiling(failures, shrunk))
+            largest = _largest(curve, budget, ceiling_at(shrunk))
             if largest:
                 test_plan = {"batch_size": shrunk, "test_iter": math.ceil(test_iter * test_batch / shrunk)}
     if largest == 0 and failures:
@@ -185,11 +214,11 @@ def decide(
         def proven_at(tb: int | None) -> MemoryCurve:
             return MemoryCurve(lambda batch: math.ceil(proven * footprint(batch, tb)))
 
-        if _largest(proven_at(test_batch), limit_bytes, _ceiling(failures, test_batch)):
+        if _largest(proven_at(test_batch), limit_bytes, ceiling_at(test_batch)):
             curve, largest = curve_at(test_batch), 1
         elif test_batch is not None and test_batch > 1:
             shrunk = _shrink_test_batch(proven_at, limit_bytes, test_batch, failures)
-            if shrunk and _largest(proven_at(shrunk), limit_bytes, _ceiling(failures, shrunk)):
+            if shrunk and _largest(proven_at(shrunk), limit_bytes, ceiling_at(shrunk)):
                 curve, largest = curve_at(shrunk), 1
                 test_plan = {"batch_size": shrunk, "test_iter": math.ceil(test_iter * test_batch / shrunk)}
     if largest == 0:
@@ -199,20 +228,38 @@ def decide(
             None, None, factor, budget, estimated,
             "does not fit even at batch 1"
             + (" with the test batch reduced to 1" if test_batch and test_batch > 1 else "")
-            + f": estimated {_mib(cost)} against {_mib(budget)} usable"
+            + f": estimated {_size(cost)} against {_size(budget)} usable"
             + (f" (the estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))" if failures else ""),
+            safety_margin=policy.safety_margin,
         )
+    limited_by = _limited_by(curve, largest, ceiling_at(test_plan["batch_size"] if test_plan else test_batch),
+                             max_batch)
     if wanted is None:
         plan = BatchPlan(largest, 1, True, int(curve(largest)), largest)
     else:
         plan = plan_batch(_capped(curve, largest), wanted, budget)
-    message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_mib(plan.bytes)} of {_mib(budget)} usable"
+    message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_size(plan.bytes)} of {_size(budget)} usable"
     if failures:
         message += f" (estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))"
-    return Decision(plan, test_plan, factor, budget, plan.bytes, message)
+    return Decision(plan, test_plan, factor, budget, plan.bytes, message, largest, limited_by, policy.safety_margin)
 
 
-def _ceiling(failures: Sequence[Failure], test_batch: int | None) -> int | None:
+def _limited_by(curve: MemoryCurve, largest: int, ceiling: int | None, max_batch: int | None) -> str:
+    """Why the largest batch is not larger (see Decision.limited_by)."""
+    if ceiling is not None and largest >= ceiling:
+        return LIMITED_BY_MAX_BATCH if max_batch is not None and largest >= max_batch else LIMITED_BY_FAILURES
+    if largest >= MAX_BATCH:
+        return LIMITED_BY_MAX_BATCH
+    curve(largest + 1)
+    error = curve.errors.get(largest + 1)
+    if isinstance(error, BlobLimitError):
+        return LIMITED_BY_BLOB_LIMIT
+    if error is not None:
+        return LIMITED_BY_UNROLL_LIMIT
+    return LIMITED_BY_MEMORY
+
+
+def _failed_ceiling(failures: Sequence[Failure], test_batch: int | None) -> int | None:
     """The largest train batch still worth trying beside `test_batch`: below every batch that failed beside the
     same or a smaller test batch (None: no such failure)."""
     failed = [
@@ -230,8 +277,10 @@ def _largest(curve: MemoryCurve, budget: int, ceiling: int | None) -> int:
 
 
 def _capped(curve: MemoryCurve, largest: int) -> MemoryCurve:
-    """The curve with every batch above `largest` made infinite, so plan_batch never picks a batch that failed."""
-    return MemoryCurve(lambda batch: curve(batch) if batch <= largest else math.inf)  # type: ignore[arg-type,return-value]
+    """The curve with every batch above `largest` made infinite, so plan_batch never picks a batch that failed;
+    it starts from what `curve` knows (its search then builds no batch twice, nor batch 2 for its slope)."""
+    known = {batch: int(curve(batch)) for batch in curve.known() if batch <= largest and math.isfinite(curve(batch))}
+    return MemoryCurve(lambda batch: curve(batch) if batch <= largest else math.inf, known)  # type: ignore[arg-type,return-value]
 
 
 def _shrink_test_batch(
@@ -246,7 +295,9 @@ def _shrink_test_batch(
     return max_batch(test_curve, budget, limit=limit)
 
 
-def _mib(value: float | None) -> str:
+def _size(value: float | None) -> str:
+    """Bytes as every page and message writes them (sizes.format_size: "22.0 GiB", not "22480.7 MiB"); an
+    estimate that is unknown or infinite is "n/a"."""
     if value is None or not math.isfinite(value):
         return "n/a"
-    return f"{value / (1 << 20):.1f} MiB"
+    return format_size(int(value))

@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import NetError, ShapeError, UnsupportedLayerError
+from .errors import BlobLimitError, NetError, ShapeError, UnsupportedLayerError
+from .flavour import NVCAFFE, flavour_of, schema
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
 from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, check_layer_fillers
 from .proto import caffe_pb2
@@ -111,11 +112,12 @@ class Net:
 
 def net_state(net_param: Any, phase: str, extra_state: Any | None = None) -> Any:
     """The NetState Caffe uses: the phase, merged with the net's own state and the solver's train/test state."""
-    state = caffe_pb2.NetState()
+    state = schema(flavour_of(net_param)).NetState()
     state.phase = PHASES[phase]
     state.MergeFrom(net_param.state)
     if extra_state is not None:
-        state.MergeFrom(extra_state)
+        # By value: an NVcaffe solver's state may meet a BVLC net (NetState is the same message in both schemas).
+        state.MergeFromString(extra_state.SerializeToString())
     return state
 
 
@@ -221,7 +223,7 @@ def insert_splits(
             count = consumers.get(top_idx, 0)
             if count > 1:
                 loss_weight = loss_weights.get(top_idx, 0.0)
-                split = caffe_pb2.LayerParameter()
+                split = type(original)()  # the net's own schema (BVLC or NVcaffe)
                 split.bottom.append(top)
                 split.name = f"{top}_{names[i]}_{j}_split"
                 split.type = "Split"
@@ -300,6 +302,7 @@ def prepare_net(
     filtered = filter_layers(net_param, net_state_, source, lines)
     layers_in = insert_splits([(index, layer) for index, layer in filtered], source, lines)
     specs = []
+    flavour = flavour_of(net_param)
     for orig, param in layers_in:
         specs.append(
             LayerSpec(
@@ -313,7 +316,7 @@ def prepare_net(
                 propagate_down=tuple(bool(flag) for flag in param.propagate_down[:]),
                 loss_weight=tuple(param.loss_weight[:]),
                 param_specs=tuple((spec.name, spec.lr_mult, spec.share_mode) for spec in param.param[:]),
-                rule=rule_for(param.type),
+                rule=rule_for(param.type, flavour),
             )
         )
     return PreparedNet(net_param, phase, source, tuple(lines), filtered, tuple(specs), tuple({} for _ in specs))
@@ -344,6 +347,15 @@ def build_net(
         prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
     net_param, source, lines = prepared.net_param, prepared.source, prepared.lines
     shapes = dict(data_shapes or {})
+    phase_built = prepared.phase
+
+    def build_subnet(subnet_param: Any) -> Net:
+        """A net a layer holds inside (RecurrentLayer's unrolled net): built like this one, in its phase."""
+        return build_net(subnet_param, phase_built, source=source or "net.prototxt")
+    pycaffe_note = ""
+    if oracle is not None and flavour_of(net_param) == NVCAFFE:
+        # pycaffe here is BVLC's: it can neither read an NVcaffe net nor build its layers the way NVcaffe does.
+        oracle, pycaffe_note = None, "; this is an NVcaffe net, which BVLC's pycaffe cannot shape"
 
     blobs: list[Blob] = []
     params: list[Param] = []
@@ -384,6 +396,7 @@ def build_net(
             memo=prepared.memos[layer_index],
             name=name_,
             layer_type=type_,
+            build_subnet=build_subnet,
         )
         from_oracle = False
         setup = None
@@ -410,7 +423,8 @@ def build_net(
         if setup is None:
             if oracle is None:
                 raise UnsupportedLayerError(
-                    (unsupported or "layer type is not known to the estimator") + " (and no pycaffe fallback was given)",
+                    (unsupported or "layer type is not known to the estimator")
+                    + (pycaffe_note or " (and no pycaffe fallback was given)"),
                     source=source, line=line, layer=name_, layer_type=type_, field="type",
                 )
             if oracle_shapes is None or name_ not in oracle_shapes:
@@ -544,6 +558,11 @@ def build_net(
     )
     if net_param.force_backward:
         _force_backward(net)
+    # What the rules' `buffers` read: whether backward runs through each layer (in TRAIN), and for which bottoms.
+    training = prepared.phase == PHASE_TRAIN
+    for layer in net.layers:
+        layer.ctx.need_backward = training and layer.need_backward
+        layer.ctx.bottom_need_backward = list(layer.bottom_need_backward) if training else []
     return net
 
 
@@ -562,9 +581,12 @@ def _check_blob_size(shape: Shape, ctx: LayerContext) -> None:
         if dim < 0:
             raise ctx.error(f"would create a blob with a negative dimension {list(shape)}")
         if dim > INT_MAX or (count != 0 and dim > INT_MAX // count):
-            raise ctx.error(
-                f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)"
+            error = BlobLimitError(
+                f"would create a blob of {count_of(shape)} elements {list(shape)}; Caffe's limit is {INT_MAX} (INT_MAX)",
+                source=ctx.source, line=ctx.line, layer=ctx.name, layer_type=ctx.type,
             )
+            error.elements = count_of(shape)
+            raise error
         count *= dim
     if count == 0:
         raise ctx.error(

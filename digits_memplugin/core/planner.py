@@ -13,10 +13,17 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from .errors import ShapeError
+from .errors import BatchLimitError
 
 MAX_BATCH = 1 << 20
 """No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""
+
+
+def auto_batch_limit(dataset_items: int | None, limit: int = MAX_BATCH) -> int:
+    """The largest batch "auto" may choose: never more items than the training set holds (a pass larger than the
+    dataset only repeats items, and a suggestion of 124256 for MNIST's 60000 images makes no sense). The form's
+    Auto, the estimate API's `max_batch` and jobs with batch "auto" all take their cap from here."""
+    return min(limit, dataset_items) if dataset_items and dataset_items > 0 else limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +48,8 @@ class BatchPlan:
 
 
 class MemoryCurve:
-    """Memory as a function of the batch, memoised; a batch Caffe cannot build (INT_MAX blobs) costs infinity.
+    """Memory as a function of the batch, memoised; a batch that cannot be built (a blob over Caffe's INT_MAX
+    elements, a recurrent layer unrolled past the estimator's bound) costs infinity.
 
     `known` seeds it with footprints already computed (the report the caller asked for), which the search uses
     as one of its two points instead of building another batch.
@@ -51,16 +59,17 @@ class MemoryCurve:
         self._bytes_at = bytes_at
         self._cache: dict[int, float] = {batch: float(total) for batch, total in (known or {}).items()}
         self.evaluations = 0
+        self.errors: dict[int, BatchLimitError] = {}
+        """Why each batch that could not be built could not (its BatchLimitError)."""
 
     def __call__(self, batch: int) -> float:
         if batch not in self._cache:
             self.evaluations += 1
             try:
                 self._cache[batch] = float(self._bytes_at(batch))
-            except ShapeError as error:
-                if "INT_MAX" not in str(error):
-                    raise
+            except BatchLimitError as error:
                 self._cache[batch] = math.inf
+                self.errors[batch] = error
         return self._cache[batch]
 
     def known(self) -> list[int]:
@@ -116,6 +125,33 @@ def _bisect(curve: MemoryCurve, budget: int, limit: int) -> int:
     return lo
 
 
+def max_buildable(curve: MemoryCurve, limit: int, hint: int | None = None) -> int:
+    """The largest batch b <= limit that can be built at all (no blob over INT_MAX elements...); 0 when not even
+    batch 1 can be. Blob sizes are linear in the batch, so `hint` (INT_MAX over the elements per item of the blob
+    that overflowed) is usually the answer; it is checked on both sides, else a bisection decides."""
+    if not math.isfinite(curve(1)):
+        return 0
+    if limit < 2 or math.isfinite(curve(limit)):
+        return max(1, limit)
+    if hint is not None and 1 <= hint < limit and math.isfinite(curve(hint)) and not math.isfinite(curve(hint + 1)):
+        return hint
+    lo, hi = 1, limit  # curve(lo) is finite, curve(hi) is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if math.isfinite(curve(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def passes(wanted: int, largest: int) -> tuple[int, int]:
+    """(batch_size, iter_size) for `wanted` items per update in passes of at most `largest`: the fewest passes, and
+    the smallest batch that with them covers `wanted` (for 256 with at most 100: 86 x 3)."""
+    iter_size = math.ceil(wanted / largest)
+    return math.ceil(wanted / iter_size), iter_size
+
+
 def plan_batch(curve: MemoryCurve, wanted: int, budget: int, limit: int = MAX_BATCH) -> BatchPlan:
     """The plan for `wanted` items per update within `budget` bytes, no pass larger than `limit` items.
 
@@ -131,6 +167,5 @@ def plan_batch(curve: MemoryCurve, wanted: int, budget: int, limit: int = MAX_BA
     if largest == 0:
         cost = curve(1)
         return BatchPlan(1, wanted, False, int(cost) if math.isfinite(cost) else None, wanted)
-    iter_size = math.ceil(wanted / largest)
-    batch = math.ceil(wanted / iter_size)
+    batch, iter_size = passes(wanted, largest)
     return BatchPlan(batch, iter_size, True, int(curve(batch)), batch * iter_size)

@@ -1,4 +1,5 @@
-"""Reading net and solver definitions: protobuf text format through caffe_pb2, upgraded the way Caffe upgrades.
+"""Reading net and solver definitions: protobuf text format through caffe_pb2 (NVcaffe's schema when the text needs
+it), upgraded the way Caffe upgrades.
 
 No hand-written parser: `google.protobuf.text_format` does the parsing, so anything Caffe's own text parser
 accepts is accepted here, and errors carry the parser's line and column (1-based, counted in characters).
@@ -17,7 +18,7 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from .errors import NetError, PrototxtSyntaxError
-from .proto import caffe_pb2
+from .flavour import parse_either
 from .sourcemap import code_spans_outside_strings, count_layer_blocks, string_spans
 from .upgrade import check_inline_net, upgrade_net, upgrade_solver
 
@@ -179,8 +180,8 @@ def parse_net(
     """Parse a NetParameter and upgrade it as Caffe's UpgradeNetAsNeeded does (V1 layers, input fields...)."""
     checked = _check_text(text, source, limits)
     _check_layer_count(checked, source, limits, nested=False)
-    net = caffe_pb2.NetParameter()
-    _parse(checked, net, source)
+    # BVLC's schema first, NVcaffe's when the text uses its fields (`flavour.flavour_of` tells which it took).
+    net = parse_either(lambda message: _parse(checked, message, source), "NetParameter")
     upgrade_net(net, source)
     check_net_size(net, source, limits)
     return net
@@ -204,8 +205,7 @@ def parse_solver(
     """
     checked = _check_text(text, source, limits)
     _check_layer_count(checked, source, limits, nested=True)
-    solver = caffe_pb2.SolverParameter()
-    _parse(checked, solver, source)
+    solver = parse_either(lambda message: _parse(checked, message, source), "SolverParameter")
     upgrade_solver(solver, source)
     for field in ("net_param", "train_net_param"):
         if solver.HasField(field):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import NetError
+from .flavour import BVLC, NVCAFFE, flavour_of
 from .layers.base import PHASE_TEST, PHASE_TRAIN
 from .memory import MemoryOptions, MemoryReport, job_memory
 from .net import Net, PreparedNet, ShapeOracle, build_net, prepare_net
@@ -59,6 +60,12 @@ class TrainingDefinition:
     solver: Any | None = None
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """Results callers may keep about these nets (the estimator's totals per batch); cleared when they change."""
+
+    @property
+    def flavour(self) -> str:
+        """"nvcaffe" when the solver or any net needed NVcaffe's schema (core/flavour.py), else "bvlc"."""
+        messages = [self.train.param, *(test.param for test in self.tests), self.solver]
+        return NVCAFFE if any(m is not None and flavour_of(m) == NVCAFFE for m in messages) else BVLC
 
     def build(
         self,

@@ -2,7 +2,8 @@
 files, run it as a child process, classify how it ended, record it, and try again after an out-of-memory until
 the fallback policy (core.fallback) gives up or an attempt ends the job.
 
-The planning is one function, `plan_attempt`, of plain values; the rest is the loop (`AttemptLoop`), which writes
+The planning is core.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
+too (`plan_for` gives it the job's request and definition); the rest is the loop (`AttemptLoop`), which writes
 through the manager's `Progress` (jobs.progress) and runs under the job's task (jobs.manager).
 """
 
@@ -16,14 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.fallback import Decision, Failure, Footprint, Policy, decide
+from ..core.fallback import Decision, Failure
+from ..core.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
 from ..core.layers.base import ENGINE_CPU
 from ..core.net import ShapeOracle
 from ..core.oom import CANCELLED as OUTCOME_CANCELLED
 from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
-from ..core.planner import BatchPlan, usable_bytes
 from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
 from .attempt import AttemptResult
 from .attempt_spec import AttemptDevice, AttemptSpec
@@ -43,61 +44,33 @@ log = logging.getLogger(__name__)
 INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 
 
-def plan_attempt(
-    footprint: Footprint,
-    *,
-    engine: str,
-    limit_bytes: int,
-    requested_batch: int | str | None,
-    fallback: Mapping[str, Any] | None,
-    effective_batch: int | None,
-    iteration: int,
-    net_batch: int | None,
-    test_batch: int | None,
-    test_iter: int,
-    cpu_safety_margin: float,
-    gpu_safety_margin: float,
-    max_attempts: int,
-    failures: Sequence[Failure] = (),
-    attempts_made: int = 0,
-    placing: bool = False,
-) -> Decision:
-    """The plan of a job's next attempt on a device of `engine` under `limit_bytes`: the fallback policy's decision
-    (core.fallback.decide) with the job's own safety margin, growth and attempt budget.
+def job_ask(spec: Mapping[str, Any], definition: JobDefinition, *, effective_batch: int | None = None,
+            iteration: int = 0) -> JobAsk:
+    """What a job (its stored request and its definition) asks of its plan."""
+    fallback = spec.get("fallback") or {}
+    return JobAsk(
+        batch=spec.get("batch"), net_batch=definition.net_batch, test_batch=definition.test_batch,
+        test_iter=definition.test_iter, train_items=definition.train_items,
+        safety_margin=fallback.get("safety_margin"), growth=fallback.get("growth"),
+        max_attempts=fallback.get("max_attempts"), start=fallback.get("start") or START_PLAN,
+        effective_batch=effective_batch, iteration=iteration,
+    )
 
-    `footprint(batch, test_batch)`: the job's estimate in bytes; `requested_batch` and `fallback`: the job's
-    request ("batch": a number, "auto" or None for the net's own; "fallback": {"safety_margin", "growth",
-    "max_attempts", "start"}); `effective_batch` and `iteration`: the job's, the effective batch being kept once
-    training has started; `net_batch`, `test_batch`, `test_iter`: the net's own. `placing`: the plan that decides
-    where the job fits, which the "wanted" start does not change; otherwise a job that asked to start with its
-    wanted batch as given ("start": "wanted") gets it for its first attempt (before any failure) even where the
-    estimate says it does not fit, with `fits` saying whether it does."""
-    fallback = fallback or {}
-    given = fallback.get("safety_margin")
-    margin = float(given) if given is not None else cpu_safety_margin if engine == ENGINE_CPU else gpu_safety_margin
-    policy = Policy(
-        safety_margin=margin,
-        growth=fallback.get("growth", Policy().growth),
-        max_attempts=fallback.get("max_attempts", max_attempts),
-    )
-    # The effective batch to keep: fixed once training has started; else as asked (None: auto).
-    wanted: int | None
-    if effective_batch is not None and iteration > 0:
-        wanted = effective_batch
-    elif requested_batch == "auto":
-        wanted = None
-    else:
-        wanted = int(requested_batch) if requested_batch is not None else net_batch
-    decision = decide(
-        policy, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
-        test_batch=test_batch, test_iter=test_iter,
-    )
-    if placing or decision.plan is None or attempts_made or failures or fallback.get("start") != "wanted" or not wanted:
-        return decision
-    cost = footprint(wanted, None)
-    plan = BatchPlan(wanted, 1, cost <= usable_bytes(limit_bytes, margin), cost, wanted)
-    return dataclasses.replace(
-        decision, plan=plan, message=f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
+
+def plan_for(
+    spec: Mapping[str, Any], definition: JobDefinition, oracle: ShapeOracle | None, *, engine: str, limit_bytes: int,
+    policy: PlanningPolicy, failures: Sequence[Failure] = (), attempts_made: int = 0, placing: bool = False,
+    effective_batch: int | None = None, iteration: int = 0,
+) -> Decision:
+    """A job's plan on a device of `engine` with `limit_bytes` for it (the manager's attempts, its preview)."""
+    estimator = definition.estimator(engine, oracle)
+
+    def footprint(batch: int, test_batch: int | None) -> int:
+        return estimator.report(batch, test_batch)[0].total_bytes
+
+    return plan_job(
+        footprint, job_ask(spec, definition, effective_batch=effective_batch, iteration=iteration), engine=engine,
+        limit_bytes=limit_bytes, policy=policy, failures=failures, attempts_made=attempts_made, placing=placing,
     )
 
 
@@ -168,19 +141,11 @@ class AttemptLoop:
         self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure] = (),
         made: int = 0, *, placing: bool = False,
     ) -> Decision:
-        """`plan_attempt` for this job on a device of `engine` (the scheduler's plan with `placing`)."""
-        estimator = definition.estimator(engine, self.oracle)
-
-        def footprint(batch: int, test_batch: int | None) -> int:
-            return estimator.report(batch, test_batch)[0].total_bytes
-
-        return plan_attempt(
-            footprint, engine=engine, limit_bytes=limit, requested_batch=job.spec.get("batch"),
-            fallback=job.spec.get("fallback"), effective_batch=job.effective_batch, iteration=job.iteration,
-            net_batch=definition.net_batch, test_batch=definition.test_batch, test_iter=definition.test_iter,
-            cpu_safety_margin=self.config.cpu_safety_margin, gpu_safety_margin=self.config.gpu_safety_margin,
-            max_attempts=self.config.max_attempts, failures=failures, attempts_made=made, placing=placing,
-        )
+        """The job's plan on a device of `engine` (the scheduler's plan with `placing`): core.job_plan.plan_job,
+        which the form, the REST estimate and the command line plan with too."""
+        return plan_for(job.spec, definition, self.oracle, engine=engine, limit_bytes=limit,
+                        policy=self.config.policy, failures=failures, attempts_made=made, placing=placing,
+                        effective_batch=job.effective_batch, iteration=job.iteration)
 
     def _job(self, job_id: str) -> Job:
         job = self.progress.store.get_job(job_id)
@@ -418,4 +383,4 @@ def _note_full_disk(folder: Path, result: AttemptResult, outcome: Outcome) -> Ou
     return dataclasses.replace(outcome, message=message)
 
 
-__all__ = ["INTERRUPTED_MESSAGE", "AttemptLoop", "failure_of", "job_end", "plan_attempt", "stacks"]
+__all__ = ["INTERRUPTED_MESSAGE", "AttemptLoop", "failure_of", "job_ask", "job_end", "plan_for", "stacks"]

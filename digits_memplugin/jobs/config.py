@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
+from ..core.job_plan import PlanningPolicy
 from ..core.layers.base import ENGINE_CUDNN
 from .store import BUSY_SECONDS
 
@@ -51,6 +52,14 @@ class ManagerConfig:
     """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
     jobs_dir: Path | None = None
     """Where the job folders are (a folder every node sees, with the Ray backend); None: <data_dir>/jobs."""
+
+    @property
+    def policy(self) -> PlanningPolicy:
+        """How this server plans jobs: the form, the REST estimate and the command line plan with the same."""
+        return PlanningPolicy(
+            gpu_engine=self.gpu_engine, cpu_safety_margin=self.cpu_safety_margin,
+            gpu_safety_margin=self.gpu_safety_margin, max_attempts=self.max_attempts,
+        )
 
     @classmethod
     def from_settings(cls, settings: Any) -> ManagerConfig:

@@ -33,6 +33,7 @@ from google.protobuf import text_format
 
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
+from ..core.flavour import NVCAFFE, flavour_of
 from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ..core.layers.data import DataSpec
 from ..core.memory import SOLVER_STATE_BLOBS, MemoryOptions
@@ -40,6 +41,7 @@ from ..core.net import ShapeOracle, filter_layers, net_state
 from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
+from ..dataset_scan import HDF5, LMDB, describe
 from ..datasets import LMDB_DATA_FILE, lmdb_data_file, shapes_from_sources
 from ..files import file_kind, inside, read_regular
 from ..inputs import shown
@@ -113,6 +115,9 @@ class JobDefinition:
     layer (as the estimator counts them). Each reserves a stack, which a memory cap (RLIMIT_DATA) counts."""
     roots: tuple[Path, ...] = ()
     """The dataset folders (resolved) its data was checked against; each attempt checks it again against them."""
+    train_items: int | None = None
+    """Items in the training net's dataset (the smallest, where several layers read): "auto" plans no batch past
+    it. None when unknown (an ImageData list, a LevelDB)."""
 
     @property
     def test_batch(self) -> int | None:
@@ -154,6 +159,7 @@ def load_definition(
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
+    _refuse_nvcaffe(training)
     solver = training.solver
     if solver is None:  # pragma: no cover - training_definition always has the solver when its text is given
         raise NetError("give a solver", source=SOLVER_SOURCE)
@@ -188,7 +194,10 @@ def load_definition(
         raise NetError("max_iter must be positive", source=SOLVER_SOURCE, field="max_iter")
     if schedule.policy == "poly":
         schedule = dataclasses.replace(schedule, max_iter=iterations)
-    definition = JobDefinition(training, shapes, schedule, None, [], iterations, roots=tuple(resolved_roots))
+    definition = JobDefinition(
+        training, shapes, schedule, None, [], iterations, roots=tuple(resolved_roots),
+        train_items=_train_items([training.train.param], [*resolved_roots, (folder / "data").resolve()]),
+    )
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
     _, train, tests = definition.estimator("cpu", oracle).report(None, None)
     definition.net_batch = net_batch(train)
@@ -200,6 +209,40 @@ def load_definition(
         if layer.type in PREFETCHING_LAYERS
     )
     return definition
+
+
+def _train_items(params: list[Any], roots: list[Path]) -> int | None:
+    """Items of the datasets the training net's data layers read (sources confined already), the smallest."""
+    counts = []
+    for param in params:
+        for layer in param.layer:
+            if "train" not in _data_phases(layer):
+                continue
+            if layer.type == "Data" and layer.data_param.backend == caffe_pb2.DataParameter.LMDB:
+                found = describe(Path(layer.data_param.source), LMDB, roots)
+            elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
+                found = describe(Path(layer.hdf5_data_param.source), HDF5, roots)
+            else:
+                continue
+            if found.entries:
+                counts.append(found.entries)
+    return min(counts) if counts else None
+
+
+NVCAFFE_REFUSAL = "this server trains with BVLC Caffe; this net needs NVcaffe"
+
+
+def _refuse_nvcaffe(training: TrainingDefinition) -> None:
+    """A definition only NVIDIA's Caffe fork reads (core/flavour.py) is refused here, before a job exists: BVLC's
+    pycaffe would abort on its first NVcaffe field. It can still be estimated."""
+    if training.flavour != NVCAFFE:
+        return
+    net_needs_it = flavour_of(training.train.param) == NVCAFFE
+    raise NetError(
+        f"{NVCAFFE_REFUSAL} (its {'net' if net_needs_it else 'solver'} uses fields only NVcaffe has; the estimate "
+        "still works, training needs a server with NVcaffe)",
+        source=NET_SOURCE if net_needs_it else SOLVER_SOURCE,
+    )
 
 
 def _unique_params(training: TrainingDefinition) -> list[Any]:

@@ -44,7 +44,7 @@ from .errors import (
     JobValidationError,
     QueueFull,
 )
-from .progress import EventCallback, Progress, Running
+from .progress import EventCallback, Progress, Running, reserved
 from .quota import Quota
 from .records import (
     CANCELLED,
@@ -60,7 +60,7 @@ from .records import (
 from .request import JobRequest
 from .scheduler import DeviceRefused, admit
 from .store import JobStore, StoreError
-from .submission import Definitions, write_job
+from .submission import Definitions, JobPreview, preview, write_job
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +250,18 @@ class JobManager:
         self._wake.set()
         return stored
 
+    def preview(self, request: JobRequest, device_key: str) -> JobPreview:
+        """The plan a job for `request` would get on the device `device_key` now: its definition checked as
+        `submit` checks it, the memory the scheduler would give it there, and the planning function its attempts
+        use (core.job_plan), so the batch the New model form shows is the batch the job trains. Nothing is stored;
+        JobValidationError as `submit` gives."""
+        device = self.devices.read().get(device_key)
+        if device is None:
+            raise JobValidationError({"device": f"no device {device_key!r}"})
+        with self._lock:
+            held = reserved(self._running.values(), device.key)
+        return preview(request, device, held, self.definitions, self.config, self.oracle)
+
     def stored_bytes(self) -> int:
         """What the jobs' folders hold, as last measured (all of them measured at the first call)."""
         return self.quota.stored_bytes()
@@ -385,4 +397,4 @@ _NOT_RECORDED = (
 )
 
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "JobManager", "JobPage", "ManagerConfig", "start_thread"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "JobManager", "JobPage", "JobPreview", "ManagerConfig", "start_thread"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..core.fallback import DEFAULT_GROWTH, Policy
 from ..inputs import capped, not_text, surrogate_in
-from ..sizes import parse_size
+from ..sizes import byte_count
 
 FIELDS = (
     "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "memory_cap", "fallback",
@@ -36,6 +36,7 @@ INT32_MAX = 2**31 - 1
 """Caffe's batch sizes, dimensions, max_iter and class counts are 32-bit; larger values are refused here, with the
 field named, before they reach a prototxt or the database (SQLite's integers are 64-bit)."""
 MAX_MEMORY_CAP = 1 << 60
+MEMORY_CAP_RANGE = 'must be a number of bytes from 1 MiB to 1 EiB, or a size such as "2GiB"'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,19 +155,15 @@ def parse_job_request(
                 errors[key] = f"must be a positive integer up to {INT32_MAX}"
     cap = body.get("memory_cap")
     if cap is not None:
-        if isinstance(cap, str) and len(cap) > 40:  # no size needs more; float() would overflow on 400 digits
-            cap = 0
-        elif isinstance(cap, str):
-            try:
-                cap = parse_size(cap)
-            except ValueError as error:
-                errors["memory_cap"] = str(error)
-                cap = None
-        if cap is not None:
+        try:
+            cap = byte_count(cap)
+        except ValueError as error:
+            errors["memory_cap"] = str(error) if isinstance(cap, str) else MEMORY_CAP_RANGE
+        else:
             if _positive_int(cap, MAX_MEMORY_CAP) and cap >= 1 << 20:
                 values["memory_cap"] = cap
             else:
-                errors["memory_cap"] = 'must be a number of bytes from 1 MiB to 1 EiB, or a size such as "2GiB"'
+                errors["memory_cap"] = MEMORY_CAP_RANGE
     policy, margin, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
     if errors:
         return None, errors

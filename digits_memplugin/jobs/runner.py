@@ -63,7 +63,7 @@ _OPEN_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLO
 """The attempt's own files are appended to, never through a symlink (one would lead outside the job's folder)."""
 
 
-class DiskFull(Exception):
+class ReportDiskFull(Exception):
     """The disk holding the job's folder has no room for the attempt's records."""
 
 
@@ -86,7 +86,7 @@ class Reporter:
 
     def __call__(self, event: str, **fields: Any) -> None:
         """Write one record: to stdout first (the server reads it live, with no disk in between), then to the
-        progress file; a full disk there raises DiskFull."""
+        progress file; a full disk there raises ReportDiskFull."""
         self._last = time.monotonic()
         record = {"event": event, "time": time.time(), "seconds": round(self._last - self._started, 3), **fields}
         line = json.dumps(record, allow_nan=False, default=_number) + "\n"
@@ -102,7 +102,7 @@ class Reporter:
                 raise
             os.close(self._file)
             self._file = None  # the error record that follows goes to stdout only
-            raise DiskFull(f"could not write {self._progress}: no space left on the device") from None
+            raise ReportDiskFull(f"could not write {self._progress}: no space left on the device") from None
 
     def alive(self, event: str, **fields: Any) -> None:
         """A progress record for long stretches with no other (a test pass of many batches), at most one every
@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
         return _report_error(report, "MemoryError", str(error) or "out of memory")
     except BrokenPipeError:
         return 4  # the server is gone; nobody reads the progress any more
-    except DiskFull as error:
+    except ReportDiskFull as error:
         return _report_error(report, DISK_FULL, str(error))
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):  # a write of Caffe's or of ours, not the progress file
@@ -349,7 +349,7 @@ def _refuse_spec(path: str, error: AttemptSpecError) -> int:
 
 def _report_error(report: Reporter, kind: str, message: str) -> int:
     """The error record (stdout at least: the progress file may be on a full disk); exit status 3."""
-    with contextlib.suppress(DiskFull):
+    with contextlib.suppress(ReportDiskFull):
         report("error", type=kind, message=message)
     return 3
 

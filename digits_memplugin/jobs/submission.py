@@ -3,20 +3,27 @@ against the dataset folders (jobs.definition), and the definitions of the data f
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import NetError
+from ..core.fallback import Decision
 from ..core.net import ShapeOracle
+from ..devices import Device
+from .attempts import plan_for, stacks
+from .config import ManagerConfig
 from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, load_definition
 from .disk import disk_full, free_note
 from .errors import DiskFull, JobValidationError
 from .records import QUEUED, Job
 from .request import JobRequest
+from .scheduler import limit_for, memory_cap
 
 NET_FILE = "net.prototxt"
 
@@ -67,22 +74,9 @@ def write_job(request: JobRequest, device: str, definitions: Definitions) -> tup
     disk has no room. Nothing is left behind when it raises."""
     job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     folder = definitions.jobs_root / job_id
+    spec = request.spec(device)
     try:
-        folder.mkdir(parents=True)
-        (folder / NET_FILE).write_text(request.net, encoding="utf-8")
-        (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
-        spec = request.spec(device)
-        definition = definitions.load(folder, spec)
-    except NetError as error:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
-    except OSError as error:
-        shutil.rmtree(folder, ignore_errors=True)
-        if disk_full(error):
-            raise DiskFull(
-                f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
-            ) from None
-        raise
+        definition = _load_in(folder, request, spec, definitions, create=True)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -93,6 +87,68 @@ def write_job(request: JobRequest, device: str, definitions: Definitions) -> tup
         max_iter=definition.max_iter, message="waiting for a device",
     )
     return job, definition
+
+
+def preview_definition(request: JobRequest, device: str, definitions: Definitions) -> JobDefinition:
+    """The definition a job for `request` would have, loaded and checked as `write_job` does but in a throwaway
+    folder (list files are written under a job's folder) that is gone when this returns; JobValidationError as
+    `write_job` gives."""
+    definitions.jobs_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".preview-", dir=definitions.jobs_root) as folder:
+        return _load_in(Path(folder), request, request.spec(device), definitions)
+
+
+def _load_in(
+    folder: Path, request: JobRequest, spec: dict[str, Any], definitions: Definitions, *, create: bool = False
+) -> JobDefinition:
+    """The request's net and solver written into `folder` (made first with `create`) and its definition loaded from
+    there; a definition error is the request field's JobValidationError, a full disk DiskFull."""
+    try:
+        if create:
+            folder.mkdir(parents=True)
+        (folder / NET_FILE).write_text(request.net, encoding="utf-8")
+        (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
+        return definitions.load(folder, spec)
+    except NetError as error:
+        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
+    except OSError as error:
+        if disk_full(error):
+            raise DiskFull(
+                f"no space left on the disk holding the data folder: {free_note(definitions.jobs_root)}"
+            ) from None
+        raise
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPreview:
+    """The plan a job would get on a device before it exists (JobManager.preview)."""
+
+    device: str
+    engine: str
+    limit_bytes: int
+    """The memory the job may use there (free memory less what running jobs reserved, or its cap)."""
+    decision: Decision
+    definition: JobDefinition
+
+
+def preview(
+    request: JobRequest, device: Device, reserved_bytes: int, definitions: Definitions, config: ManagerConfig,
+    oracle: ShapeOracle | None,
+) -> JobPreview:
+    """The plan of a job for `request` on `device` as its first attempt would get it: the limit the scheduler
+    gives (`reserved_bytes`: what running jobs planned there and have not allocated yet; the CPU's cap less Caffe's
+    thread stacks) and the planning function the attempts use."""
+    definition = preview_definition(request, device.key, definitions)
+    limit = limit_for(
+        device, reserved=reserved_bytes, cap=memory_cap(request.memory_cap, config.cpu_memory_cap),
+        cap_overhead=stacks(definition),
+    )
+    if limit is None:
+        raise JobValidationError({"device": f"the free memory of {device.key!r} is unknown: {device.error or 'n/a'}"})
+    engine = config.policy.engine(device.kind)
+    decision = plan_for(request.spec(device.key), definition, oracle, engine=engine, limit_bytes=limit.limit_bytes,
+                        policy=config.policy)
+    return JobPreview(device.key, engine, limit.limit_bytes, decision, definition)
 
 
 def error_field(error: NetError, data: dict[str, str]) -> str:

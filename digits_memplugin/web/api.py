@@ -6,10 +6,12 @@ handlers cover its views, and a catch-all route answers unknown API paths and wr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from flask import Blueprint, current_app, jsonify, request
+from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import (
     BadRequest,
@@ -28,6 +30,7 @@ from .. import __version__, inputs
 from ..estimate_pool import PoolBusy, PoolError
 from ..jobs.errors import DataFolderInUse, DiskFull
 from ..jobs.store import StoreError, StoreFull
+from .error_pages import error_page
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -118,20 +121,46 @@ def read_form(limit: int) -> None:
         raise BadRequest(f"the form could not be read: {error}") from None
 
 
+JSON_CONTENT_TYPE = "application/json"
+NOT_JSON = "the body is not valid JSON"
+"""How every endpoint that reads JSON begins the message for a body that does not parse; `not_json` adds where."""
+
+
+def wrong_content_type(accepted: str = f"JSON (Content-Type: {JSON_CONTENT_TYPE})") -> BadRequest:
+    """The 400 for a body of a kind the endpoint does not read, worded alike on every endpoint: what it takes, and
+    what the request said it sent (a client that forgot the header learns it from the message)."""
+    given = f"Content-Type {request.mimetype}" if request.mimetype else "no Content-Type"
+    return BadRequest(f"the body must be {accepted}; this request has {given}")
+
+
+def not_json(error: ValueError) -> BadRequest:
+    """The 400 for a JSON body that does not parse, saying where it failed: line, column and character for a
+    syntax error, the byte for text that is not in the encoding JSON's first bytes announce."""
+    if isinstance(error, json.JSONDecodeError):
+        if not error.doc.strip():
+            return BadRequest(f"{NOT_JSON}: it is empty")
+        return BadRequest(
+            f"{NOT_JSON}: {error.msg} at line {error.lineno}, column {error.colno} (character {error.pos})"
+        )
+    if isinstance(error, UnicodeDecodeError):
+        return BadRequest(f"{NOT_JSON}: it is not {error.encoding.upper()} text ({error.reason} at byte {error.start})")
+    return BadRequest(f"{NOT_JSON}: {error}")
+
+
 def read_json(limit: int) -> Any:
-    """The JSON body (None when the body is not JSON), read within `limit` bytes. JSON nested deeper than Python's
-    parser recurses is a 400 like any other JSON it cannot read. An integer of more digits than Python converts
-    (4300) would fail the whole body: it reads as an `inputs.LongNumber`, which the field's own check refuses by
-    name."""
+    """The JSON body, read within `limit` bytes; a body sent as another type, or that does not parse, is a 400 with
+    the same words on every endpoint (`wrong_content_type`, `not_json`). JSON nested deeper than Python's parser
+    recurses is a 400 like any other JSON it cannot read. An integer of more digits than Python converts (4300)
+    would fail the whole body: it reads as an `inputs.LongNumber`, which the field's own check refuses by name."""
     data = within_limit(limit, lambda: request.get_data(cache=True))
     if not request.is_json:
-        return None
+        raise wrong_content_type()
     try:
         return inputs.loads(data)
     except RecursionError:
         raise BadRequest("the body's JSON is nested too deeply to read") from None
-    except ValueError:  # not JSON, or not in a Unicode encoding JSON allows
-        return None
+    except ValueError as error:  # not JSON, or not in a Unicode encoding JSON allows
+        raise not_json(error) from None
 
 
 def as_http_error(error: Exception) -> Exception:
@@ -193,13 +222,16 @@ def json_error(error: Exception) -> ResponseReturnValue:
     return response, error.code or 500
 
 
-def _is_api_request() -> bool:
+def is_api_request() -> bool:
     prefix = current_app.config["MEMPLUGIN_URL_PREFIX"].rstrip("/") + API_PATH
     return request.path == prefix or request.path.startswith(prefix + "/")
 
 
 def register(blueprint: Blueprint) -> None:
-    blueprint.record_once(lambda state: state.app.url_map.converters.setdefault("anypath", AnyPathConverter))
+    def add_converter(state: BlueprintSetupState) -> None:
+        state.app.url_map.converters.setdefault("anypath", AnyPathConverter)
+
+    blueprint.record_once(add_converter)
     blueprint.add_url_rule(f"{API_PATH}/health", "api_health", health)
     blueprint.add_url_rule(
         f"{API_PATH}/<anypath:rest>", "api_unknown", unknown_api_path, methods=ALL_METHODS,
@@ -213,9 +245,9 @@ def register(blueprint: Blueprint) -> None:
 
     @blueprint.errorhandler(Exception)
     def _error(error: Exception) -> ResponseReturnValue:
-        if _is_api_request():
+        if is_api_request():
             return json_error(error)
         error = as_http_error(error)
         if isinstance(error, HTTPException):
-            return error
+            return error_page(error)
         raise error

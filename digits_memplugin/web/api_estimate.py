@@ -3,11 +3,13 @@
     {"net": "...", "solver": "...", "batch": 64, "engine": "gpu-cudnn", "free_bytes": 8589934592,
      "device": "GPU-...", "data_shapes": {"data": [3, 256, 256]}, "classes": 10, "safety_margin": 0.1}
 
-Only `net` (or a solver with an inline net) is required. `device` takes the free memory from that device;
-`devices` (a list of keys, or "all") adds `plans`, one per device, from the same estimate. `curve_batches` adds the
-footprint at those batch sizes (`curve`) and a linear model of it. `max_batch` caps the planned batch.
-`data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's first top) to its item shape;
-`read_datasets: true` reads the shapes from the datasets the net names, inside MEMPLUGIN_DATASET_ROOTS.
+Only `net` (or a solver with an inline net) is required; `free_bytes` is a number of bytes or a size ("8GiB").
+`device` takes the free memory from that device, and without `engine` the engine jobs train with there (the
+server's policy, as `safety_margin` defaults to its margin for the engine: 3% on the CPU, 5% on GPUs); `devices` (a list of keys, or "all") adds `plans`, one per device,
+from the same estimate. `curve_batches` adds the footprint at those batch sizes (`curve`) and a linear model of it.
+`max_batch` caps the planned batch. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
+first top) to its item shape; `read_datasets: true` reads the shapes from the datasets the net names, inside
+MEMPLUGIN_DATASET_ROOTS. openapi.json (served at `<prefix>/api/openapi.json`) describes every field.
 Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
 Texts over MEMPLUGIN_ESTIMATE_INLINE_BYTES are estimated in a worker process, off the server's thread; when every
 worker is busy and MEMPLUGIN_ESTIMATE_QUEUE requests wait, the answer is a 503 with Retry-After.
@@ -19,22 +21,22 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import BadRequest
 
 from ..core.errors import NetError
 from ..core.estimate import EstimateRequest
 from ..core.layers.data import DataSpec
 from ..estimate_pool import DatasetsFailed
 from ..inputs import capped, not_text, surrogate_in, type_name
+from ..sizes import byte_count
 from .api import API_PATH, read_json
 
-FIELDS = {
+FIELDS: dict[str, type | tuple[type, ...]] = {
     "net": str,
     "solver": str,
     "batch": int,
     "test_batch": int,
     "engine": str,
-    "free_bytes": int,
+    "free_bytes": (int, str),
     "device": str,
     "devices": (list, str),
     "safety_margin": (int, float),
@@ -44,6 +46,8 @@ FIELDS = {
     "max_batch": int,
     "read_datasets": bool,
 }
+SIZE_FIELDS = ("free_bytes",)
+"""Byte counts, taken as a number of bytes or as a size with its unit ("8GiB"), as jobs and the command line do."""
 MAX_DIMS = 8
 
 
@@ -65,6 +69,12 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
         where = surrogate_in(value)
         if where is not None:
             errors[key] = not_text(where)
+            continue
+        if key in SIZE_FIELDS:
+            try:
+                values[key] = byte_count(value)
+            except ValueError as error:
+                errors[key] = str(error) if isinstance(value, str) else f"{error}, got {type_name(value)}"
             continue
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
@@ -92,12 +102,12 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
 def post_estimate() -> ResponseReturnValue:
     plugin = current_app.extensions["memplugin"]
     body = read_json(plugin.settings.max_request_bytes)
-    if body is None:
-        raise BadRequest("the body must be JSON (Content-Type: application/json)")
     values, errors = parse_request(body)
     if errors:
         return _validation_error(errors)
 
+    policy = plugin.jobs.config.policy
+    values["policy"] = policy
     device_key = values.pop("device", None)
     device_keys = values.pop("devices", None)
     device_errors: dict[str, str] = {}
@@ -112,6 +122,8 @@ def post_estimate() -> ResponseReturnValue:
         if device.error or device.memory_free is None:
             return _validation_error({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
         values["free_bytes"] = device.memory_free
+        # The engine that trains there, as jobs plan (one policy for the form, this API and the job manager).
+        values.setdefault("engine", policy.engine(device.kind))
     if device_keys is not None:
         if device_keys == "all":
             device_keys = [device.key for device in listed.devices]

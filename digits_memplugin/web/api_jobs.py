@@ -30,8 +30,10 @@ from ..jobs.errors import JobNotFound, JobPageError, JobStateError, JobValidatio
 from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
-from .api import API_PATH, read_form, read_json
+from .api import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+"""A submission may be a form: multipart when the prototxts are uploaded as files."""
 JSON_FORM_FIELDS = ("data", "data_shapes", "fallback")
 INT_FORM_FIELDS = ("batch", "classes", "max_iter", "memory_cap")
 MAX_TAIL = 100_000
@@ -56,15 +58,12 @@ def _job_or_404(manager: JobManager, job_id: str) -> Any:
 def _body() -> dict[str, Any]:
     """The submission as a dict: a JSON object, or a multipart/urlencoded form whose prototxts may be files."""
     limit = current_app.extensions["memplugin"].settings.max_request_bytes
-    if request.mimetype == "application/json":
-        body = read_json(limit)
-        if body is None:
-            raise BadRequest("the body is not valid JSON")
-        return body  # type: ignore[no-any-return]
-    if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    if request.mimetype in FORM_TYPES:
         read_form(limit)
         return _form_body()
-    raise BadRequest("send JSON (Content-Type: application/json) or a multipart form with the prototxt files")
+    if request.is_json:
+        return read_json(limit)  # type: ignore[no-any-return]
+    raise wrong_content_type(f"JSON (Content-Type: {JSON_CONTENT_TYPE}) or a form ({' or '.join(FORM_TYPES)})")
 
 
 def _form_body() -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import access, api, api_devices, api_estimate, api_jobs, pages
+from . import access, api, api_datasets, api_devices, api_estimate, api_jobs, api_openapi, pages
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -21,7 +21,9 @@ def create_blueprint() -> Blueprint:
     access.register(blueprint)
     pages.register(blueprint)
     api.register(blueprint)
+    api_datasets.register(blueprint)
     api_devices.register(blueprint)
     api_estimate.register(blueprint)
     api_jobs.register(blueprint)
+    api_openapi.register(blueprint)
     return blueprint

@@ -21,6 +21,8 @@ from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
 from ..core.estimate import EstimateRequest
+from ..core.job_plan import PlanningPolicy
+from ..core.layers.base import INT_MAX
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
 from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
@@ -35,7 +37,6 @@ NEEDS_POWER = frozenset({"inv", "poly"})
 BATCH_AUTO = "auto"
 DEVICE_NEXT = "next"
 DEVICE_CPU = "cpu"
-MAX_BATCH = 2**31 - 1
 """Caffe keeps blob dimensions in an int."""
 INT32_MAX = 2**31 - 1
 """The solver's iteration counts and intervals are int32 fields of caffe.proto."""
@@ -58,6 +59,8 @@ class WholeNumberField(IntegerField):  # type: ignore[misc]
 class FiniteFloatField(FloatField):  # type: ignore[misc]
     """A float field that refuses what float() reads as infinite or not a number ("1e999", 400 digits, "nan"):
     a solver cannot use them, and NumberRange lets infinity through."""
+
+    data: float | None
 
     def process_formdata(self, valuelist: list[Any]) -> None:
         super().process_formdata(valuelist)
@@ -111,7 +114,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     train_source = StringField("Training data", validators=[InputRequired(), Length(max=4096)])
     val_source = StringField("Validation data", validators=[Optional(), Length(max=4096)])
     item_shape = StringField("Item shape", validators=[Optional(), Length(max=100)])
-    classes = WholeNumberField("Classes", validators=[Optional(), NumberRange(min=1, max=MAX_BATCH)])
+    classes = WholeNumberField("Classes", validators=[Optional(), NumberRange(min=1, max=INT_MAX)])
 
     batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
@@ -278,18 +281,19 @@ def parse_batch(value: str | None) -> int | str | None:
     batch = ascii_int(text, max_digits=10)
     if batch is None:
         raise ValueError(f"{shown(value)!r} is not a batch size: give a positive integer (0-9), or 'auto'")
-    if not 0 < batch <= MAX_BATCH:
-        raise ValueError(f"the batch size must be between 1 and {MAX_BATCH}, got {batch}")
+    if not 0 < batch <= INT_MAX:
+        raise ValueError(f"the batch size must be between 1 and {INT_MAX} (Caffe's INT_MAX), got {batch}")
     return batch
 
 
 def _step_values(text: str) -> list[int]:
-    steps = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
-    if any(step is None for step in steps):
+    parsed = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
+    steps = [step for step in parsed if step is not None]
+    if len(steps) != len(parsed):
         raise ValueError(f"{shown(text)!r} is not a list of iterations: write them like 10000,20000")
-    if any(step is None or not 0 < step <= INT32_MAX for step in steps) or steps != sorted(set(steps)):
+    if any(not 0 < step <= INT32_MAX for step in steps) or steps != sorted(set(steps)):
         raise ValueError(f"step values must be increasing, from 1 to {INT32_MAX}")
-    return steps  # type: ignore[return-value]
+    return steps
 
 
 def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
@@ -331,8 +335,12 @@ class ModelSpec:
     batch: int | str | None
     device: str
 
-    def estimate_request(self, engine: str, free_bytes: int | None, batch: int | None = None) -> EstimateRequest:
-        """The estimate of this job on one device; `batch` None means the net's own batch."""
+    def estimate_request(
+        self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None,
+        policy: PlanningPolicy | None = None,
+    ) -> EstimateRequest:
+        """The estimate of this job on one device; `batch` None means the net's own batch; `max_batch` caps the
+        batch the planner may choose (the dataset's size, for "auto")."""
         return EstimateRequest(
             net=self.net_text,
             solver=self.solver_text,
@@ -343,6 +351,8 @@ class ModelSpec:
             free_bytes=free_bytes,
             data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
             classes=self.classes,
+            max_batch=max_batch,
+            policy=policy or PlanningPolicy(),
         )
 
 

@@ -6,8 +6,9 @@ by static/js/jobs.js and job-page.js over the socketio rooms `jobs` and `job:<id
     GET  <prefix>/jobs/<id>             status, plan, attempts, progress, log tail, the definition as submitted
     POST <prefix>/jobs/<id>/cancel      cancel without JavaScript (a form with its CSRF token): 303 to the page
     POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way: 303 to the list
+    POST <prefix>/jobs/<id>/resume      queue an interrupted, cancelled or failed job again: 303 to the page
 
-The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the two POST routes; the API takes JSON from
+The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the POST routes; the API takes JSON from
 scripts, these take a browser's form post, so they check the CSRF token.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,18 +148,24 @@ def _csrf_problem() -> str | None:
     return None
 
 
-def cancel_job_form(job_id: str) -> ResponseReturnValue:
-    """Cancel from the page without JavaScript; the page comes back with the job "cancelling" or cancelled."""
+def _job_action_form(job_id: str, done: str, action: Callable[[str], object]) -> ResponseReturnValue:
+    """A job action posted from the page without JavaScript: the CSRF token checked, the action run, the page again
+    (with why it was not `done` when it was not)."""
     problem = _csrf_problem()
     if problem is not None:
-        return job_page(job_id, f"The job was not cancelled: {problem} Reload the page and try again.", 400)
+        return job_page(job_id, f"The job was not {done}: {problem} Reload the page and try again.", 400)
     try:
-        _manager().cancel(job_id)
+        action(job_id)
     except JobNotFound as missing:
         raise NotFound(str(missing)) from None
     except JobStateError as error:
-        return job_page(job_id, f"The job was not cancelled: {error}.", 409)
+        return job_page(job_id, f"The job was not {done}: {error}.", 409)
     return redirect(url_for(".job_page", job_id=job_id), code=303)
+
+
+def cancel_job_form(job_id: str) -> ResponseReturnValue:
+    """Cancel from the page without JavaScript; the page comes back with the job "cancelling" or cancelled."""
+    return _job_action_form(job_id, "cancelled", _manager().cancel)
 
 
 def delete_job_form(job_id: str) -> ResponseReturnValue:
@@ -177,8 +185,14 @@ def delete_job_form(job_id: str) -> ResponseReturnValue:
     return redirect(url_for(".jobs"), code=303)
 
 
+def resume_job_form(job_id: str) -> ResponseReturnValue:
+    """Resume from the page without JavaScript (the API's resume: from the last snapshot, or from the start)."""
+    return _job_action_form(job_id, "resumed", _manager().resume)
+
+
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/jobs", "jobs", jobs_page)
     blueprint.add_url_rule("/jobs/<job_id>", "job_page", job_page)
     blueprint.add_url_rule("/jobs/<job_id>/cancel", "cancel_job_form", cancel_job_form, methods=["POST"])
     blueprint.add_url_rule("/jobs/<job_id>/delete", "delete_job_form", delete_job_form, methods=["POST"])
+    blueprint.add_url_rule("/jobs/<job_id>/resume", "resume_job_form", resume_job_form, methods=["POST"])

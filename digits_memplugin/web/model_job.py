@@ -1,8 +1,9 @@
 """From the New model form to a job request, the way DIGITS turns its form into a job: the dataset's sources go to
 the network's data layers, the dataset format sets how those layers read, the device choice becomes the manager's.
 
-The request then goes through the one submission path (`api_jobs.submit`): this module maps fields, it does not
-validate a job. Errors the submission returns are mapped back onto the form's fields.
+The request is checked by the REST API's own parser (jobs.request) and handed to the job manager typed, for its
+preview and its submission: this module maps fields, it does not validate a job. Errors come back onto the form's
+fields.
 
     train_source -> every data layer of the training net (by layer name, so DIGITS' stage rules work too)
     val_source   -> every data layer of the validation nets
@@ -21,6 +22,7 @@ from ..core.errors import NetError
 from ..core.proto import caffe_pb2
 from ..core.prototxt import parse_net
 from ..jobs.definition import DATA_SOURCE_FIELDS
+from ..jobs.request import JobRequest, parse_job_request
 from .forms import DATA_TOP, DEVICE_CPU, DEVICE_NEXT, ModelSpec
 
 TRAIN_FIELD = "train_source"
@@ -71,6 +73,32 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
     if spec.classes is not None:
         body["classes"] = spec.classes
     return JobBody(body, sources)
+
+
+def job_request(spec: ModelSpec, estimate: dict[str, Any], device: str | int, default_attempts: int) -> TypedJob:
+    """The typed job request for the form's `spec` (checked by the same parser as the REST API's), with the form
+    field of each data layer's source. Refused: {form field: message}."""
+    mapped = job_body(spec, estimate, device)
+    request, errors = parse_job_request(mapped.body, default_attempts=default_attempts)
+    if request is None:
+        raise RequestRefused(form_errors(errors, spec, mapped.sources))
+    return TypedJob(request, mapped.sources)
+
+
+@dataclasses.dataclass(frozen=True)
+class TypedJob:
+    """A form's job request, typed, and which form field gave each data layer its source (to place errors)."""
+
+    request: JobRequest
+    sources: dict[str, str]
+
+
+class RequestRefused(ValueError):
+    """The job request the form makes is refused: {form field: message}."""
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
 
 
 def manager_device(choice: str, gpu_index: int | None) -> str | int:

@@ -7,6 +7,7 @@ path) creates the job.
     GET  <prefix>/models/new     the form (works without JavaScript; the panel then shows the devices as read)
     POST <prefix>/models         the form's plain POST: 303 to the new job's page, or the form with its errors (400)
     POST <prefix>/models.json    the JSON twin: 201 with the job document, or {"errors": {field: ...}} with 400
+    POST <prefix>/models/preview.json   the plan the job would get (the manager's preview), nothing created
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ from flask import Blueprint, current_app, jsonify, redirect, render_template, re
 from flask.typing import ResponseReturnValue
 from wtforms.fields.choices import SelectChoice
 
-from .. import __version__
+from .. import __version__, dataset_scan
 from ..core.errors import NetError
+from ..core.job_plan import PlanningPolicy
+from ..core.planner import auto_batch_limit
+from ..dataset_scan import FoundDataset
 from ..devices import Device, DeviceList, is_simulated
+from ..jobs.errors import JobValidationError
 from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
-from . import api_jobs
 from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
-from .model_job import SIMULATED_GPU, MappingError, form_errors, job_body, manager_device
+from .model_job import SIMULATED_GPU, MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
 TOP_LAYERS = 10
-ENGINE_GPU = "gpu-cudnn"
-ENGINE_CPU = "cpu"
 
 
 class PlanError(Exception):
@@ -44,18 +46,43 @@ class PlanError(Exception):
         self.detail = detail
 
 
+PLANNED_BY_JOB = "job"
+"""The plan is the job manager's preview of the typed request: what the job's first attempt gets."""
+PLANNED_BY_FORM = "form"
+"""The dataset cannot be read yet (Auto before the data is in place): planned on the form's item shape, by the
+same function and policy."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PlannedJob:
-    """A job as it would be queued: what was asked, the device it was planned on, and the estimate there."""
+    """A job as it would be queued: what was asked, the device it was planned on, the plan its first attempt gets,
+    and the estimate there (the report the panel shows)."""
 
     spec: ModelSpec
     device: Device
     engine: str
     estimate: dict[str, Any]
+    plan: dict[str, Any]
+    """batch_size, iter_size, fits, bytes, effective_batch."""
+    test_plan: dict[str, int] | None = None
+    usable_bytes: int = 0
+    free_bytes: int = 0
+    """The memory the job may use on the device (free, less what running jobs reserved, or its cap)."""
+    limited_by: str = "memory"
+    planned_by: str = PLANNED_BY_JOB
+    typed: TypedJob | None = None
+    """The typed request the manager previewed (None when planned by the form)."""
+    dataset: FoundDataset | None = None
+    """The training dataset the form names, when it was found and read (its size caps "auto")."""
 
-    @property
-    def plan(self) -> dict[str, Any]:
-        return self.estimate["plan"]  # type: ignore[no-any-return]
+    def preview_document(self) -> dict[str, Any]:
+        """The plan as the JSON twin's preview answers it."""
+        return {
+            "device": self.device.key, "engine": self.engine, "planned_by": self.planned_by,
+            "free_bytes": self.free_bytes, "usable_bytes": self.usable_bytes, "plan": self.plan,
+            "test_plan": self.test_plan, "max_batch_limited_by": self.limited_by,
+            "total_bytes": self.estimate["total_bytes"],
+        }
 
     @property
     def verdict(self) -> str:
@@ -70,6 +97,12 @@ class PlannedJob:
         return device_label(self.device)
 
     @property
+    def batch_note(self) -> str:
+        """What Auto chose and why, as the page's script words it (new-model.js: autoNote)."""
+        return auto_note(self.plan["batch_size"], self.device_label, self.usable_bytes, self.free_bytes, self.dataset,
+                         self.limited_by)
+
+    @property
     def top_layers(self) -> list[dict[str, Any]]:
         return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
 
@@ -77,6 +110,39 @@ class PlannedJob:
 def device_label(device: Device) -> str:
     where = f" of {device.host}" if device.host else ""
     return f"CPU{where}" if device.kind == "cpu" else f"GPU {device.index}{where}"
+
+
+def auto_note(
+    batch: int, label: str, usable: int, free: int, dataset: FoundDataset | None, limited_by: str = "memory"
+) -> str:
+    """"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images (mnist_train_lmdb)."."""
+    if dataset is not None and dataset.entries and batch >= dataset.entries:
+        noun = "images" if dataset.shape is not None and len(dataset.shape) == 3 else "items"
+        return (f"Batch {batch}: the largest that fits on {label}, capped at the dataset's {dataset.entries} {noun} "
+                f"({dataset.name}).")
+    if limited_by == "blob_limit":
+        return (f"Batch {batch}: the largest Caffe can build in one pass (one more item would make a blob over its "
+                f"limit of 2147483647 elements), though {label} has memory for more.")
+    return f"Batch {batch}: the largest that fits on {label} ({format_size(usable)} usable of {format_size(free)} free)."
+
+
+def train_dataset(spec: ModelSpec) -> FoundDataset | None:
+    """The training dataset the form names, read from it; None when there is none there (yet) or it cannot be
+    read (the job's own checks then say why, beside the field)."""
+    roots = current_app.extensions["memplugin"].jobs.config.dataset_roots
+    found = dataset_scan.source_dataset(spec.train_source, spec.data_backend, roots)
+    return found if found is not None and found.error is None else None
+
+
+def spec_of(form: NewModelForm) -> ModelSpec:
+    """The form's spec; an item shape left empty is the training dataset's own (read from it, as the job does),
+    else the standard network's."""
+    spec = form.to_spec()
+    if not (form.item_shape.data or "").strip():
+        dataset = train_dataset(spec)
+        if dataset is not None and dataset.shape:
+            spec = dataclasses.replace(spec, item_shape=dataset.shape)
+    return spec
 
 
 def verdict(plan: dict[str, Any] | None) -> str:
@@ -102,37 +168,94 @@ def target_device(choice: str, devices: DeviceList) -> Device:
     return device
 
 
-def plan_job(spec: ModelSpec, devices: DeviceList) -> PlannedJob:
-    """Estimate the job on its device and plan its batch there ("auto": the largest batch that fits)."""
+def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
+    """Plan the job on its device as its first attempt will be planned: the form's estimate gives the report (and
+    which data layers the nets have), the typed request goes to the job manager's preview (the same definition
+    checks, memory and planning function as the job's attempts). `strict` False (Auto): a dataset the job cannot
+    read yet does not stop the suggestion, which is then planned on the form's item shape, by the same function
+    and policy."""
+    plugin = current_app.extensions["memplugin"]
+    policy = plugin.jobs.config.policy
     device = target_device(spec.device, devices)
-    engine = ENGINE_CPU if device.kind == "cpu" else ENGINE_GPU
+    engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
-    document = _estimate(spec, engine, device, batch)
-    if spec.batch == BATCH_AUTO and document["max_batch_size"]:
-        document = _estimate(spec, engine, device, document["max_batch_size"])
+    dataset = train_dataset(spec)
+    cap = auto_batch_limit(dataset.entries if dataset else None) if spec.batch == BATCH_AUTO else None
+    document = _estimate(spec, engine, device, batch, cap, policy)
     if document["plan"] is None:
         raise PlanError("custom_network" if spec.network_key is None else "standard_network",
                         "the network has no data layer whose batch could be planned")
-    if not document["plan"]["fits"]:
+    if not document["plan"]["fits"]:  # not even batch 1 on the form's item shape: said before the data's errors
         raise PlanError(
             "device",
             f"does not fit on {device_label(device)}: even batch 1 needs more than the "
             f"{format_size(document['usable_bytes'])} usable there; choose another device",
         )
-    return PlannedJob(spec=spec, device=device, engine=engine, estimate=document)
+    try:
+        typed = job_request(spec, document, manager_device(spec.device, device.index), plugin.settings.job_max_attempts)
+        preview = plugin.started_jobs().preview(typed.request, device.key)
+    except MappingError as error:
+        raise PlanError(error.field, error.message) from None
+    except (RequestRefused, JobValidationError) as refused:
+        errors = refused.errors if isinstance(refused, RequestRefused) else form_errors(
+            refused.errors, spec, typed.sources
+        )
+        if strict or not set(errors) <= DATA_FIELDS:
+            raise Refused(errors) from None
+        return _planned_by_form(spec, device, engine, document, cap, policy, dataset)
+    decision = preview.decision
+    if decision.plan is None:
+        raise PlanError("device", f"does not fit on {device_label(device)}: {decision.message}; choose another device")
+    if decision.plan.batch_size != document["batch_size"]:
+        document = _estimate(spec, engine, device, decision.plan.batch_size, cap, policy)  # the panel's report
+    return PlannedJob(
+        spec=spec, device=device, engine=engine, estimate=document, plan=decision.plan.to_dict(),
+        test_plan=decision.test_plan, usable_bytes=decision.budget, free_bytes=preview.limit_bytes,
+        limited_by=decision.limited_by, typed=typed, dataset=dataset,
+    )
 
 
-def _estimate(spec: ModelSpec, engine: str, device: Device, batch: int | None) -> dict[str, Any]:
+DATA_FIELDS = frozenset({"train_source", "val_source", "data_backend", "item_shape"})
+"""Form fields about the dataset: Auto still suggests a batch while they cannot be read."""
+
+
+def _planned_by_form(
+    spec: ModelSpec, device: Device, engine: str, document: dict[str, Any], cap: int | None,
+    policy: PlanningPolicy, dataset: FoundDataset | None,
+) -> PlannedJob:
+    """Auto before the dataset can be read: the form's estimate plans (core.job_plan, the server's policy). The
+    caller found that batch 1 fits there, so the largest batch that fits does too."""
+    if spec.batch == BATCH_AUTO and document["max_batch_size"]:
+        document = _estimate(spec, engine, device, document["max_batch_size"], cap, policy)
+    return PlannedJob(
+        spec=spec, device=device, engine=engine, estimate=document, plan=document["plan"],
+        test_plan=document["test_plan"], usable_bytes=document["usable_bytes"], free_bytes=document["free_bytes"],
+        limited_by=document.get("max_batch_limited_by", "memory"), planned_by=PLANNED_BY_FORM, dataset=dataset,
+    )
+
+
+def _estimate(
+    spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: int | None, policy: PlanningPolicy
+) -> dict[str, Any]:
     """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
     plugin = current_app.extensions["memplugin"]
     try:
-        return plugin.estimates.estimate(spec.estimate_request(engine, device.memory_free, batch))  # type: ignore[no-any-return]
+        request = spec.estimate_request(engine, device.memory_free, batch, max_batch=cap, policy=policy)
+        return plugin.estimates.estimate(request)  # type: ignore[no-any-return]
     except NetError as error:
-        raise PlanError(_error_field(error, spec), error.to_dict()) from None
+        field = _error_field(error, spec)
+        raise PlanError(field, _error_detail(error, field, spec)) from None
+
+
+TYPED_TEXT_FIELDS = frozenset({"custom_network", "solver_text"})
+"""Fields whose text the user typed or uploaded: only there does a line number point at something they can see."""
 
 
 def _error_field(error: NetError, spec: ModelSpec) -> str:
-    """The form field a definition error belongs beside."""
+    """The form field a definition error belongs beside: the field that caused it, where the user looks.
+
+    A standard network is known to build at its own dataset's shape and batch, so an error in it comes from what
+    the user changed: the item shape if one was given, else the batch."""
     if error.source is not None and error.source.startswith(spec.solver_source) and spec.solver_source != spec.net_source:
         return "solver_text" if spec.solver_settings is None else "solver_type"
     if error.field == "top" and error.layer_type in DATA_LAYER_TYPES and spec.item_shape is None:
@@ -141,7 +264,24 @@ def _error_field(error: NetError, spec: ModelSpec) -> str:
         return "classes"
     if error.field in ("batch", "classes"):
         return "batch_size" if error.field == "batch" else "classes"
-    return "custom_network" if spec.network_key is None else "standard_network"
+    if spec.network_key is not None:
+        if spec.item_shape != standard_network(spec.network_key).item_shape:
+            return "item_shape"
+        if isinstance(spec.batch, int):
+            return "batch_size"
+        return "standard_network"
+    return "custom_network"
+
+
+def _error_detail(error: NetError, field: str, spec: ModelSpec) -> dict[str, Any]:
+    """The error as the form shows it: line numbers only beside text the user typed, and the standard network
+    named (its text is never shown, so "layer conv1" alone would say nothing)."""
+    detail = error.to_dict()
+    if field not in TYPED_TEXT_FIELDS:
+        detail.update(line=None, column=None)
+    if spec.network_key is not None and error.layer is not None:
+        detail["network"] = standard_network(spec.network_key).title
+    return detail
 
 
 # --- views --------------------------------------------------------------------------------------------------------
@@ -168,6 +308,9 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
 
 
 def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
+    if devices.simulated:
+        # Demo mode: a job on a simulated GPU is refused, so the device a new user trains on first is the CPU.
+        kwargs.setdefault("device", DEVICE_CPU)
     form = NewModelForm(**kwargs)
     form.device.choices = _device_choices(devices)
     return form
@@ -201,6 +344,7 @@ def _render_form(
         networks=networks,
         planned=planned,
         dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
+        datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
         version=__version__,
     )
     return page, status
@@ -223,21 +367,17 @@ def submit_model(spec: ModelSpec, devices: DeviceList) -> tuple[Job, PlannedJob]
     """Plan the job (a definition error comes back beside its field, with its line), refuse a simulated GPU, then
     create the job through the REST API's own path."""
     try:
-        planned = plan_job(spec, devices)
+        planned = plan_model(spec, devices)
     except PlanError as error:
         raise Refused({error.field: error.detail}) from None
     if planned.device.kind == "gpu" and is_simulated():
         label = planned.device_label if spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
         raise Refused({"device": SIMULATED_GPU.format(label=label)})
-    device = manager_device(spec.device, planned.device.index)
+    assert planned.typed is not None  # strict planning previews the typed request
     try:
-        mapped = job_body(spec, planned.estimate, device)
-    except MappingError as error:
-        raise Refused({error.field: error.message}) from None
-    try:
-        job = api_jobs.submit(mapped.body)
-    except api_jobs.SubmissionRefused as refused:
-        raise Refused(form_errors(refused.errors, spec, mapped.sources)) from None
+        job = current_app.extensions["memplugin"].started_jobs().submit(planned.typed.request)
+    except JobValidationError as error:
+        raise Refused(form_errors(error.errors, spec, planned.typed.sources)) from None
     return job, planned
 
 
@@ -252,9 +392,9 @@ def create_model() -> ResponseReturnValue:
     if not form.validate_on_submit():
         return _render_form(form, devices, status=400)
     try:
-        spec = form.to_spec()
+        spec = spec_of(form)
         if suggest:
-            planned = plan_job(dataclasses.replace(spec, batch=BATCH_AUTO), devices)
+            planned = plan_model(dataclasses.replace(spec, batch=BATCH_AUTO), devices, strict=False)
             form.batch_size.data = str(planned.plan["batch_size"])
             return _render_form(form, devices, planned=planned)
         job, _ = submit_model(spec, devices)
@@ -285,9 +425,10 @@ def create_model_json() -> ResponseReturnValue:
         return json_error(error)
 
 
-def _create_model_json() -> ResponseReturnValue:
+def _json_form(devices: DeviceList) -> NewModelForm | ResponseReturnValue:
+    """The JSON twins' form: a JSON body (no CSRF token: a cross-site page cannot send one without CORS) or the
+    form's own fields (token required); a 400 answer when it does not validate."""
     _check_size()
-    devices = _read_devices()
     if request.is_json:
         body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
         try:
@@ -299,8 +440,16 @@ def _create_model_json() -> ResponseReturnValue:
         form = _form(devices)
     if not form.validate():
         return jsonify(errors=form.errors_by_field()), 400
+    return form
+
+
+def _create_model_json() -> ResponseReturnValue:
+    devices = _read_devices()
+    form = _json_form(devices)
+    if not isinstance(form, NewModelForm):
+        return form
     try:
-        job, _ = submit_model(form.to_spec(), devices)
+        job, _ = submit_model(spec_of(form), devices)
     except FormError as error:
         return jsonify(errors={error.field: error.message}), 400
     except Refused as refused:
@@ -311,7 +460,29 @@ def _create_model_json() -> ResponseReturnValue:
     return response
 
 
+def preview_model_json() -> ResponseReturnValue:
+    """What the form would create, without creating it: the plan the job's first attempt would get on the device
+    chosen (the job manager's preview of the typed request), as JSON. Same body as models.json."""
+    try:
+        devices = _read_devices()
+        form = _json_form(devices)
+        if not isinstance(form, NewModelForm):
+            return form
+        try:
+            planned = plan_model(spec_of(form), devices)
+        except FormError as error:
+            return jsonify(errors={error.field: error.message}), 400
+        except PlanError as error:
+            return jsonify(errors={error.field: error.detail}), 400
+        except Refused as refused:
+            return jsonify(errors=refused.errors), 400
+        return jsonify(planned.preview_document())
+    except Exception as error:  # noqa: BLE001 - json_error logs what was not expected and answers 500
+        return json_error(error)
+
+
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/models/new", "new_model", new_model)
     blueprint.add_url_rule("/models", "create_model", create_model, methods=["POST"])
     blueprint.add_url_rule("/models.json", "create_model_json", create_model_json, methods=["POST"])
+    blueprint.add_url_rule("/models/preview.json", "preview_model_json", preview_model_json, methods=["POST"])

@@ -18,6 +18,10 @@ each within its own rate can stall the server. An event over either rate is not 
 refused events is answered with a ``rate_limited`` event saying when to try again. At most
 MEMPLUGIN_MAX_SOCKET_CONNECTIONS clients are connected to the namespace at once; one more is refused.
 
+The `jobs` room also gets ``job_iteration`` ``{"id", "iteration"}`` for each (throttled) iteration record, so the
+list's iteration follows training without the whole record (the `job` event comes only at changes of state and at
+snapshots).
+
 ``subscribe_jobs`` takes ``{"limit": N, "before": id}`` as GET <prefix>/api/jobs does (newest first, pages of 50 by
 default), and answers with that page.
 """
@@ -52,6 +56,10 @@ JOB_EVENT_ROOMS = {
 }
 
 
+JOB_ITERATION_EVENT = "job_iteration"
+"""To the list's room: a job's latest iteration, from its progress records (which go to the job's own room only)."""
+
+
 def job_room(job_id: str) -> str:
     return f"job:{job_id}"
 
@@ -65,6 +73,9 @@ def job_event_emitter(socketio: SocketIO, namespace: str) -> Callable[[str, dict
         rooms = ([JOBS_ROOM] if to_list else []) + ([job_room(job_id)] if to_job and job_id else [])
         if rooms:
             socketio.emit(name, payload, to=rooms, namespace=namespace)
+        iteration = payload.get("iteration")
+        if name == "job_progress" and payload.get("event") == "iteration" and isinstance(iteration, int) and job_id:
+            socketio.emit(JOB_ITERATION_EVENT, {"id": job_id, "iteration": iteration}, to=JOBS_ROOM, namespace=namespace)
 
     return emit_job_event
 

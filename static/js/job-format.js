@@ -6,6 +6,8 @@
 
   const { el, formatBytes, formatTime } = window.MemPlugin;
   const ACTIVE = new Set(["queued", "running"]);
+  /** The states the API resumes (jobs/manager.py resume; job.html: resumable). */
+  const RESUMABLE = new Set(["interrupted", "cancelled", "failed"]);
 
   function statusBadge(status, id) {
     const props = { className: "badge mp-status mp-status-" + status, dataset: { status } };
@@ -103,6 +105,6 @@
   }
 
   window.MemPlugin.JobFormat = {
-    ACTIVE, statusBadge, wantedBatch, plannedBatch, deviceLabel, number, duration, iterationText, jobRow, attemptRow,
+    ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, number, duration, iterationText, jobRow, attemptRow,
   };
 })();

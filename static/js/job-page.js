@@ -7,7 +7,8 @@
  * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines;
  * - after a reconnection, subscribes again (the server answers with the whole job document) and re-fetches the
  *   progress and the log, so what happened while the connection was down is not missed;
- * - cancels and deletes through the REST API (the buttons' forms post to the page's routes without JavaScript).
+ * - cancels, resumes and deletes through the REST API (the buttons' forms post to the page's routes without
+ *   JavaScript).
  * Everything from the server is written as text (MemPlugin.el, textContent): job and layer names stay text.
  */
 (function () {
@@ -24,6 +25,7 @@
     log: root.dataset.logUrl,
     cancel: root.dataset.cancelUrl,
     remove: root.dataset.deleteUrl,
+    resume: root.dataset.resumeUrl,
   };
   const labels = MP.readJSON("mp-device-labels") || {};
   let job = MP.readJSON("mp-job");
@@ -201,6 +203,11 @@
     document.getElementById("cancel-form").hidden = !active;
     document.getElementById("cancel-job").disabled = job.message === "cancelling";
     document.getElementById("delete-form").hidden = active;
+    const resumable = F.RESUMABLE.has(job.status);
+    document.getElementById("resume-form").hidden = !resumable;
+    document.getElementById("resume-job").disabled = false;
+    document.getElementById("resume-job").title = "Train on" +
+      (job.snapshot ? " from the snapshot at iteration " + job.snapshot.iteration : ", from the start (no snapshot)");
     if (Array.isArray(document_.attempts)) {
       for (const attempt of document_.attempts) showAttempt(attempt);
     }
@@ -290,6 +297,7 @@
     showError("This job was deleted.");
     document.getElementById("cancel-form").hidden = true;
     document.getElementById("delete-form").hidden = true;
+    document.getElementById("resume-form").hidden = true;
   });
   MP.onReconnect(() => { loadHistory(); loadLog(); });
 
@@ -304,6 +312,20 @@
     } else {
       button.disabled = false;
       showError("The job was not cancelled: " + ((answer.data && answer.data.error) || "HTTP " + answer.status));
+    }
+  });
+
+  document.getElementById("resume-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = document.getElementById("resume-job");
+    button.disabled = true;
+    const answer = await MP.requestJSON(urls.resume, { method: "POST" });
+    if (answer.ok) {
+      showError("");
+      showJob(answer.data);
+    } else {
+      button.disabled = false;
+      showError("The job was not resumed: " + ((answer.data && answer.data.error) || "HTTP " + answer.status));
     }
   });
 

@@ -1,7 +1,8 @@
 /* digits-memplugin: the jobs list, kept live from the `jobs` room: the `jobs` event (the page of the list this page
  * shows, sent when subscribing, so again after every reconnection: nothing missed while offline stays missed)
  * redraws the table; `job` events update a row, or add one on the first page (the newest jobs; rows past the page's
- * size then move to the older page); `job_deleted` removes one. The server drew the first paint. */
+ * size then move to the older page); `job_deleted` removes one; `job_iteration` moves a training job's iteration.
+ * The server drew the first paint. */
 (function () {
   "use strict";
 
@@ -17,6 +18,9 @@
   const href = (id) => MP.config.jobsUrl + "/" + encodeURIComponent(id);
 
   const rowOf = (id) => [...body.children].find((row) => row.dataset.jobId === id) || null;
+  // The documents the rows were drawn from, so a `job_iteration` event (the latest iteration of a training job,
+  // more often than its `job` events, which come at snapshots) can redraw a row.
+  const shown = new Map();
   const showEmpty = () => { empty.hidden = body.children.length > 0; };
 
   /** The link to the next older page: the jobs before `id` (none: this page reaches the oldest job). */
@@ -31,12 +35,20 @@
 
   /** This page of the list (oldest first from the server), drawn newest first as the server renders it. */
   function onJobs(document_) {
+    shown.clear();
+    for (const job of document_.jobs) shown.set(job.id, job);
     body.replaceChildren(...document_.jobs.slice().reverse().map((job) => F.jobRow(job, labels, href(job.id))));
     if ("older" in document_) showOlder(document_.older);
     showEmpty();
   }
 
   function onJob(job) {
+    const known = shown.get(job.id);
+    // The stored iteration lags the live one while the same run trains: keep the newer.
+    if (known && job.status === "running" && known.status === "running" && known.iteration > job.iteration) {
+      job = { ...job, iteration: known.iteration };
+    }
+    shown.set(job.id, job);
     const row = F.jobRow(job, labels, href(job.id));
     const old = rowOf(job.id);
     if (old) old.replaceWith(row);
@@ -49,7 +61,16 @@
     showEmpty();
   }
 
+  function onIteration(payload) {
+    const job = shown.get(payload.id);
+    const row = rowOf(payload.id);
+    if (!job || !row || typeof payload.iteration !== "number" || payload.iteration <= job.iteration) return;
+    job.iteration = payload.iteration;
+    row.querySelector('[data-role="iteration"]').textContent = F.iterationText(job, " / ");
+  }
+
   function onDeleted(payload) {
+    shown.delete(payload.id);
     const row = rowOf(payload.id);
     if (row) row.remove();
     showEmpty();
@@ -60,5 +81,6 @@
   });
   MP.on("job", onJob);
   MP.on("job_deleted", onDeleted);
-  MP.jobsList = { onJobs, onJob, onDeleted };
+  MP.on("job_iteration", onIteration);
+  MP.jobsList = { onJobs, onJob, onDeleted, onIteration };
 })();

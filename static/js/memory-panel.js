@@ -4,6 +4,7 @@
  * used / reserved / free memory, utilisation and the processes holding memory. Over each bar, the estimated
  * footprint of the network on that device with its verdict ("fits", "fits with iter_size k", "does not fit");
  * below, a chart of memory against batch size with each device's free memory as a line, and the largest layers.
+ * The verdict of one device (a job's target) can be repeated elsewhere, e.g. beside the batch field (showTarget).
  * It draws what it is given and fetches nothing, so other pages (a job's page) can reuse it.
  */
 (function () {
@@ -44,6 +45,30 @@
       this.devices = new Map();
       this.estimates = new Map();
       this.chart = null;
+      this.target = null;
+    }
+
+    /** Repeat the verdict of the device `key()` names in `node` (its label first), or show `fallback()` (text)
+     *  while that device has none. A copy for the eyes: the panel's own row stays the live region. */
+    showTarget(node, key, fallback) {
+      this.target = node ? { node, key, fallback } : null;
+      this.drawTarget();
+    }
+
+    drawTarget() {
+      if (!this.target) return;
+      const { node, key, fallback } = this.target;
+      const target = key();
+      const row = target ? this.row(target) : null;
+      const verdict = row ? row.querySelector('[data-role="verdict"]') : null;
+      if (verdict && verdict.childNodes.length) {
+        const label = row.querySelector('[data-role="label"]').textContent;
+        node.replaceChildren(el("strong", {}, label + ": "), ...[...verdict.childNodes].map((n) => n.cloneNode(true)));
+        node.dataset.deviceKey = target;
+      } else {
+        node.replaceChildren(fallback());
+        delete node.dataset.deviceKey;
+      }
     }
 
     row(key) {
@@ -82,6 +107,7 @@
         }
       }
       for (const key of this.devices.keys()) this.drawEstimate(key);
+      this.drawTarget();
       if (this.updated) this.updated.textContent = "read " + new Date().toLocaleTimeString();
     }
 
@@ -140,6 +166,7 @@
         verdict.replaceChildren();
         delete row.dataset.verdict;
         delete row.dataset.estimateBytes;
+        this.drawTarget();
         return;
       }
       const plan = estimate.plan;
@@ -173,6 +200,7 @@
       row.dataset.verdict = words;
       row.dataset.estimateBytes = String(estimate.total_bytes);
       row.dataset.maxBatch = String(estimate.max_batch_size);
+      this.drawTarget();
     }
 
     /** The largest consumers of an estimate document, largest first. */

@@ -1,11 +1,16 @@
 /* digits-memplugin: the "New model" page. The form works without this script; with it, the page
  *
  * - shows only the chosen network and solver sections, and copies a standard network into the custom one;
- * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device: gpu-cudnn on GPUs,
- *   cpu on the CPU, each against that device's free memory), cancelling estimates that an edit made stale;
- * - shows a definition error beside its field with its line number;
- * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device);
- * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves.
+ * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device, each against that
+ *   device's free memory with the engine and margin jobs are planned with there), cancelling stale estimates;
+ * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
+ * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
+ * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, no more
+ *   than the training dataset holds), and estimates a typed "auto" at that batch;
+ * - fills in the item shape and format of a dataset chosen from those found under the dataset folders;
+ * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
+ * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
+ *   below the form.
  */
 (function () {
   "use strict";
@@ -15,6 +20,7 @@
   if (!form) return;
   const panel = new MP.MemoryPanel(document.getElementById("memory-panel"));
   const networks = JSON.parse(document.getElementById("mp-standard-networks").textContent);
+  const datasets = JSON.parse(document.getElementById("mp-datasets").textContent).datasets.filter((d) => !d.error);
   const statusLine = document.getElementById("estimate-status");
   const batchNote = document.getElementById("batch-note");
   const autoButton = document.getElementById("auto-batch");
@@ -45,8 +51,32 @@
   /** Empty shape and class fields stand for the standard network's dataset (the server does the same). */
   function showDefaults() {
     const network = value("network") === "standard" ? chosenNetwork() : null;
-    field("item_shape").placeholder = network ? network.item_shape : "channels,height,width";
-    field("classes").placeholder = network ? String(network.classes) : "";
+    field("item_shape").placeholder = network ? "default: " + network.item_shape : "channels,height,width";
+    field("classes").placeholder = network ? "default: " + network.classes : "";
+  }
+
+  // --- datasets found under the dataset folders (dataset_scan.py) ------------------------------------------------
+
+  /** The dataset a source field names (by its name under a root, or its path), of the chosen format first. */
+  function datasetNamed(text) {
+    const name = text.trim();
+    if (!name) return null;
+    const named = datasets.filter((d) => d.name === name || d.path === name);
+    return named.find((d) => d.format === value("data_backend")) || named[0] || null;
+  }
+
+  /** The training dataset, when the form names one that was found: its size caps Auto (planner.auto_batch_limit). */
+  const trainDataset = () => datasetNamed(value("train_source"));
+
+  /** A dataset chosen from the list: its format and item shape go into their fields. */
+  function useDataset(input) {
+    const dataset = datasetNamed(input.value);
+    if (!dataset) return;
+    if (field("data_backend").value !== dataset.format) field("data_backend").value = dataset.format;
+    if (input.name === "train_source" && dataset.shape) {
+      field("item_shape").value = dataset.shape.join(",");
+      clearError("item_shape");
+    }
   }
 
   for (const button of form.querySelectorAll("[data-customize]")) {
@@ -79,10 +109,14 @@
 
   // --- errors beside the fields --------------------------------------------------------------------------------
 
-  function errorNode(error) {
+  /** Fields whose text the user typed: only there does a line number point at something they can see. */
+  const TYPED_TEXT_FIELDS = new Set(["custom_network", "solver_text"]);
+
+  function errorNode(error, name) {
     if (typeof error === "string") return MP.el("div", {}, error);
     const parts = [];
-    if (error.line) {
+    if (error.network) parts.push(error.network + ", ");
+    if (error.line && TYPED_TEXT_FIELDS.has(name)) {
       parts.push(MP.el("strong", { className: "mp-error-where" },
         "Line " + error.line + (error.column ? ", column " + error.column : "") + ":"), " ");
     }
@@ -95,7 +129,7 @@
   function setError(name, error) {
     const box = form.querySelector('[data-error-for="' + name + '"]');
     if (!box) return false;
-    box.replaceChildren(errorNode(error));
+    box.replaceChildren(errorNode(error, name));
     box.classList.add("d-block");
     box.dataset.from = "estimate";
     const input = field(name);
@@ -124,12 +158,19 @@
     for (const box of form.querySelectorAll('[data-error-for][data-from="estimate"]')) clearError(box.dataset.errorFor);
   }
 
-  /** The form field an error of api/estimate belongs beside (model_page._error_field does the same server-side). */
+  /** The form field an error of api/estimate belongs beside: the one that caused it (model_page._error_field does
+   * the same server-side). A standard network builds at its own dataset's shape and batch, so an error in it comes
+   * from what the user changed: the item shape if one was typed, else the batch. */
   function fieldFor(key, error) {
     if (key === "net") {
       if (error.field === "top" && DATA_LAYER_TYPES.has(error.layer_type)) return "item_shape";
       if (error.field === "inner_product_param.num_output" && !value("classes")) return "classes";
-      return value("network") === "custom" ? "custom_network" : "standard_network";
+      if (value("network") === "custom") return "custom_network";
+      const standard = chosenNetwork();
+      const shape = value("item_shape").trim();
+      if (shape && shape.replace(/\s/g, "") !== standard.item_shape) return "item_shape";
+      if (/^\d+$/.test(value("batch_size").trim())) return "batch_size";
+      return "standard_network";
     }
     if (key === "solver") return value("solver") === "file" ? "solver_text" : "solver_type";
     if (key === "batch") return "batch_size";
@@ -148,8 +189,10 @@
     return text;
   }
 
-  /** The request shared by every device, or {errors} found before asking the server. */
-  function baseRequest() {
+  /** The request shared by every device, or {errors} found before asking the server. With `auto` (the Auto button)
+   * or "auto" typed, the batch is the largest that fits on each device, capped at the training dataset's size
+   * (`max_batch`, which the server's planner honours): {request, auto: true}. */
+  function baseRequest(auto = false) {
     const errors = {};
     const standard = value("network") === "standard" ? chosenNetwork() : null;
     const net = standard ? standard.text : value("custom_network");
@@ -165,7 +208,7 @@
     const classesText = value("classes").trim() || (standard ? String(standard.classes) : "");
     const classes = classesText ? Number(classesText) : null;
     if (classesText && !(Number.isInteger(classes) && classes > 0)) errors.classes = "give a positive number of classes";
-    const batchText = value("batch_size").trim().toLowerCase();
+    const batchText = auto ? "auto" : value("batch_size").trim().toLowerCase();
     let batch = null;
     if (batchText && batchText !== "auto") {
       batch = Number(batchText);
@@ -178,7 +221,10 @@
     if (shape) request.data_shapes = { data: shape };
     if (classes) request.classes = classes;
     if (batch) request.batch = batch;
-    return { request };
+    if (batchText !== "auto") return { request };
+    const dataset = trainDataset();
+    if (dataset && dataset.entries) request.max_batch = dataset.entries;
+    return { request, auto: true };
   }
 
   /** The device a job would be planned on: the chosen one, or the GPU with the most free memory (model_page). */
@@ -202,31 +248,41 @@
    * fallback takes seconds), unless a device's free memory moved (`force`). */
   let answeredKey = null;
   let pendingKey = null;
+  let replanAfter = false;
   const requestKey = (request, devices) => JSON.stringify([request, devices.map((d) => d.key).sort()]);
 
   function setStatus(text) {
     statusLine.textContent = text;
+    panel.drawTarget();
   }
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
-  function runEstimate(force = false) {
-    running = estimateDevices(force).finally(() => { running = null; });
+  function runEstimate(force = false, auto = false) {
+    running = estimateDevices(force, auto).finally(() => { running = null; });
     return running;
   }
 
   /** Estimate on every device, unless the server already answered this very request on these devices (an error
    * stays shown until the text, the batch, the shapes or the set of devices change). */
-  async function estimateDevices(force) {
-    const { request, errors } = baseRequest();
+  async function estimateDevices(force, autoButton) {
+    const { request, errors, auto } = baseRequest(autoButton);
     const devices = panel.plannableDevices();
-    const key = request ? requestKey(request, devices) : null;
+    const key = request ? requestKey({ ...request, auto: Boolean(auto) }, devices) : null;
     if (!force && key !== null && (key === answeredKey || key === pendingKey)) return;
+    if (force && key !== null && key === pendingKey) {
+      // Free memory moved while this very request is in flight: let it finish (the pycaffe fallback takes
+      // seconds, and on a busy machine the CPU's free memory moves at every `devices` event, which would restart
+      // it for ever), then plan again against the memory free by then.
+      replanAfter = true;
+      return;
+    }
     const current = ++generation;
     if (controller) controller.abort();
     controller = new AbortController();
     const signal = controller.signal;
     answeredKey = null;
     pendingKey = key;
+    replanAfter = false;
     clearEstimateErrors();
     if (errors) {
       for (const [name, message] of Object.entries(errors)) setError(name, message);
@@ -238,16 +294,21 @@
     if (!devices.length) return;
     setStatus("Estimating…");
     let answers;
+    const ask = (device, extra) => MP.requestJSON(MP.config.estimateUrl, {
+      method: "POST",
+      signal,
+      body: { ...request, ...extra, device: device.key }, // the server picks the engine jobs train with there
+    });
     try {
-      answers = await Promise.all(
-        devices.map((device) =>
-          MP.requestJSON(MP.config.estimateUrl, {
-            method: "POST",
-            signal,
-            body: { ...request, engine: device.kind === "gpu" ? "gpu-cudnn" : "cpu", device: device.key },
-          }),
-        ),
-      );
+      answers = await Promise.all(devices.map((device) => ask(device, {})));
+      if (auto) {
+        // "auto": each device at the largest batch that fits there (capped), as a job would run; one that cannot
+        // fit even batch 1 keeps the network's own batch, and its verdict says it does not fit.
+        answers = await Promise.all(answers.map((answer, index) => {
+          const largest = answer.ok && answer.data.max_batch_size;
+          return largest && largest !== answer.data.batch_size ? ask(devices[index], { batch: largest }) : answer;
+        }));
+      }
     } catch (error) {
       if (error.name !== "AbortError" && current === generation) {
         pendingKey = null;
@@ -258,13 +319,20 @@
     if (current !== generation) return;
     answeredKey = key;
     pendingKey = null;
+    if (replanAfter) {
+      replanAfter = false;
+      if (!answers.find((answer) => !answer.ok)) scheduleForced(); // an error does not depend on free memory
+    }
     const failed = answers.find((answer) => !answer.ok);
     if (failed) {
       panel.clearEstimates();
       results.clear();
       const found = (failed.data && failed.data.errors) || {};
       for (const [key, error] of Object.entries(found)) {
-        if (!setError(fieldFor(key, error), error)) setStatus(key + ": " + (error.message || error));
+        const name = fieldFor(key, error);
+        const shown = value("network") === "standard" && typeof error === "object" && error.layer
+          ? { ...error, network: chosenNetwork().title } : error;
+        if (!setError(name, shown)) setStatus(key + ": " + (error.message || error));
       }
       if (!Object.keys(found).length) setStatus("No estimate: " + ((failed.data && failed.data.error) || "HTTP " + failed.status));
       else setStatus("No estimate: the definition has an error (shown beside its field).");
@@ -280,16 +348,33 @@
     panel.setLayers(shown.layers);
     setStatus(
       "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
-      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + ").",
+      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + (shown.flavour === "nvcaffe" ? ", NVcaffe" : "") + ").",
     );
+    showBlobLimit(shown.blob_limit);
+    if (auto && !autoButton && target) {
+      delete batchNote.dataset.from;
+      batchNote.textContent = autoNote(target, results.get(target.key), request);
+    }
     drawCurve(request, devices, current, signal);
+  }
+
+  /** Beside the batch field: why the batch asked for is split into passes although memory is not the reason
+   * (Caffe cannot build a blob over INT_MAX elements). Cleared when the batch no longer hits the limit. */
+  function showBlobLimit(limit) {
+    if (limit) {
+      batchNote.textContent = limit.message + ".";
+      batchNote.dataset.from = "blob-limit";
+    } else if (batchNote.dataset.from === "blob-limit") {
+      batchNote.textContent = "";
+      delete batchNote.dataset.from;
+    }
   }
 
   /** Memory at a few batch sizes from 1 to past the largest batch that fits anywhere. */
   async function drawCurve(request, devices, current, signal) {
     const gpus = devices.filter((d) => d.kind === "gpu");
-    const engine = gpus.length ? "gpu-cudnn" : "cpu";
     const onEngine = (gpus.length ? gpus : devices).map((d) => results.get(d.key));
+    const engine = onEngine[0].engine; // the engine the server planned with there (its policy)
     const wanted = onEngine[0].batch_size;
     const largest = Math.max(wanted, ...onEngine.map((doc) => doc.max_batch_size || 0));
     const top = Math.max(Math.ceil(largest * 1.25), 8);
@@ -319,12 +404,29 @@
 
   // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
 
+  /** Why Auto chose its batch (model_page.auto_note words it the same without JavaScript). */
+  function autoNote(target, estimate, request) {
+    const batch = estimate.batch_size;
+    const dataset = trainDataset();
+    if (request.max_batch && dataset && batch >= request.max_batch) {
+      const noun = dataset.shape && dataset.shape.length === 3 ? "images" : "items";
+      return "Batch " + batch + ": the largest that fits on " + MP.deviceLabel(target) + ", capped at the dataset's " +
+        dataset.entries + " " + noun + " (" + dataset.name + ").";
+    }
+    if (estimate.max_batch_limited_by === "blob_limit") {
+      return "Batch " + batch + ": the largest Caffe can build in one pass (one more item would make a blob over " +
+        "its limit of 2147483647 elements), though " + MP.deviceLabel(target) + " has memory for more.";
+    }
+    return "Batch " + batch + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
+      MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+  }
+
   autoButton.addEventListener("click", async (event) => {
     event.preventDefault();
-    if (schedule.pending()) await schedule.now();
-    else if (scheduleForced.pending()) await scheduleForced.now();
-    else if (running) await running;
-    else if (!results.size) await runEstimate();
+    schedule.cancel();
+    scheduleForced.cancel();
+    if (running) await running;
+    await runEstimate(false, true);
     const target = targetDevice();
     const estimate = target && results.get(target.key);
     if (!estimate) {
@@ -335,11 +437,10 @@
       batchNote.textContent = "Does not fit on " + MP.deviceLabel(target) + " even at batch 1: choose another device.";
       return;
     }
-    field("batch_size").value = String(estimate.max_batch_size);
+    field("batch_size").value = String(estimate.batch_size);
     clearError("batch_size");
-    batchNote.textContent =
-      "Batch " + estimate.max_batch_size + ": the largest that fits on " + MP.deviceLabel(target) + " (" +
-      MP.formatBytes(estimate.usable_bytes) + " usable of " + MP.formatBytes(estimate.free_bytes) + " free).";
+    delete batchNote.dataset.from;
+    batchNote.textContent = autoNote(target, estimate, baseRequest(true).request);
     await runEstimate();
   });
 
@@ -347,10 +448,15 @@
 
   form.addEventListener("input", (event) => {
     if (event.target.name) clearError(event.target.name);
-    if (event.target.name === "batch_size") batchNote.textContent = "";
+    if (event.target.name === "batch_size") {
+      batchNote.textContent = "";
+      delete batchNote.dataset.from;
+    }
+    if (event.target.name === "train_source" || event.target.name === "val_source") useDataset(event.target);
     schedule();
   });
   form.addEventListener("change", (event) => {
+    if (event.target.name === "device") panel.drawTarget();
     if (event.target.name === "network" || event.target.name === "solver" || event.target.name === "standard_network") {
       showSections();
       showDefaults();
@@ -375,6 +481,11 @@
 
   showSections();
   showDefaults();
+  panel.showTarget(
+    document.getElementById("batch-verdict"),
+    () => { const target = targetDevice(); return target ? target.key : null; },
+    () => statusLine.textContent,
+  );
   MP.requestJSON(MP.config.devicesUrl).then((answer) => {
     if (answer.ok) panel.updateDevices(answer.data);
     schedule.cancel();

@@ -1,6 +1,6 @@
 """Layer rules, one module per family; importing this package registers them all."""
 
-from . import common, data, loss, neuron, recurrent, vision
+from . import common, data, detectnet, loss, neuron, recurrent, ssd, vision
 from .base import (
     Buffer as Buffer,
 )
@@ -30,4 +30,4 @@ from .base import (
 )
 from .data import DataSpec as DataSpec
 
-__all__ = ["common", "data", "loss", "neuron", "recurrent", "vision"]
+__all__ = ["common", "data", "detectnet", "loss", "neuron", "recurrent", "ssd", "vision"]

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import ShapeError, UnsupportedLayerError
+from ..errors import NetError, ShapeError, UnsupportedLayerError
 
 Shape = tuple[int, ...]
 FLOAT_BYTES = 4  # Caffe's Dtype is float for training
@@ -76,6 +76,20 @@ class LayerSetup:
     """Top index -> bottom index whose diff the top shares (Blob::ShareDiff)."""
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Rule-specific facts `buffers` needs (convolution geometry, the data layer's batch...)."""
+    subnet: SubNet | None = None
+    """A net the layer builds and runs inside itself (RecurrentLayer's unrolled net), counted with the layer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubNet:
+    """A net inside a layer, as Caffe's RecurrentLayer holds its unrolled net: the rule describes it (a
+    NetParameter), the net builder builds it (`LayerContext.build_subnet`) and the memory model counts it with the
+    layer, recursively, less what it shares with the outer net. Nothing changes it once built."""
+
+    net: Any
+    """The built core.net.Net (typed loosely: the rules do not import the net builder, which imports them)."""
+    shared_blobs: frozenset[str]
+    """Its blobs whose data and diff are the outer net's (the layer's bottoms and tops): counted there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +124,10 @@ class LayerContext:
         memo: dict[Any, Any] | None = None,
         name: str | None = None,
         layer_type: str | None = None,
+        build_subnet: Callable[[Any], Any] | None = None,
     ) -> None:
         self.param = param
+        self._build_subnet = build_subnet
         self.name: str = param.name if name is None else name
         self.type: str = param.type if layer_type is None else layer_type
         self.memo: dict[Any, Any] = {} if memo is None else memo
@@ -128,9 +144,29 @@ class LayerContext:
         self.need_backward = False
         self.bottom_need_backward: list[bool] = []
 
-    def error(self, message: str, field: str | None = None) -> ShapeError:
+    def counted(self, need_backward: bool, bottom_need_backward: list[bool]) -> LayerContext:
+        """This context as a count that runs backward differently sees it (a net inside a layer that runs none): a
+        copy, since a built net is never changed once built."""
+        view = object.__new__(LayerContext)
+        view.__dict__.update(self.__dict__)
+        view.need_backward = need_backward
+        view.bottom_need_backward = bottom_need_backward
+        return view
+
+    def build_subnet(self, net_param: Any) -> Any:
+        """Build a net this layer holds inside (in this layer's phase, by the builder that builds this net); its
+        errors are this layer's."""
+        if self._build_subnet is None:
+            raise self.error("cannot build a net inside this layer here (no net builder given)")
+        try:
+            return self._build_subnet(net_param)
+        except NetError as error:
+            raise self.error(f"its unrolled net: {error}", field="recurrent_param") from None
+
+    def error(self, message: str, field: str | None = None, missing_shape: tuple[str, str] | None = None) -> ShapeError:
         return ShapeError(
-            message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field
+            message, source=self.source, line=self.line, layer=self.name, layer_type=self.type, field=field,
+            missing_shape=missing_shape,
         )
 
     def data_shape(self, top: str, *, wildcard: bool = True) -> Shape | None:
@@ -190,25 +226,32 @@ class LayerRule:
 
 
 _REGISTRY: dict[str, LayerRule] = {}
+_FLAVOUR_REGISTRY: dict[tuple[str, str], LayerRule] = {}
+"""(flavour, type) -> the rule for a layer type a Caffe fork implements differently (NVcaffe's BatchNorm)."""
 R = TypeVar("R", bound=type[LayerRule])
 
 
-def layer_rule(*types: str) -> Callable[[R], R]:
-    """Register a rule class for the given layer types; a type registered twice is a programming error."""
+def layer_rule(*types: str, flavour: str | None = None) -> Callable[[R], R]:
+    """Register a rule class for the given layer types (for one schema flavour only, when given: see
+    core/flavour.py); a type registered twice is a programming error."""
 
     def register(cls: R) -> R:
         instance = cls()
         cls.types = types
         for layer_type in types:
-            if layer_type in _REGISTRY:
+            registry: dict[Any, LayerRule] = _REGISTRY if flavour is None else _FLAVOUR_REGISTRY
+            key: Any = layer_type if flavour is None else (flavour, layer_type)
+            if key in registry:
                 raise RuntimeError(f"layer type {layer_type!r} has two rules")
-            _REGISTRY[layer_type] = instance
+            registry[key] = instance
         return cls
 
     return register
 
 
-def rule_for(layer_type: str) -> LayerRule | None:
+def rule_for(layer_type: str, flavour: str | None = None) -> LayerRule | None:
+    if flavour is not None and (flavour, layer_type) in _FLAVOUR_REGISTRY:
+        return _FLAVOUR_REGISTRY[(flavour, layer_type)]
     return _REGISTRY.get(layer_type)
 
 

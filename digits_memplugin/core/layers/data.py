@@ -42,15 +42,27 @@ class DataSpec:
     stored_itemsize: int = 1
 
 
-def _spec(ctx: LayerContext, top: str, what: str, *, wildcard: bool = True, missing: str | None = None) -> DataSpec:
-    """The caller's DataSpec for `top`; `missing` replaces the message saying that none was given."""
+def _spec(
+    ctx: LayerContext,
+    top: str,
+    what: str,
+    *,
+    wildcard: bool = True,
+    missing: str | None = None,
+    key: str | None = None,
+    example: str = "3,256,256",
+) -> DataSpec:
+    """The caller's DataSpec for `top`; `missing` replaces the message saying that none was given, `key` and
+    `example` are the data_shapes key and shape a front end suggests (the message names neither a flag nor a field:
+    the CLI, the API and the form each say how to give a shape)."""
     value = ctx.data_shape(top, wildcard=wildcard)
     if value is None:
         raise ctx.error(
             missing
             or f"the shape of top {top!r} comes from the {what}, which is not available here; give the dataset's "
-            f"item shape for {top!r} (for example --data-shape {top}=3,256,256)",
+            f"item shape for {top!r} (for example {example})",
             field="top",
+            missing_shape=(key or top, example),
         )
     spec = value if isinstance(value, DataSpec) else DataSpec(_as_shape(ctx, value, top))
     shape = _as_shape(ctx, spec.shape, top)
@@ -312,9 +324,12 @@ class PythonRule(LayerRule):
             missing = (
                 f"the shape of top {top!r} comes from Python layer {p.module}.{p.layer}, which the estimator never "
                 f"imports (that would run its code); give the shape of {top!r}, batch first (for example "
-                f"--data-shape {ctx.name}/{top}=1,3,256,256)"
+                "1,3,256,256)"
             )
-            spec = _spec(ctx, top, "Python layer", wildcard=not ctx.bottoms, missing=missing)
+            spec = _spec(
+                ctx, top, "Python layer", wildcard=not ctx.bottoms, missing=missing, key=f"{ctx.name}/{top}",
+                example="1,3,256,256",
+            )
             shape = spec.shape
             if ctx.batch_override is not None and shape:
                 shape = (ctx.batch_override, *shape[1:])

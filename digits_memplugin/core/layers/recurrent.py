@@ -9,23 +9,20 @@ top shares data and diff with the unrolled net's output blob, its bottoms with t
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
-from ..errors import NetError
+from ..errors import UnrollLimitError
+from ..proto import caffe_pb2
 from .base import (
     ACTIVATION_DIFFS,
-    CONTEXT,
     ENGINE_CPU,
-    PARAM_DIFFS,
-    PARAMS,
-    SOLVER_HISTORY,
     Buffer,
     Count,
     LayerContext,
     LayerRule,
     LayerSetup,
     Shape,
+    SubNet,
     count_of,
     layer_rule,
 )
@@ -101,6 +98,12 @@ def _inner_product(
     return layer
 
 
+MAX_UNROLLED_STEPS = 500
+"""Timesteps the estimator unrolls at most: ~1 s to build here (2 s at 1000, 6.6 s at 3000). Past it a batch (the
+first axis, which recurrent nets use for time) counts as one that cannot be built, so the planner's search over it
+stays bounded (3 s for a small LSTM against 8 GiB; it never ended before)."""
+
+
 class RecurrentRule(LayerRule):
     """RecurrentLayer: bottoms x (T, N, ...), cont (T, N), optional x_static (N, ...), then the initial hidden
     states when expose_hidden; tops the output (T, N, num_output), then the final hidden states when
@@ -128,8 +131,6 @@ class RecurrentRule(LayerRule):
         return index == 0
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
-        from ..net import build_net  # the net builder imports the rules; import it when a rule runs
-
         p = ctx.param.recurrent_param
         exposed = len(self.recurrent_inputs) if p.expose_hidden else 0
         least = 2 + exposed
@@ -163,12 +164,14 @@ class RecurrentRule(LayerRule):
         num_output = ctx.positive(p.num_output, "recurrent_param.num_output")
         if steps <= 0:
             raise ctx.error(f"bottom 0 must have at least one timestep, got {list(x)}", field="bottom")
+        if steps > MAX_UNROLLED_STEPS:
+            raise UnrollLimitError(
+                f"would unroll {steps} timesteps; the estimator builds at most {MAX_UNROLLED_STEPS} (each is "
+                "several layers of an inner net)",
+                source=ctx.source, line=ctx.line, layer=ctx.name, layer_type=ctx.type, field="bottom",
+            )
 
-        unrolled = self.unrolled_param(ctx, static, steps)
-        try:
-            net = build_net(unrolled, ctx.phase, source=ctx.source or "net.prototxt")
-        except NetError as error:
-            raise ctx.error(f"its unrolled net: {error}", field="recurrent_param") from None
+        net = ctx.build_subnet(self.unrolled_param(ctx, static, steps))
 
         hidden: Shape = (1, streams, num_output)
         for index, bottom in enumerate(ctx.bottoms[2 + static :], start=2 + static):
@@ -181,16 +184,18 @@ class RecurrentRule(LayerRule):
         if exposed:
             tops += [net.blob(name).shape for name in self.recurrent_outputs(steps)]
         params = [param.shape for param in net.params if param.owner is None]
+        # x, cont and x_static share the bottoms' data (x and x_static their diffs too), the output shares the
+        # top's data and diff, and the initial hidden states of an exposed layer share the exposed bottoms' data.
+        shared = {"x", "cont", "x_static", self.output, *(self.recurrent_inputs if exposed else ())}
         return LayerSetup(
             tops=tops,
             params=params,
-            details={"unrolled_net": net, "steps": steps, "exposed": bool(exposed), "static": static},
+            details={"steps": steps},
+            subnet=SubNet(net=net, shared_blobs=frozenset(shared)),
         )
 
     def unrolled_param(self, ctx: LayerContext, static: bool, steps: int) -> Any:
         """RecurrentLayer::LayerSetUp's NetParameter: inputs, FillUnrolledNet, name prefix, pseudo-losses."""
-        from ..proto import caffe_pb2
-
         net = caffe_pb2.NetParameter()
         inputs = _layer(net, "", "Input", [], ["x", "cont"] + (["x_static"] if static else []))
         for bottom in ctx.bottoms[: 3 if static else 2]:
@@ -204,47 +209,13 @@ class RecurrentRule(LayerRule):
         return net
 
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
-        """The unrolled net's blobs and layer buffers, less what the layer shares with the outer net: x, cont and
-        x_static share the bottoms' data (x and x_static their diffs too), the output shares the top's data and
-        diff, and every param is the layer's own (counted with the outer net's params)."""
-        from ..memory import CPU_ALLOCATION_OVERHEAD, CPU_PARAM_BYTES, MemoryOptions, cpu_bookkeeping_bytes, net_memory
-
-        net = setup.details["unrolled_net"]
-        steps = setup.details["steps"]
-        net.layers[0].setup.details["external_tops"] = True  # x, cont, x_static
-        output_producer = net.layers[net.blob(self.output).producer]
-        output_producer.setup.details["external_tops"] = True
-        if setup.details["exposed"]:
-            # The initial hidden states share the exposed bottoms' data.
-            recurrent_input = net.layers[net.blob(self.recurrent_inputs[0]).producer]
-            recurrent_input.setup.details["external_tops"] = True
-        overhead = CPU_ALLOCATION_OVERHEAD if engine == ENGINE_CPU else 0
-        skipped = {PARAMS, PARAM_DIFFS, SOLVER_HISTORY}
-        buffers = []
-        # The unrolled net runs backward when the layer does: in TRAIN, unless Net::Init found it needs none.
+        """The layer's own: LayerSetUp zeroes the recurrent outputs' diffs, touching them whether or not backward
+        does. The unrolled net itself is counted by the memory model (`setup.subnet`)."""
+        assert setup.subnet is not None
+        net = setup.subnet.net
         training = net.phase == "TRAIN" and ctx.need_backward
-        counted = net if training or net.phase != "TRAIN" else dataclasses.replace(net, phase="TEST")
-        # Each LayerMemory category already counts the allocator's overhead once per allocation; the outer count
-        # adds it once more per Buffer, which is taken off here.
-        memories = net_memory(counted, MemoryOptions(engine=engine))
-        for index, (layer, memory) in enumerate(zip(net.layers, memories)):
-            for category, nbytes in memory.categories.items():
-                if category in skipped or nbytes <= 0:
-                    continue
-                buffers.append(
-                    Buffer(f"unrolled[{index}].{layer.name}.{category}", nbytes - overhead, itemsize=1,
-                           category=category)
-                )
-        # Caffe's bookkeeping of the unrolled net, as the memory model counts it for the outer nets: its layers,
-        # blobs and param blobs, less the params it owns (they are the layer's own, counted in the outer net).
-        if engine == ENGINE_CPU:
-            owned = sum(1 for param in net.params if param.owner is None)
-            bookkeeping = cpu_bookkeeping_bytes(net, memories, learnable=False) - owned * CPU_PARAM_BYTES
-            buffers.append(
-                Buffer("unrolled.bookkeeping", bookkeeping - overhead, itemsize=1, category=CONTEXT, host_only=True)
-            )
-        # LayerSetUp zeroes the recurrent outputs' diffs, touching them whether or not backward does.
-        for name in self.recurrent_outputs(steps):
+        buffers = []
+        for name in self.recurrent_outputs(setup.details["steps"]):
             blob = net.blob(name)
             if not (training and net.layers[blob.producer].need_backward):
                 buffers.append(Buffer(f"unrolled.{name}.diff", blob.count, category=ACTIVATION_DIFFS))

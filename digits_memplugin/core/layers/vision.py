@@ -274,7 +274,8 @@ class PoolingRule(LayerRule):
         if p.global_pooling and (pad_h or pad_w or stride_h != 1 or stride_w != 1):
             raise ctx.error("with global_pooling only pad = 0 and stride = 1 are allowed", field="pooling_param")
         top = pooled_shape(
-            ctx, bottom, (kernel_h, kernel_w), (pad_h, pad_w), (stride_h, stride_w), p.pool, p.ceil_mode,
+            ctx, bottom, (kernel_h, kernel_w), (pad_h, pad_w), (stride_h, stride_w), p.pool,
+            getattr(p, "ceil_mode", True),  # NVcaffe has no ceil_mode: it always rounds up, as this default does
             "pooling_param",
         )
         mask_top = len(ctx.param.top) > 1

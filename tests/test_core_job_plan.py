@@ -1,13 +1,14 @@
-"""jobs.attempts.plan_attempt, the one place a job's attempt is planned (the scheduler's plan included): driven with
-a linear footprint and plain values. The attempt loop itself runs real jobs in test_jobs_manager.py."""
+"""core.job_plan.plan_job, the one place a job is planned (the job manager's attempts and placement, the form, the REST
+estimate and the command line): driven with a linear footprint and plain values. The attempt loop itself runs real
+jobs in test_jobs_manager.py; test_plan_agreement.py drives one request through every path."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from digits_memplugin.core.fallback import Decision
+from digits_memplugin.core.job_plan import JobAsk, PlanningPolicy, plan_job
 from digits_memplugin.core.layers.base import ENGINE_CPU, ENGINE_CUDNN
-from digits_memplugin.jobs.attempts import plan_attempt
 from digits_memplugin.sizes import GIB, MIB
 
 
@@ -15,13 +16,19 @@ def footprint(batch: int, test_batch: int | None) -> int:
     return 100 * MIB + batch * MIB
 
 
-def plan(**given: Any) -> Decision:
-    values: dict[str, Any] = {
-        "engine": ENGINE_CPU, "limit_bytes": GIB, "requested_batch": "auto", "fallback": {}, "effective_batch": None,
-        "iteration": 0, "net_batch": 64, "test_batch": None, "test_iter": 1, "cpu_safety_margin": 0.5,
-        "gpu_safety_margin": 0.25, "max_attempts": 3,
-    }
-    return plan_attempt(footprint, **{**values, **given})
+def plan(
+    *, engine: str = ENGINE_CPU, limit_bytes: int = GIB, requested_batch: int | str | None = "auto",
+    fallback: dict[str, Any] | None = None, attempts_made: int = 0, placing: bool = False, **ask: Any,
+) -> Decision:
+    fallback = fallback or {}
+    policy = PlanningPolicy(cpu_safety_margin=0.5, gpu_safety_margin=0.25, max_attempts=3)
+    values: dict[str, Any] = {"net_batch": 64, "test_batch": None, "test_iter": 1, **ask}
+    return plan_job(
+        footprint,
+        JobAsk(batch=requested_batch, safety_margin=fallback.get("safety_margin"), start=fallback.get("start", "plan"),
+               **values),
+        engine=engine, limit_bytes=limit_bytes, policy=policy, attempts_made=attempts_made, placing=placing,
+    )
 
 
 def batch(decision: Decision) -> tuple[int, int]:
@@ -58,3 +65,19 @@ def test_no_plan_is_left_alone_by_the_wanted_start() -> None:
     decision = plan(limit_bytes=100 * MIB, requested_batch=8, fallback={"start": "wanted"})
     assert decision.plan is None and "does not fit even at batch 1" in decision.message
     assert plan(attempts_made=3).plan is None  # the retry budget
+
+
+def test_auto_is_capped_at_the_training_sets_size_and_says_so() -> None:
+    decision = plan(train_items=300)
+    assert batch(decision) == (300, 1) and decision.limited_by == "max_batch"
+    assert plan().limited_by == "memory" and plan().largest == 412
+    assert batch(plan(requested_batch=1000, train_items=300)) == (334, 3)  # a number asked for is not capped
+
+
+def test_the_policy_gives_each_kind_of_device_its_engine_and_margin() -> None:
+    policy = PlanningPolicy(gpu_engine="gpu", cpu_safety_margin=0.02, gpu_safety_margin=0.07)
+    assert (policy.engine("cpu"), policy.engine("gpu")) == ("cpu", "gpu")
+    assert (policy.safety_margin("cpu"), policy.safety_margin("gpu"), policy.safety_margin("gpu-cudnn")) == (
+        0.02, 0.07, 0.07
+    )
+    assert plan(engine=ENGINE_CUDNN).safety_margin == 0.25

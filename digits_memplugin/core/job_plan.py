@@ -1,0 +1,140 @@
+"""Planning a job on one device: the one function the REST estimate, the New model form, the command line and the
+job manager all plan with, so that the batch a page suggests is the batch the job trains.
+
+A job asks for a batch (a number, "auto", or the net's own) and runs on a device of some kind. The policy says
+which engine trains on that kind of device and how much of its free memory is kept back; the plan then follows the
+fallback policy's rules (core.fallback.decide): the wanted batch, kept through iter_size when it does not fit (or
+cannot be built in one pass); for "auto" the largest batch that fits, never more than the training set holds; the
+test batch shrunk only when not even train batch 1 fits beside it. A job that asked to start with its wanted batch
+as given ("start": "wanted") gets it for its first attempt. After out-of-memory failures, the same function plans
+the retry on the estimate the failures corrected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from .errors import BatchLimitError
+from .fallback import (
+    CPU_SAFETY_MARGIN,
+    DEFAULT_GROWTH,
+    DEFAULT_MAX_ATTEMPTS,
+    GPU_SAFETY_MARGIN,
+    Decision,
+    Failure,
+    Footprint,
+    Policy,
+    decide,
+)
+from .layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
+from .planner import BatchPlan, auto_batch_limit, usable_bytes
+
+AUTO = "auto"
+"""The batch of a job that asks for the largest that fits."""
+START_PLAN = "plan"
+START_WANTED = "wanted"
+CPU = "cpu"
+"""The kind of the CPU device; every other kind is a GPU's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanningPolicy:
+    """How jobs are planned on each kind of device: the engine that trains there and the memory kept back. One
+    server has one policy (its settings), read by every path that plans."""
+
+    gpu_engine: str = ENGINE_CUDNN
+    cpu_safety_margin: float = CPU_SAFETY_MARGIN
+    gpu_safety_margin: float = GPU_SAFETY_MARGIN
+    growth: float = DEFAULT_GROWTH
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.gpu_engine not in ENGINES or self.gpu_engine == ENGINE_CPU:
+            raise ValueError(f"gpu_engine must be a GPU engine, got {self.gpu_engine!r}")
+        for name in ("cpu_safety_margin", "gpu_safety_margin"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+    def engine(self, device_kind: str) -> str:
+        """The engine that trains on a device of this kind."""
+        return ENGINE_CPU if device_kind == CPU else self.gpu_engine
+
+    def safety_margin(self, engine: str) -> float:
+        """The fraction of free memory kept back on a device trained with this engine."""
+        return self.cpu_safety_margin if engine == ENGINE_CPU else self.gpu_safety_margin
+
+
+@dataclasses.dataclass(frozen=True)
+class JobAsk:
+    """What a job asks of its plan, as plain values (the request and the net's own figures)."""
+
+    batch: int | str | None = None
+    """The wanted batch: a number, AUTO, or None for the net's own."""
+    net_batch: int | None = None
+    test_batch: int | None = None
+    """The test nets' own batch (None: no test net)."""
+    test_iter: int = 1
+    train_items: int | None = None
+    """Items in the training set, when known: "auto" never plans a pass larger."""
+    max_batch: int | None = None
+    """A cap on one pass asked for explicitly (the estimate API's max_batch)."""
+    safety_margin: float | None = None
+    """The job's own margin (None: the policy's for the engine)."""
+    growth: float | None = None
+    max_attempts: int | None = None
+    start: str = START_PLAN
+    effective_batch: int | None = None
+    """The effective batch a started job keeps (with `iteration` > 0)."""
+    iteration: int = 0
+
+    def wanted(self) -> int | None:
+        """The effective batch to reach: fixed once training has started; else as asked (None: auto)."""
+        if self.effective_batch is not None and self.iteration > 0:
+            return self.effective_batch
+        if self.batch == AUTO:
+            return None
+        return int(self.batch) if self.batch is not None else self.net_batch
+
+
+def plan_job(
+    footprint: Footprint,
+    ask: JobAsk,
+    *,
+    engine: str,
+    limit_bytes: int,
+    policy: PlanningPolicy | None = None,
+    failures: Sequence[Failure] = (),
+    attempts_made: int = 0,
+    placing: bool = False,
+    known: Mapping[int, int] | None = None,
+) -> Decision:
+    """The plan of a job on a device trained with `engine` that has `limit_bytes` for it.
+
+    `footprint(batch, test_batch)`: the job's estimate in bytes; `failures` and `attempts_made`: the job's
+    out-of-memory attempts so far on this device; `placing`: the plan that decides where the job fits, which the
+    "wanted" start does not change; `known`: footprints already computed at the net's test batch (the search
+    starts from them)."""
+    policy = policy or PlanningPolicy()
+    margin = ask.safety_margin if ask.safety_margin is not None else policy.safety_margin(engine)
+    fallback = Policy(
+        safety_margin=margin,
+        growth=ask.growth if ask.growth is not None else policy.growth,
+        max_attempts=ask.max_attempts if ask.max_attempts is not None else policy.max_attempts,
+    )
+    wanted = ask.wanted()
+    caps = [cap for cap in (ask.max_batch, auto_batch_limit(ask.train_items) if wanted is None else None) if cap]
+    decision = decide(
+        fallback, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
+        test_batch=ask.test_batch, test_iter=ask.test_iter, max_batch=min(caps) if caps else None, known=known,
+    )
+    if placing or decision.plan is None or attempts_made or failures or ask.start != START_WANTED or not wanted:
+        return decision
+    try:
+        cost = footprint(wanted, None)
+    except BatchLimitError:
+        return decision  # Caffe cannot build it in one pass at all: the planned iter_size is the start
+    plan = BatchPlan(wanted, 1, cost <= usable_bytes(limit_bytes, margin), cost, wanted)
+    return dataclasses.replace(
+        decision, plan=plan, message=f"the wanted batch {wanted} as given first (fallback start \"wanted\")"
+    )

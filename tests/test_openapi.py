@@ -1,0 +1,240 @@
+"""`<prefix>/api/openapi.json`: a valid OpenAPI 3.1 document of the whole REST API, whose routes are the app's and
+whose schemas hold the answers the app really gives (checked with openapi-core, status codes included)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import two_gpus
+from flask import Flask
+from flask.testing import FlaskClient
+from openapi_core import OpenAPI
+from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
+from openapi_spec_validator import validate
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
+from werkzeug.test import EnvironBuilder, TestResponse
+from werkzeug.wrappers import Request
+
+from digits_memplugin import create_app, devices
+from digits_memplugin.core.estimate import EstimateRequest, estimate
+from digits_memplugin.core.layers.base import CATEGORIES, ENGINES
+from digits_memplugin.fake_nvml import FakeNvml
+from digits_memplugin.jobs import request as job_request
+from digits_memplugin.jobs.records import JOB_STATES
+from digits_memplugin.resources import package_data_dir
+from digits_memplugin.web import api, api_estimate
+from digits_memplugin.web.api_openapi import load_document
+
+pytest_plugins = ["test_jobs_fixtures"]
+
+BUNDLED_LENET = (package_data_dir("networks") / "lenet.prototxt").read_text()
+"""The LeNet the New model page offers (DIGITS stages, num_output from `classes`)."""
+GPU0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+
+
+def api_root(app: Flask) -> str:
+    return app.config["MEMPLUGIN_URL_PREFIX"].rstrip("/") + api.API_PATH
+
+
+def served(client: FlaskClient, app: Flask) -> dict[str, Any]:
+    response = client.get(f"{api_root(app)}/openapi.json")
+    assert response.status_code == 200 and response.mimetype == "application/json", response.status_code
+    return response.get_json()  # type: ignore[no-any-return]
+
+
+class Checker:
+    """Validates real exchanges against the served document: the path and method must be an operation, the
+    status one it lists by number (not only its `default`), the body its schema for that status and type."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.openapi = OpenAPI.from_dict(document)
+
+    def __call__(
+        self, client: FlaskClient, method: str, url: str, *, request_too: bool = False, **options: Any
+    ) -> TestResponse:
+        """Send the request, and validate the answer (and with `request_too` the request) against the document.
+        The client reads the request's body, so openapi-core is given a twin built from the same arguments."""
+        response = client.open(url, method=method, **options)
+        request = WerkzeugOpenAPIRequest(Request(EnvironBuilder(url, method=method, **options).get_environ()))
+        if request_too:
+            self.openapi.validate_request(request)
+        self.openapi.validate_response(request, WerkzeugOpenAPIResponse(response))
+        path, operation = self.operation(response)
+        listed = self.document["paths"][path][operation]["responses"]
+        assert str(response.status_code) in listed, f"{method} {path}: {response.status_code} is not listed"
+        return response
+
+    def operation(self, response: TestResponse) -> tuple[str, str]:
+        root = self.document["servers"][0]["url"]
+        assert response.request.path.startswith(root + "/")
+        rest = response.request.path[len(root):]
+        for path in self.document["paths"]:
+            if re.fullmatch(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path)), rest):
+                return path, response.request.method.lower()
+        raise AssertionError(f"{rest} is in no documented path")
+
+
+@pytest.fixture
+def check(app: Flask, client: FlaskClient) -> Checker:
+    return Checker(served(client, app))
+
+
+def test_the_served_document_is_valid_openapi_3_1(app: Flask, client: FlaskClient) -> None:
+    document = served(client, app)
+    validate(document)  # raises with the first problem
+    assert document["openapi"].startswith("3.1.")
+
+
+def test_the_served_document_names_this_servers_api_root(data_dir: Path) -> None:
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "MEMPLUGIN_URL_PREFIX": "/gpu"})
+    try:
+        client = app.test_client()
+        assert served(client, app)["servers"][0]["url"] == "/gpu/api"
+        assert served(client, app)["paths"] == load_document()["paths"]
+    finally:
+        app.extensions["memplugin"].close()
+
+
+def routes_in_the_app(app: Flask) -> set[tuple[str, str]]:
+    """(path relative to the API root, method) of every API route, OpenAPI-style ({job_id}); not the catch-alls
+    that answer unknown paths with a JSON 404/405, nor the HEAD and OPTIONS every GET route has."""
+    root = api_root(app)
+    routes = set()
+    for rule in app.url_map.iter_rules():
+        if not rule.rule.startswith(root + "/") or app.view_functions[rule.endpoint] is api.unknown_api_path:
+            continue
+        path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule.rule[len(root):])
+        routes |= {(path, method.lower()) for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}
+    return routes
+
+
+def test_every_api_route_is_documented_and_every_documented_route_exists(app: Flask, client: FlaskClient) -> None:
+    document = served(client, app)
+    verbs = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+    documented = {(path, method) for path, item in document["paths"].items() for method in item if method in verbs}
+    in_app = routes_in_the_app(app)
+    assert len(in_app) >= 12  # health, openapi, devices, estimate, jobs x2, a job x2, cancel, resume, log, progress
+    assert documented == in_app
+
+
+def test_health_devices_and_estimates_match_the_document(
+    install_nvml: Callable[[FakeNvml], FakeNvml], fixed_host: devices.HostPaths, app: Flask, client: FlaskClient,
+    check: Checker,
+) -> None:
+    install_nvml(FakeNvml(two_gpus()))
+    root = api_root(app)
+    assert check(client, "GET", f"{root}/health").get_json()["gpu_count"] == 2
+    assert check(client, "GET", f"{root}/openapi.json").status_code == 200
+    listed = check(client, "GET", f"{root}/devices").get_json()
+    assert [row["kind"] for row in listed["devices"]] == ["gpu", "gpu", "cpu"]
+
+    lenet = {"net": BUNDLED_LENET, "data_shapes": {"*": [1, 28, 28]}, "classes": 10}
+    for body in (
+        lenet,
+        {**lenet, "batch": 256, "engine": "gpu-cudnn", "free_bytes": "8GiB", "curve_batches": [1, 64, 1024]},
+        {**lenet, "device": GPU0, "devices": "all", "safety_margin": 0.2, "max_batch": 100},
+        {**lenet, "free_bytes": 1, "test_batch": 10},  # not even batch 1 fits
+        {**lenet, "batch": 200000, "free_bytes": "1TiB"},  # past Caffe's blob limit: a blob_limit section
+    ):
+        answer = check(client, "POST", f"{root}/estimate", json=body, request_too=True)
+        assert answer.status_code == 200 and answer.get_json()["total_bytes"] > 0, answer.get_json()
+    assert answer.get_json()["blob_limit"]["iter_size"] == 2 and answer.get_json()["max_batch_limited_by"]
+    assert set(answer.get_json()) >= {"plan", "max_batch_size"}
+    assert check(client, "GET", f"{root}/datasets").status_code == 200
+
+    refused = [
+        check(client, "POST", f"{root}/estimate", json={"net": BUNDLED_LENET, "free_bytes": "8 gigs", "bach": 1}),
+        check(client, "POST", f"{root}/estimate", json={"net": "layer { name: 'x' type: 'Foo' top: 'x' }"}),
+        check(client, "POST", f"{root}/estimate", data=b"{", content_type="application/json"),
+        check(client, "POST", f"{root}/estimate", data=b"{}", content_type="text/plain"),
+    ]
+    assert [response.status_code for response in refused] == [400] * 4
+    assert refused[1].get_json()["errors"]["net"]["line"] == 1
+
+
+def test_answers_to_bad_requests_match_the_document(data_dir: Path) -> None:
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_MAX_REQUEST_BYTES": 4096, "MEMPLUGIN_API_TOKEN": "a-token-of-24-characters"})
+    try:
+        client = app.test_client()
+        root = api_root(app)
+        check = Checker(served(client, app))  # reading the document needs no token: reads are open here
+        token = {"Authorization": "Bearer a-token-of-24-characters"}
+        assert check(client, "POST", f"{root}/estimate", json={"net": "x" * 5000}, headers=token).status_code == 413
+        assert check(client, "POST", f"{root}/jobs", json={"net": LENET}).status_code == 401
+        assert check(client, "GET", f"{root}/jobs?limit=0", headers=token).status_code == 400
+        assert check(client, "GET", f"{root}/jobs/nope", headers=token).status_code == 404
+        assert check(client, "POST", f"{root}/jobs/nope/cancel", headers=token).status_code == 404
+        cross_site = {**token, "Origin": "http://elsewhere.example"}
+        assert check(client, "DELETE", f"{root}/jobs/nope", headers=cross_site).status_code == 403
+    finally:
+        app.extensions["memplugin"].close()
+
+
+@pytest.fixture
+def jobs_app(data_dir: Path, datasets: Path) -> Iterator[Flask]:
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "TESTING": True})
+    yield app
+    app.extensions["memplugin"].close()
+
+
+@pytest.mark.slow
+def test_a_job_from_submission_to_deletion_matches_the_document(jobs_app: Flask) -> None:
+    client = jobs_app.test_client()
+    check = Checker(served(client, jobs_app))
+    root = api_root(jobs_app)
+    assert check(client, "GET", f"{root}/jobs").get_json()["jobs"] == []
+    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4,
+            "memory_cap": "2GiB", "fallback": {"max_attempts": 2, "start": "plan"}}
+    created = check(client, "POST", f"{root}/jobs", json=body, request_too=True)
+    assert created.status_code == 201, created.get_json()
+    job = f"{root}/jobs/{created.get_json()['id']}"
+    wait_for(lambda: client.get(job).get_json()["status"] in ("done", "failed"), timeout=120, what="the job to end")
+    shown = check(client, "GET", job).get_json()
+    assert shown["status"] == "done" and shown["attempts"][0]["status"] == "success", shown
+    assert check(client, "GET", f"{root}/jobs?limit=1").get_json()["total"] == 1
+    assert check(client, "GET", f"{job}/progress").get_json()["records"]
+    assert check(client, "GET", f"{job}/log?tail=2").mimetype == "text/plain"
+    assert check(client, "GET", f"{job}/log?attempt=9").status_code == 404
+    assert check(client, "POST", f"{job}/cancel").status_code == 409
+    assert check(client, "POST", f"{job}/resume").status_code == 409
+    assert check(client, "POST", f"{root}/jobs", json={**body, "batch": 0, "fallback": {"growth": 2}}).status_code == 400
+    form = {**{key: str(value) for key, value in body.items() if key not in ("data", "fallback")}, "data": "{"}
+    assert check(client, "POST", f"{root}/jobs", data=form, content_type="multipart/form-data").status_code == 400
+    assert check(client, "DELETE", job).status_code == 204
+    assert check(client, "GET", job).status_code == 404
+
+
+def test_the_request_schemas_name_every_field_the_api_takes() -> None:
+    """The document is maintained by hand: a field added to a request (or a state, an engine) must be added there."""
+    schemas = load_document()["components"]["schemas"]
+    assert set(schemas["EstimateRequest"]["properties"]) == set(api_estimate.FIELDS)
+    assert set(schemas["JobRequest"]["properties"]) == set(job_request.FIELDS)
+    assert set(schemas["JobForm"]["properties"]) == set(job_request.FIELDS)
+    assert set(schemas["JobRequest"]["properties"]["fallback"]["properties"]) == set(job_request.FALLBACK_FIELDS)
+    assert tuple(schemas["EstimateRequest"]["properties"]["engine"]["enum"]) == ENGINES
+    assert set(schemas["Estimate"]["properties"]["categories"]["required"]) == set(CATEGORIES)
+    assert tuple(schemas["Job"]["properties"]["status"]["enum"]) == JOB_STATES
+
+
+def test_the_estimate_schema_names_every_field_an_estimate_has() -> None:
+    """Every key of real estimate documents (a plan, device plans, a curve, a blob limit, an NVcaffe net) is in the
+    Estimate schema, and every device plan's key in DevicePlan: a field added to the document must be added there."""
+    schemas = load_document()["components"]["schemas"]
+    documents = [
+        estimate(EstimateRequest(net=BUNDLED_LENET, data_shapes={"*": (1, 28, 28)}, classes=10, batch=200000,
+                                 free_bytes=1 << 40, budgets={"cpu": 1 << 30}, curve_batches=(1, 64))),
+        estimate(EstimateRequest(net=BUNDLED_LENET, data_shapes={"*": (1, 28, 28)}, classes=10)),
+    ]
+    for document in documents:
+        assert set(document) <= set(schemas["Estimate"]["properties"]), set(document) - set(
+            schemas["Estimate"]["properties"]
+        )
+    plan = documents[0]["plans"]["cpu"]
+    assert set(plan) <= set(schemas["DevicePlan"]["properties"]), set(plan) - set(schemas["DevicePlan"]["properties"])

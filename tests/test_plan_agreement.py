@@ -1,0 +1,99 @@
+"""One planning path (issue 15): the same job asked for through the New model form (its preview), `POST
+/api/estimate`, `digits-memplugin estimate` and a real job on the CPU gets the same batch_size, iter_size and test
+batch, because all four plan with core.job_plan.plan_job under the server's one policy. Under a 64 MiB CPU cap
+LeNet's batch 512 does not fit in one pass, so the agreement covers iter_size too; the job trains for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from test_jobs_fixtures import LENET, SHORT_SOLVER, datasets, wait_for  # noqa: F401 - datasets is a fixture
+
+from digits_memplugin.app import create_app
+
+pytestmark = pytest.mark.slow
+
+CAP = 64 * 1024 * 1024
+SOLVER = SHORT_SOLVER.replace("max_iter: 10000", "max_iter: 2")
+_FIRST, _SECOND = LENET.split('name: "mnist"', 2)[:2], LENET.split('name: "mnist"', 2)[2]
+NET = 'name: "mnist"'.join(_FIRST) + 'name: "mnist_val"' + _SECOND
+"""Caffe's LeNet with its TEST data layer named apart from the TRAIN one, as a form's two datasets need."""
+SCRIPT = Path(sys.executable).parent / "digits-memplugin"
+
+
+@pytest.fixture
+def app(tmp_path: Path, datasets: Path) -> Iterator[Flask]:  # noqa: F811 - the fixture above
+    app = create_app({"MEMPLUGIN_DATA_DIR": tmp_path / "data", "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True})
+    yield app
+    app.extensions["memplugin"].close()
+
+
+def form(**fields: Any) -> dict[str, Any]:
+    return {
+        "model_name": "agreement", "network": "custom", "custom_network": NET, "solver": "file",
+        "solver_text": SOLVER, "train_source": "mnist_train_lmdb", "val_source": "mnist_test_lmdb",
+        "item_shape": "1,28,28", "classes": 10, "batch_size": 512, "device": "cpu", **fields,
+    }
+
+
+def triple(plan: dict[str, Any], test_plan: dict[str, Any] | None, own_test_batch: int) -> tuple[int, int, int]:
+    return plan["batch_size"], plan["iter_size"], (test_plan or {}).get("batch_size", own_test_batch)
+
+
+def test_the_form_the_rest_estimate_the_cli_and_a_job_plan_alike(app: Flask, tmp_path: Path) -> None:
+    client = app.test_client()
+    prefix = app.extensions["memplugin"].settings.url_prefix
+
+    # 1. The form, as it would create the job (the manager's preview of the typed request).
+    preview = client.post(f"{prefix}/models/preview.json", json=form())
+    assert preview.status_code == 200, preview.get_json()
+    shown = preview.get_json()
+    assert shown["planned_by"] == "job" and shown["engine"] == "cpu"
+    limit = shown["free_bytes"]  # the cap less Caffe's thread stacks: what the job's attempt may plan with
+    assert limit < CAP
+    form_plan = triple(shown["plan"], shown["test_plan"], 100)
+    assert form_plan[1] > 1, "512 should need passes under a 64 MiB cap"
+
+    # 2. POST /api/estimate with the same texts and memory: the same function, the same margin (the policy's).
+    body = {"net": NET, "solver": SOLVER, "data_shapes": {"data": [1, 28, 28]}, "classes": 10, "batch": 512,
+            "engine": "cpu", "free_bytes": limit}
+    answer = client.post(f"{prefix}/api/estimate", json=body)
+    assert answer.status_code == 200, answer.get_json()
+    document = answer.get_json()
+    assert document["safety_margin"] == 0.03
+    rest_plan = triple(document["plan"], document["test_plan"], document["test_batch_size"])
+
+    # 3. digits-memplugin estimate.
+    (tmp_path / "net.prototxt").write_text(NET, encoding="utf-8")
+    result = subprocess.run(
+        [SCRIPT, "estimate", tmp_path / "net.prototxt", "--data-shape", "data=1,28,28", "--batch", "512",
+         "--free-bytes", str(limit), "--engine", "cpu", "--json", "--no-pycaffe"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    cli_plan = triple(printed["plan"], printed["test_plan"], printed["test_batch_size"])
+
+    # 4. The job itself, created by the form and trained on the CPU under the cap: its first attempt's plan.
+    created = client.post(f"{prefix}/models.json", json=form())
+    assert created.status_code == 201, created.get_json()
+    job_url = f"{prefix}/api/jobs/{created.get_json()['id']}"
+    job = wait_for(lambda: (doc := client.get(job_url).get_json())["attempts"] and doc, timeout=120,
+                   what="the job's first attempt")
+    first = job["attempts"][0]
+    job_plan = (first["batch_size"], first["iter_size"], first["test_batch_size"])
+
+    assert form_plan == rest_plan == cli_plan == job_plan, {
+        "form": form_plan, "rest": rest_plan, "cli": cli_plan, "job": job_plan,
+    }
+    ended = wait_for(lambda: (doc := client.get(job_url).get_json())["status"] in ("done", "failed") and doc,
+                     timeout=180, what="the job to end")
+    assert ended["status"] == "done", ended
