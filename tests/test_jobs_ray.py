@@ -1,7 +1,8 @@
 """The Ray backend end to end on a real local Ray cluster: a head and a second node (two `ray start --block`
 processes with their own resources and fake GPUs), each with its device agent, and the web app on the Ray
 backend. A LeNet job on the CPU is placed on the node asked, its progress reaches a websocket client, cancel
-stops it, and an out-of-memory attempt under a memory cap is retried at a smaller batch.
+stops it, and an out-of-memory attempt under a memory cap is retried at a smaller batch, with the same attempts and
+records as the same job on the local backend.
 
 Every wait is bounded, and the cluster is always stopped: each `ray start --block` runs in its own session
 (killed as a group), and whatever still names the cluster's temporary folder afterwards is killed by its pid.
@@ -266,18 +267,43 @@ def test_cancel_stops_the_job_on_its_node(cluster: Cluster, ray_app: Any) -> Non
              what="Ray to see the job end")
 
 
-def test_an_out_of_memory_attempt_under_a_cap_is_retried_smaller(ray_app: Any) -> None:
-    api = ray_app.test_client()
-    job = api.post(API, json=body(device="cpu@n2", batch=512, memory_cap=64 * MIB,
-                                  fallback={"start": "wanted"})).get_json()
-    assert "id" in job, job
-    document = ended(api, job["id"], timeout=240)
-    assert document["status"] == "done", document
-    first, *_, last = document["attempts"]
-    assert (first["status"], first["batch_size"]) == ("out_of_memory", 512)
-    assert first["out_of_memory"]["signature"] == "host_allocation_failed"  # classified on the node
-    assert last["status"] == "success" and last["batch_size"] < 512
-    assert last["batch_size"] * last["iter_size"] >= 512
+def _agreeing(document: dict[str, Any], progress: dict[str, Any]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """What must be the same on both backends: each attempt's plan and end, each record's attempt, kind and
+    iteration (times and memory readings vary from run to run)."""
+    attempts = [(a["status"], a["batch_size"], a["iter_size"], a["test_batch_size"], a["start_iteration"],
+                 a["end_iteration"], (a["out_of_memory"] or {}).get("signature")) for a in document["attempts"]]
+    records = [(r.get("attempt"), r.get("event"), r.get("iteration")) for r in progress["records"]]
+    return attempts, records
+
+
+def test_an_out_of_memory_attempt_under_a_cap_is_retried_smaller_as_the_local_backend_does(
+    ray_app: Any, tmp_path: Path, datasets: Path
+) -> None:
+    """The issue's REST job under a 64 MiB cap on a node of the cluster, and the same job on the local backend:
+    the same attempts (an out-of-memory one, then the plan that fits) and the same records."""
+    local_app = create_app({
+        "MEMPLUGIN_DATA_DIR": tmp_path / "local", "MEMPLUGIN_ASYNC_MODE": "threading",
+        "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_JOB_EVENTS_PER_SECOND": 50, "TESTING": True,
+    })
+    seen = {}
+    try:
+        for name, app, device in (("ray", ray_app, "cpu@n2"), ("local", local_app, "cpu")):
+            api = app.test_client()
+            job = api.post(API, json=body(device=device, batch=512, memory_cap=64 * MIB,
+                                          fallback={"start": "wanted"})).get_json()
+            assert "id" in job, job
+            document = ended(api, job["id"], timeout=240)
+            assert document["status"] == "done", (name, document)
+            seen[name] = _agreeing(document, api.get(f"{API}/{job['id']}/progress").get_json())
+    finally:
+        get_plugin(local_app).close()
+    attempts, records = seen["ray"]
+    first, *_, last = attempts
+    assert first[:2] == ("out_of_memory", 512)
+    assert first[-1] == "host_allocation_failed"  # classified on the node
+    assert last[0] == "success" and last[1] < 512 and last[1] * last[2] >= 512
+    assert records and records[-1][:3] == (len(attempts), "iteration", 4), records
+    assert seen["ray"] == seen["local"]
 
 
 def test_the_gevent_server_runs_jobs_on_the_ray_backend(cluster: Cluster, tmp_path: Path, datasets: Path) -> None:
