@@ -25,6 +25,7 @@ PACKAGES = {
     "numpy": {"numpy"},
     "scikit-learn": {"sklearn", "scipy"},
     "pycaffe": {"caffe"},
+    "websocket-client": {"websocket"},
 }
 
 

@@ -29,7 +29,7 @@ from digits_memplugin.jobs.backend import Launch, LocalBackend
 from digits_memplugin.jobs.cluster import ClusterDeviceReader, cpu_host
 from digits_memplugin.jobs.manager import STORE_FILE, JobManager, ManagerConfig
 from digits_memplugin.jobs.node import result_from_json, result_to_json
-from digits_memplugin.jobs.ray_backend import RayAttempt, RayBackend, RayError
+from digits_memplugin.jobs.ray_backend import RayAttempt, RayBackend, RayError, TailClosed
 from digits_memplugin.jobs.records import Attempt, Job
 from digits_memplugin.jobs.scheduler import DeviceRefused, admit, normalise_device
 from digits_memplugin.jobs.store import JobStore
@@ -232,9 +232,48 @@ class ScriptedJobs:
     def logs(self, submission_id: str) -> str:
         return self._now()[1]
 
+    def tail(self, submission_id: str) -> Any:
+        raise RayError("this dashboard has no log tail")  # the attempt reads the whole log at each poll
+
     def stop(self, submission_id: str) -> bool:
         self.stopped.append(submission_id)
         return True
+
+
+class ScriptedTail:
+    """A log-tail websocket that gives these chunks, then closes (as Ray does once the job has ended)."""
+
+    def __init__(self, chunks: Sequence[str]) -> None:
+        self.chunks = list(chunks)
+        self.closed = False
+
+    def read(self, timeout: float) -> str | None:
+        if not self.chunks:
+            raise TailClosed("closed by Ray")
+        return self.chunks.pop(0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class TailedJobs(ScriptedJobs):
+    """A Jobs API whose log is read through tails, one per opening, each from the start of the log."""
+
+    def __init__(self, script: Sequence[tuple[str, str]], tails: Sequence[Sequence[str]]) -> None:
+        super().__init__(script)
+        self.tails = [ScriptedTail(chunks) for chunks in tails]
+        self.opened: list[ScriptedTail] = []
+        self.whole_reads = 0
+
+    def tail(self, submission_id: str) -> ScriptedTail:
+        if not self.tails:
+            raise RayError("no more tails")
+        self.opened.append(self.tails.pop(0))
+        return self.opened[-1]
+
+    def logs(self, submission_id: str) -> str:
+        self.whole_reads += 1
+        return super().logs(submission_id)
 
 
 def _line(kind: str, **payload: Any) -> str:
@@ -267,6 +306,43 @@ def test_the_result_is_rebuilt_from_the_nodes_lines_however_the_log_is_cut(tmp_p
     assert records == [{"event": "iteration", "iteration": 1}]
     assert lines[0].startswith("F1203") and attempt.host == "n1"
     assert result_from_json(json.loads(json.dumps(result_to_json(result)))) == result
+
+
+def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_path: Path) -> None:
+    """A long job prints a record per iteration: reading its whole log at every poll would grow without bound."""
+    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    text = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in range(1, 200))
+    text += _line("outcome", result=result_to_json(result))
+    chunks = [text[i:i + 97] for i in range(0, len(text), 97)]  # chunks that end inside lines
+    jobs = TailedJobs([("RUNNING", text)], [chunks])
+    attempt, records, _ = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert [r["iteration"] for r in records] == list(range(1, 200))
+    assert jobs.whole_reads == 0 and jobs.opened[0].closed
+
+
+def test_a_tail_opened_again_reads_each_line_once(tmp_path: Path) -> None:
+    """The dashboard closed the tail while the job ran (restarted): the next tail starts at the log's beginning."""
+    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    head = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in (1, 2, 3))
+    text = head + _line("record", record={"event": "iteration", "iteration": 4})
+    text += _line("outcome", result=result_to_json(result))
+    cut = len(head) + 5
+    jobs = TailedJobs([("RUNNING", text)], [[text[:cut]], [text[:10], text[10:]]])
+    attempt, records, _ = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    assert len(jobs.opened) == 2 and jobs.whole_reads == 0
+
+
+def test_without_a_tail_the_whole_log_is_read_from_where_it_ended(tmp_path: Path) -> None:
+    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    first = _line("record", record={"event": "iteration", "iteration": 1})
+    text = first + _line("outcome", result=result_to_json(result))
+    jobs = TailedJobs([("RUNNING", first), ("RUNNING", first), ("RUNNING", text)], [])
+    attempt, records, _ = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert [r["iteration"] for r in records] == [1] and jobs.whole_reads == 2
 
 
 def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path) -> None:
@@ -427,6 +503,9 @@ class SubprocessJobs:
     def logs(self, submission_id: str) -> str:
         return self.jobs[submission_id][1].read_text(errors="replace")
 
+    def tail(self, submission_id: str) -> FileTail:
+        return FileTail(*self.jobs[submission_id])
+
     def stop(self, submission_id: str) -> bool:
         process, _ = self.jobs[submission_id]
         self.stopped.add(submission_id)
@@ -438,6 +517,30 @@ class SubprocessJobs:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+class FileTail:
+    """Ray's log tail over a subprocess's output file: each new chunk once, closed when the process has ended and
+    everything was read."""
+
+    def __init__(self, process: subprocess.Popen[bytes], path: Path) -> None:
+        self.process, self.file = process, path.open("rb")
+
+    def read(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = self.process.poll() is not None
+            data = self.file.read()
+            if data:
+                return data.decode("utf-8", errors="replace")
+            if ended:
+                raise TailClosed("the job ended")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _shape(records: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -227,7 +228,10 @@ def test_every_hosts_devices_are_listed_with_the_host(ray_app: Any) -> None:
     assert len([row for row in document["devices"] if row["kind"] == "gpu"]) == 3  # 2 on the head, 1 on n2
 
 
-def test_a_job_runs_on_the_node_asked_and_streams_its_progress(cluster: Cluster, ray_app: Any) -> None:
+def test_a_job_runs_on_the_node_asked_and_streams_its_progress(
+    cluster: Cluster, ray_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="digits_memplugin.jobs.ray_backend")
     api = ray_app.test_client()
     watcher = get_plugin(ray_app).socketio.test_client(ray_app, namespace=NS)
     job = api.post(API, json=body(device="cpu@n2")).get_json()
@@ -253,6 +257,7 @@ def test_a_job_runs_on_the_node_asked_and_streams_its_progress(cluster: Cluster,
     ran_on = cluster.job(f"{job['id']}-1")["driver_node_id"]
     node = next(node for node in cluster.nodes() if node["node_id"] == ran_on)
     assert host_resource("n2") in node["resources_total"]  # the node asked, not the head
+    assert not [r for r in caplog.records if "whole log" in r.getMessage()]  # followed through Ray's log tail
 
 
 def test_cancel_stops_the_job_on_its_node(cluster: Cluster, ray_app: Any) -> None:

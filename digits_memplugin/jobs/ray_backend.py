@@ -7,7 +7,11 @@ Each attempt is one Ray job, submission id `<job>-<attempt>` (Ray refuses an id 
 the node wrapper (jobs.node) on the host the scheduler chose: a GPU is pinned by the per-GPU custom resource
 `memplugin_gpu:<UUID>` (each node declares one per GPU, sized jobs-per-GPU: `num_gpus` cannot choose a GPU) plus
 our own CUDA_VISIBLE_DEVICES; a host's CPU by `memplugin_cpu:<host>`. The wrapper prints the attempt's records,
-Caffe's log lines and its result as JSON lines; the manager follows the job's logs and rebuilds the result.
+Caffe's log lines and its result as JSON lines; the manager follows the job's log and rebuilds the result.
+
+The log is followed through Ray's log-tail websocket (each new chunk once), not by reading the whole log at every
+poll: a long job prints a record per iteration, and reading it all again each second grows without bound. Where
+the websocket cannot be opened, the whole log is read (from where the last read ended) once per poll instead.
 
 Stop is Ray's stop (SIGTERM, SIGKILL 3 s later) plus a `cancel` file in the attempt's folder: Ray leaves a job it
 stopped while pending pending, and the wrapper, once it starts, sees the file and ends at once.
@@ -28,6 +32,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import websocket
 
 from ..core.oom import CANCELLED, FAILED, Outcome
 from ..devices import CPU_KEY, DeviceReader
@@ -53,11 +59,41 @@ OUTCOME_SECONDS = 5.0
 """After Ray says the job ended, how long its last log lines (the result) may take to appear."""
 STOP_WAIT_SECONDS = 3.0
 """Ray's SIGTERM-to-SIGKILL wait on stop: the wrapper's own grace stays under it, so that it can report."""
+TAIL_RETRY_SECONDS = 30.0
+"""After the log-tail websocket could not be opened, the log is polled whole for this long before trying again."""
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
 class RayError(MemPluginError):
     """The Ray cluster refused a request or cannot be reached; the message says which."""
+
+
+class TailClosed(Exception):
+    """Ray closed a job's log tail: the job has ended (or the dashboard went away)."""
+
+
+class LogTail:
+    """One open log-tail websocket of a Ray job: its log from the start, then each chunk as Ray reads it."""
+
+    def __init__(self, connection: websocket.WebSocket) -> None:
+        self.connection = connection
+
+    def read(self, timeout: float) -> str | None:
+        """The next chunk of the log; None when none came within `timeout`; TailClosed once Ray closed it."""
+        self.connection.settimeout(max(timeout, 0.01))
+        try:
+            data = self.connection.recv()
+        except (websocket.WebSocketTimeoutException, TimeoutError):
+            return None
+        except (websocket.WebSocketException, OSError) as error:
+            raise TailClosed(str(error)) from None
+        if not data:  # a close frame
+            raise TailClosed("closed by Ray")
+        return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(websocket.WebSocketException, OSError):
+            self.connection.close(timeout=1)
 
 
 class RayJobsClient:
@@ -97,6 +133,16 @@ class RayJobsClient:
     def logs(self, submission_id: str) -> str:
         return str(self._call("GET", f"/api/jobs/{submission_id}/logs").get("logs") or "")
 
+    def tail(self, submission_id: str) -> LogTail:
+        """Ray's log-tail websocket of the job (what `ray job logs --follow` reads); RayError when it cannot be
+        opened. Opening, the handshake and each read are bounded by the client's timeout."""
+        url = "ws" + self.address.removeprefix("http") + f"/api/jobs/{submission_id}/logs/tail"
+        header = [f"Authorization: Bearer {self.token}"] if self.token else []
+        try:
+            return LogTail(websocket.create_connection(url, timeout=self.timeout, header=header))
+        except (websocket.WebSocketException, OSError) as error:
+            raise RayError(f"Ray's log tail of {submission_id} at {self.address}: {error}") from None
+
     def stop(self, submission_id: str) -> bool:
         return bool(self._call("POST", f"/api/jobs/{submission_id}/stop").get("stopped"))
 
@@ -119,7 +165,11 @@ class RayAttempt:
         self._lock = threading.Lock()
         self._cancel_at: float | None = None
         self._offset = 0
+        """Characters of the job's log already read (from the tail or from a whole read)."""
         self._partial = ""
+        self._stream: LogTail | None = None
+        self._stream_position = 0
+        self._stream_failed_at: float | None = None
         self._result: AttemptResult | None = None
         self._tail: list[str] = []
 
@@ -158,16 +208,23 @@ class RayAttempt:
             log.warning("%s: Ray's stop failed (%s)", self.handle, error)
 
     def wait(self) -> AttemptResult:
-        """Follow the job's status and logs until it ends and its result is read (every wait bounded)."""
+        """Follow the job's status and log until it ends and its result is read (every wait bounded)."""
+        try:
+            return self._follow()
+        finally:
+            self._close_stream()
+
+    def _follow(self) -> AttemptResult:
         last_contact = time.monotonic()
         ended_at: float | None = None
         status: dict[str, Any] = {}
         while True:
             try:
                 status = self.client.status(self.submission_id)
-                self._read_logs()
+                waited = self._read_logs(status.get("status"))
                 last_contact = time.monotonic()
             except RayError as error:
+                waited = False
                 if time.monotonic() - last_contact > UNREACHABLE_SECONDS:
                     self.cancel()
                     return self._failed(f"the Ray cluster stopped answering: {error}")
@@ -183,17 +240,57 @@ class RayAttempt:
                 and time.monotonic() - self._cancel_at > PENDING_CANCEL_SECONDS
             ):
                 return self._ended(Outcome(CANCELLED, "cancelled before the cluster started it"), -1)
-            time.sleep(self.poll_seconds)
+            if not waited:
+                time.sleep(self.poll_seconds)
 
-    def _read_logs(self) -> None:
-        text = self.client.logs(self.submission_id)
-        if len(text) < self._offset:  # not ours to shorten: read it again from the start
+    def _read_logs(self, state: Any) -> bool:
+        """Read what is new in the job's log: from the tail for up to a poll's time when it is open (True: the
+        poll's time was spent waiting there), else the whole log once (False)."""
+        if self._stream is None and state not in TERMINAL and self._may_open_stream():
+            try:
+                self._stream, self._stream_position = self.client.tail(self.submission_id), 0
+            except RayError as error:
+                self._stream_failed_at = time.monotonic()
+                log.warning("%s: reading the whole log at each poll (%s)", self.handle, error)
+        if self._stream is None:
+            self._take(self.client.logs(self.submission_id), 0, whole=True)
+            return False
+        deadline = time.monotonic() + self.poll_seconds
+        while self._result is None:
+            try:
+                chunk = self._stream.read(deadline - time.monotonic())
+            except TailClosed:  # the job ended: a last whole read at the next poll finds anything after it
+                self._close_stream()
+                return True
+            if chunk is None:
+                break
+            self._stream_position = self._take(chunk, self._stream_position, whole=False)
+            if time.monotonic() >= deadline:
+                break
+        return True
+
+    def _may_open_stream(self) -> bool:
+        return self._stream_failed_at is None or time.monotonic() - self._stream_failed_at > TAIL_RETRY_SECONDS
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _take(self, text: str, start: int, *, whole: bool) -> int:
+        """Read the lines of `text`, which begins at character `start` of the log, past what was read already;
+        the position after it. A whole log shorter than what was read is not ours to shorten: read it again."""
+        if whole and len(text) < self._offset:
             self._offset, self._partial = 0, ""
-        chunk, self._offset = text[self._offset:], len(text)
-        lines = (self._partial + chunk).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._line(line)
+        end = start + len(text)
+        if end > self._offset:
+            chunk = text[max(self._offset - start, 0):]
+            self._offset = end
+            lines = (self._partial + chunk).split("\n")
+            self._partial = lines.pop()
+            for line in lines:
+                self._line(line)
+        return end
 
     def _line(self, line: str) -> None:
         try:
@@ -351,4 +448,4 @@ def _hosts(node: Mapping[str, Any]) -> list[str]:
     return [name[len(prefix):] for name in (node.get("resources_total") or {}) if name.startswith(prefix)]
 
 
-__all__ = ["RayAttempt", "RayBackend", "RayError", "RayJobsClient"]
+__all__ = ["LogTail", "RayAttempt", "RayBackend", "RayError", "RayJobsClient", "TailClosed"]
