@@ -224,3 +224,36 @@ def test_an_update_racing_a_delete_is_the_job_or_none_never_an_error(store: JobS
     assert errors == []
     assert all(result is None or (result.message == "waiting" and result.id in ids) for result in results)
     assert store.list_jobs() == []
+
+
+def test_two_stores_on_one_file_write_at_once_without_losing_a_write(tmp_path: Path) -> None:
+    """Two processes' stores (a leader writing progress, a follower adding jobs: docs/scale-out.md) meet each
+    other's write lock and wait for it in Python (busy_seconds), never failing nor losing a row."""
+    import threading
+
+    leader, follower = JobStore(tmp_path / "jobs.sqlite"), JobStore(tmp_path / "jobs.sqlite", busy_seconds=10)
+    leader.add_job(job("run", status="running"))
+    errors: list[BaseException] = []
+
+    def progress() -> None:
+        try:
+            for iteration in range(300):
+                leader.update_job("run", iteration=iteration, progress={"train": {"iteration": iteration}})
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    writer = threading.Thread(target=progress)
+    writer.start()
+    try:
+        for index in range(100):
+            follower.add_job(job(f"q{index}"))
+            follower.request_cancel("run", "cancelling")
+    finally:
+        writer.join(timeout=60)
+    try:
+        assert not writer.is_alive() and errors == []
+        assert leader.count_jobs(["queued"]) == 100 and leader.get_job("run").iteration == 299
+        assert follower.cancel_requests() == ["run"]
+    finally:
+        leader.close()
+        follower.close()
