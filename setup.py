@@ -71,6 +71,8 @@ setup(
             "scikit-learn>=1.3,<1.6",
             # The end-to-end test of the Ray backend starts a local cluster (tests/test_jobs_ray.py).
             "ray[default]==2.60.0",
+            # Several web workers' message queue, tested with a real redis-server (tests/test_jobs_workers.py).
+            "redis>=5,<6",
         ],
         # `digits-memplugin sample-dataset`: scikit-learn ships real handwritten digits inside its package (nothing
         # to download, which a server without internet access could not), but it brings scipy (~100 MB with it),
@@ -80,6 +82,9 @@ setup(
         # the nodes and the end-to-end test need Ray itself. Install with `-c constraints/ray.txt`, which keeps
         # protobuf 3.20 and numpy 1.x for pycaffe.
         "ray": ["ray[default]==2.60.0"],
+        # Several web workers (`serve --message-queue redis://...`): Flask-SocketIO's Redis manager imports it to
+        # carry each worker's events to every worker's browsers (docs/scale-out.md); one worker needs nothing.
+        "queue": ["redis>=5,<6"],
     },
     entry_points={"console_scripts": ["digits-memplugin=digits_memplugin.cli:main"]},
     classifiers=[

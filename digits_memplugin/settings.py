@@ -128,7 +128,8 @@ class Settings:
     """The Python on the nodes that runs the node wrapper (the same path on every host); None: this server's."""
     message_queue: str | None = None
     """Flask-SocketIO's message queue ("redis://host:6379/0"), so that events reach browsers from any of several
-    web workers; None: one worker."""
+    web workers, which then share the data folder: the first to start its job manager leads (runs the jobs), the
+    others follow (jobs.manager); None: one worker, and a second one on the folder is refused."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:

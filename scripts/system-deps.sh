@@ -17,6 +17,9 @@ packages=(
   libgtest-dev
   # the job watchdog reads a stuck training child's stack (jobs/watchdog.py)
   gdb
+  # several web workers' message queue (docs/scale-out.md); tests/test_jobs_workers.py starts its own redis-server
+  # on a free port and never uses the service this package may start on 6379
+  redis-server
 )
 if [[ "${1:-}" == "--browser" ]]; then
   packages+=(chromium)

@@ -56,10 +56,11 @@ def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> No
         db.execute("ALTER TABLE attempts DROP COLUMN allocated_bytes")
         db.execute("ALTER TABLE attempts DROP COLUMN handle")
         db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
+        db.execute("ALTER TABLE jobs DROP COLUMN cancel_requested_at")
         db.execute("UPDATE schema_version SET version = 1")
     old = JobStore(path)
     try:
-        assert old.schema_version == SCHEMA_VERSION == 3
+        assert old.schema_version == SCHEMA_VERSION == 4
         old.add_job(job())
         old.add_attempt(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=8, iter_size=1,
                                 started_at=1.0, log="attempts/1/caffe.log"))
@@ -85,15 +86,54 @@ def test_a_version_2_database_keeps_its_pids_as_handles(tmp_path: Path) -> None:
         db.execute("ALTER TABLE attempts DROP COLUMN handle")
         db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
         db.execute("UPDATE attempts SET pid = 4242")
+        db.execute("ALTER TABLE jobs DROP COLUMN cancel_requested_at")
         db.execute("UPDATE schema_version SET version = 2")
     old = JobStore(path)
     try:
         (migrated,) = old.attempts("j1")
-        assert (old.schema_version, migrated.handle, migrated.pid) == (3, "pid:4242", 4242)
+        assert (old.schema_version, migrated.handle, migrated.pid) == (4, "pid:4242", 4242)
         ray = old.update_attempt("j1", 1, handle="ray:j1-1")
         assert (ray.handle, ray.pid) == ("ray:j1-1", None)
     finally:
         old.close()
+
+
+def test_a_version_3_database_gets_cancel_requests(tmp_path: Path) -> None:
+    """Version 3 had no cancel requests (a follower's cancel of a job the leader runs); version 4 stores them."""
+    path = tmp_path / "jobs.sqlite"
+    new = JobStore(path)
+    new.add_job(job(status="running"))
+    new.close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE jobs DROP COLUMN cancel_requested_at")
+        db.execute("UPDATE schema_version SET version = 3")
+    old = JobStore(path)
+    try:
+        assert old.schema_version == 4
+        assert old.get_job("j1").cancel_requested_at is None and old.cancel_requests() == []
+        assert old.request_cancel("j1", "cancelling") is not None
+        assert old.cancel_requests() == ["j1"]
+    finally:
+        old.close()
+
+
+def test_a_cancel_request_holds_only_for_a_running_job_and_a_restart_clears_it(store: JobStore) -> None:
+    store.add_job(job("q", status="queued"))
+    store.add_job(job("r", status="running"))
+    assert store.request_cancel("q", "cancelling") is None  # not running: nothing to ask the leader
+    asked = store.request_cancel("r", "cancelling")
+    assert asked is not None and asked.cancel_requested_at is not None and asked.message == "cancelling"
+    assert store.cancel_requests() == ["r"]
+    assert "cancel_requested_at" not in asked.to_json()  # the API is unchanged: the message says it
+    store.mark_interrupted("server stopped")
+    assert store.cancel_requests() == [] and store.get_job("r").cancel_requested_at is None
+
+
+def test_a_delete_with_a_status_spares_a_job_placed_meanwhile(store: JobStore) -> None:
+    store.add_job(job("j1", status="queued"))
+    store.update_job("j1", status="running")  # placed by the leader after a follower read it queued
+    assert store.delete_job("j1", "queued") is False and store.get_job("j1") is not None
+    assert store.delete_job("j1", "running") is True and store.get_job("j1") is None
 
 
 def test_jobs_round_trip_with_json_columns_as_text(store: JobStore, tmp_path: Path) -> None:
@@ -184,3 +224,36 @@ def test_an_update_racing_a_delete_is_the_job_or_none_never_an_error(store: JobS
     assert errors == []
     assert all(result is None or (result.message == "waiting" and result.id in ids) for result in results)
     assert store.list_jobs() == []
+
+
+def test_two_stores_on_one_file_write_at_once_without_losing_a_write(tmp_path: Path) -> None:
+    """Two processes' stores (a leader writing progress, a follower adding jobs: docs/scale-out.md) meet each
+    other's write lock and wait for it in Python (busy_seconds), never failing nor losing a row."""
+    import threading
+
+    leader, follower = JobStore(tmp_path / "jobs.sqlite"), JobStore(tmp_path / "jobs.sqlite", busy_seconds=10)
+    leader.add_job(job("run", status="running"))
+    errors: list[BaseException] = []
+
+    def progress() -> None:
+        try:
+            for iteration in range(300):
+                leader.update_job("run", iteration=iteration, progress={"train": {"iteration": iteration}})
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    writer = threading.Thread(target=progress)
+    writer.start()
+    try:
+        for index in range(100):
+            follower.add_job(job(f"q{index}"))
+            follower.request_cancel("run", "cancelling")
+    finally:
+        writer.join(timeout=60)
+    try:
+        assert not writer.is_alive() and errors == []
+        assert leader.count_jobs(["queued"]) == 100 and leader.get_job("run").iteration == 299
+        assert follower.cancel_requests() == ["run"]
+    finally:
+        leader.close()
+        follower.close()

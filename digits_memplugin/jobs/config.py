@@ -52,6 +52,10 @@ class ManagerConfig:
     """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
     jobs_dir: Path | None = None
     """Where the job folders are (a folder every node sees, with the Ray backend); None: <data_dir>/jobs."""
+    shared_store: bool = False
+    """Several web workers share the data folder (a message queue carries their events): a manager that finds the
+    folder held starts as a follower instead of failing, and the leader reads the queue and the cancel requests
+    every `poll_seconds`, since a follower's writes cannot wake it (docs/scale-out.md)."""
 
     @property
     def policy(self) -> PlanningPolicy:
@@ -82,6 +86,7 @@ class ManagerConfig:
             max_stored_jobs=settings.max_stored_jobs,
             max_stored_bytes=settings.max_stored_bytes,
             jobs_dir=None if settings.shared_dir is None else settings.shared_dir / "jobs",
+            shared_store=settings.message_queue is not None,
         )
 
 

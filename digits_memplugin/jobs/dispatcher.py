@@ -1,6 +1,8 @@
 """The manager's scheduling task: it reads the devices, samples the GPU memory of running attempts, places each
 queued job where the scheduler (jobs.scheduler, pure) says, starts the placed job's task (jobs.attempts), and frees
-its slot when the task ends. It wakes on a submission, a resume or a job's end, and polls while jobs wait or run."""
+its slot when the task ends. It wakes on a submission, a resume or a job's end, and polls while jobs wait or run;
+on a shared store (several web workers, config.shared_store) it polls always, since another process's submission,
+resume or cancel request cannot wake it, and applies the cancel requests (jobs.manager's followers write them)."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class Dispatcher:
         spawn: Spawn,
         stopping: Callable[[], bool],
         jobs_root: Path,
+        cancel_requested: Callable[[str], None] = lambda job_id: None,
     ) -> None:
         self.config = config
         self.devices = devices
@@ -65,12 +68,15 @@ class Dispatcher:
         self.spawn = spawn
         self._stopping = stopping
         self.jobs_root = jobs_root
+        self.cancel_requested = cancel_requested
+        """Applies a cancel another process asked for (the store's cancel_requests), on a shared store."""
 
     def loop(self) -> None:
         while True:
             with self._lock:
                 busy = bool(self._running)
-            self._wake.wait(self.config.poll_seconds if busy or self._queued() else None)
+            polling = busy or self.config.shared_store or self._queued()
+            self._wake.wait(self.config.poll_seconds if polling else None)
             self._wake.clear()
             if self._stopping():
                 return
@@ -90,9 +96,17 @@ class Dispatcher:
             return False
 
     def _schedule(self) -> None:
+        if self.config.shared_store:
+            for job_id in self._store().cancel_requests():
+                self.cancel_requested(job_id)
+        queued = self._store().list_jobs([QUEUED])
+        with self._lock:
+            busy = bool(self._running)
+        if self.config.shared_store and not queued and not busy:
+            return  # polled with nothing to do: no device read every poll on an idle shared store
         devices = self.devices.read()
         self._sample_gpu_memory(devices)
-        for job in self._store().list_jobs([QUEUED]):
+        for job in queued:
             if self._stopping():
                 return
             self._try_place(job, devices)

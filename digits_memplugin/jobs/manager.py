@@ -37,6 +37,7 @@ from .datafolder import take_folder
 from .disk import folder_bytes
 from .dispatcher import Dispatcher, Spawn
 from .errors import (
+    DataFolderInUse,
     JobError,
     JobNotFound,
     JobPageError,
@@ -103,7 +104,12 @@ class JobManager:
 
     A facade over the parts, which share its lock and its table of running jobs: jobs.dispatcher places queued
     jobs (where jobs.scheduler, pure, says) and runs each placed job's attempts (jobs.attempts); jobs.progress
-    writes what they learn and tells the listeners; jobs.quota and jobs.submission check and write a new job."""
+    writes what they learn and tells the listeners; jobs.quota and jobs.submission check and write a new job.
+
+    With `config.shared_store` (several web workers with a message queue), a manager that finds the data folder
+    held by another one starts as a follower: it reads the same store and writes submissions, cancels, resumes and
+    deletes to it, but runs nothing; the leader, which holds the folder, places and runs every job, and applies
+    the cancel a follower requested for a job it runs."""
 
     def __init__(
         self,
@@ -129,6 +135,7 @@ class JobManager:
         self._scheduler: Any = None
         self._running: dict[str, Running] = {}
         self._lock_file: IO[str] | None = None
+        self._follower = False
         self._finished = threading.Condition(self._lock)
         self.progress = Progress(
             lambda: self.store, self._lock, self._finished, self._running,
@@ -145,7 +152,7 @@ class JobManager:
         self.dispatcher = Dispatcher(
             config, self.devices, lambda: self.store, self.progress, attempts, self.definitions, lock=self._lock,
             finished=self._finished, running=self._running, wake=self._wake, spawn=spawn,
-            stopping=lambda: self._stopping, jobs_root=self.jobs_root,
+            stopping=lambda: self._stopping, jobs_root=self.jobs_root, cancel_requested=self._apply_cancel_request,
         )
 
     @property
@@ -168,14 +175,27 @@ class JobManager:
     def started(self) -> bool:
         return self._started
 
+    @property
+    def follower(self) -> bool:
+        """Whether this manager started as a follower: another server (the leader) holds the data folder and runs
+        the jobs (see the class)."""
+        return self._follower
+
     def start(self) -> None:
-        """Take the data folder, mark what a previous process left running as interrupted, start scheduling."""
+        """Take the data folder, mark what a previous process left running as interrupted, start scheduling; or,
+        on a shared store whose folder another server holds, start as a follower (see the class)."""
         with self._lock:
             if self._started:
                 return
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
             self.jobs_root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = take_folder(self.config.data_dir)
+            try:
+                self._lock_file = take_folder(self.config.data_dir)
+            except DataFolderInUse:
+                if not self.config.shared_store:
+                    raise
+                self._start_follower()
+                return
             try:
                 self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)
                 leftovers = self._store.mark_interrupted(INTERRUPTED_MESSAGE)
@@ -193,6 +213,17 @@ class JobManager:
             self._scheduler = self.spawn(self.dispatcher.loop)
             # A server that exits normally (SIGTERM) stops its jobs as interrupted rather than leaving them running.
             atexit.register(self.stop)
+
+    def _start_follower(self) -> None:
+        """The same store, nothing reaped and nothing scheduled: the leader's jobs are running, not left over."""
+        self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)
+        self._follower = True
+        self._stopping = False
+        self._started = True
+        self._scheduler = None
+        atexit.register(self.stop)
+        log.info("the data folder %s is held by another server: this one follows it (its jobs run there)",
+                 self.config.data_dir)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop scheduling, kill running attempts (their jobs become interrupted, resumable), release the folder."""
@@ -212,6 +243,7 @@ class JobManager:
         atexit.unregister(self.stop)
         with self._lock:
             self._started = False
+            self._follower = False
             if self._store is not None:
                 self._store.close()
                 self._store = None
@@ -323,9 +355,23 @@ class JobManager:
         """A queued job is cancelled at once; a running one once its child has stopped (SIGTERM, then SIGKILL)."""
         with self._lock:
             job = self.get(job_id)
+            cancelled = None
             if job.status == QUEUED:
-                job = self.store.update_job(job_id, status=CANCELLED, finished_at=time.time(), message="cancelled")
+                # Only while still queued: on a shared store the leader may have placed it since it was read.
+                cancelled = self.store.update_job_if(
+                    job_id, QUEUED, status=CANCELLED, finished_at=time.time(), message="cancelled"
+                )
+                if cancelled is None:
+                    job = self.get(job_id)
+            if cancelled is not None:
+                job = cancelled
                 self._finished.notify_all()
+            elif job.status == RUNNING and self._follower:
+                # The leader runs it: a request in the store, which its dispatcher applies at its next poll.
+                asked = self.store.request_cancel(job_id, "cancelling")
+                if asked is None:
+                    raise JobStateError("the job ended meanwhile; only queued or running jobs can be cancelled")
+                job = asked
             elif job.status == RUNNING and job_id in self._running:
                 entry = self._running[job_id]
                 entry.cancel = True
@@ -353,7 +399,9 @@ class JobManager:
                 raise JobStateError("the job is running; cancel it first")
             if job_id in self.progress.unrecorded:
                 raise JobStateError(_NOT_RECORDED)
-            self.store.delete_job(job_id)
+            # Only in the state it was read in: on a shared store the leader may have placed it meanwhile.
+            if not self.store.delete_job(job_id, job.status):
+                raise JobStateError("the job changed meanwhile (placed by another server?); look at it again")
             self.definitions.forget(job_id)
             self.quota.deleted(job_id)
         shutil.rmtree(self.jobs_root / job.folder, ignore_errors=True)
@@ -372,10 +420,24 @@ class JobManager:
             except QueueFull as full:
                 raise JobStateError(full.errors["queue"]) from None
             where = f"from iteration {job.snapshot['iteration']}" if job.snapshot else "from the start (no snapshot)"
-            job = self.store.update_job(job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}")
+            job = self.store.update_job(
+                job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}", cancel_requested_at=None
+            )
         self.progress.emit_job(job)
         self._wake.set()
         return job
+
+    def _apply_cancel_request(self, job_id: str) -> None:
+        """The leader's side of a follower's cancel (the dispatcher's poll found it in the store): the job's child
+        stopped as `cancel` stops it; the follower has already written "cancelling" and told the listeners."""
+        with self._lock:
+            entry = self._running.get(job_id)
+            if entry is None or entry.cancel:
+                return
+            entry.cancel = True
+            if entry.process is not None:
+                entry.process.cancel()
+        log.info("job %s: cancelled, as another server asked", job_id)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is done, failed or cancelled (or interrupted by a stop); the job as it ended."""

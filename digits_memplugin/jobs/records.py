@@ -56,6 +56,9 @@ class Job:
     position: int = 0
     """Queue order: jobs are placed first come, first served."""
     attempt_count: int = 0
+    cancel_requested_at: float | None = None
+    """When a server that does not run the job (a follower: docs/scale-out.md) asked to cancel it; the leader,
+    which runs it, applies the request. Not in the API: the message says "cancelling"."""
 
     @property
     def resumable(self) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ..errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_SECONDS = 10.0
 """How long a store call waits for another process's write lock before it gives up with StoreBusy."""
 _RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
@@ -61,7 +61,8 @@ CREATE TABLE jobs (
     snapshot TEXT,
     progress TEXT,
     message TEXT,
-    position INTEGER NOT NULL
+    position INTEGER NOT NULL,
+    cancel_requested_at REAL
 );
 CREATE TABLE attempts (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -101,6 +102,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE attempts SET handle = 'pid:' || pid WHERE pid IS NOT NULL",
         "ALTER TABLE attempts DROP COLUMN pid",
     ),
+    # A follower (a second web worker on the data folder) asks the leader, which runs the job, to cancel it.
+    3: ("ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL",),
 }
 """Statements that take the schema from version N to N + 1."""
 
@@ -307,9 +310,24 @@ class JobStore:
         rows = self._read(_SELECT_JOBS + where + " ORDER BY position DESC LIMIT ?", (*args, limit))
         return [_job(row) for row in rows]
 
-    def delete_job(self, job_id: str) -> bool:
+    def delete_job(self, job_id: str, status: str | None = None) -> bool:
+        """Delete the job (only while its status is `status`, when given: another process may have placed it since
+        it was read); False when no row was deleted."""
+        condition, args = ("id = ?", (job_id,)) if status is None else ("id = ? AND status = ?", (job_id, status))
         with self._transaction() as db:
-            return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount == 1
+            return db.execute(f"DELETE FROM jobs WHERE {condition}", args).rowcount == 1
+
+    def request_cancel(self, job_id: str, message: str) -> Job | None:
+        """Record that a running job is to be cancelled, for the process that runs it (the leader) to apply; None
+        when the job is not running (any more)."""
+        return self.update_job_if(job_id, RUNNING, cancel_requested_at=time.time(), message=message)
+
+    def cancel_requests(self) -> list[str]:
+        """The running jobs whose cancel was requested (request_cancel), oldest first."""
+        rows = self._read(
+            "SELECT id FROM jobs WHERE status = ? AND cancel_requested_at IS NOT NULL ORDER BY position", (RUNNING,)
+        )
+        return [str(row[0]) for row in rows]
 
     # --- attempts -----------------------------------------------------------------------------------------------
 
@@ -363,7 +381,8 @@ class JobStore:
             )
             states = tuple(ACTIVE_STATES)
             db.execute(
-                f"UPDATE jobs SET status = ?, message = ?, updated_at = ? WHERE status IN ({', '.join('?' for _ in states)})",
+                f"UPDATE jobs SET status = ?, message = ?, updated_at = ?, cancel_requested_at = NULL "
+                f"WHERE status IN ({', '.join('?' for _ in states)})",
                 (INTERRUPTED, message, now, *states),
             )
         return [_attempt(row) for row in rows]
