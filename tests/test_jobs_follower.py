@@ -91,6 +91,27 @@ def test_a_follower_cancels_a_queued_job_and_the_leader_never_places_it(make_man
     assert leader.get(queued.id).status == "cancelled" and leader.attempts(queued.id) == []
 
 
+def test_a_follower_leads_once_the_leader_has_stopped(make_manager: ManagerFactory) -> None:
+    leader = make_manager(shared_store=True)
+    events: list[tuple[str, dict[str, Any]]] = []
+    follower = make_manager(events, shared_store=True)
+    running = leader.submit(lenet_request(max_iter=100_000))  # the CPU's one slot
+    pid = runner_pid(leader, running)
+    queued = follower.submit(lenet_request(max_iter=4))
+    time.sleep(3 * follower.config.poll_seconds)
+    assert follower.follower and leader.get(queued.id).status == "queued"
+
+    leader.stop()
+    wait_for(lambda: not follower.follower, timeout=30, what="the follower to lead")
+    assert not pid_alive(pid)
+    # As after a restart: what the old leader ran or kept queued is interrupted, and says so to the listeners.
+    assert {follower.get(running.id).status, follower.get(queued.id).status} == {"interrupted"}
+    assert ("job", follower.get(queued.id).to_json()) in events
+    assert follower.resume(queued.id).status == "queued"
+    assert follower.wait(queued.id, timeout=120).status == "done"  # the new leader runs jobs
+    assert follower.attempts(queued.id)[-1].status == "success"
+
+
 class CountingReader(DeviceReader):
     """The devices, counting the reads."""
 

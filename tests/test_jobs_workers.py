@@ -177,3 +177,45 @@ def test_two_workers_share_a_data_folder_through_redis(tmp_path: Path, redis_url
     assert _stop(follower.process) == 0 and _stop(leader.process) == 0
     for server in workers:
         assert "Traceback" not in server.output.read_text(), server.output.read_text()[-3000:]
+
+
+def test_a_follower_leads_when_the_leader_dies(tmp_path: Path, redis_url: str, workers: list[Server]) -> None:
+    """The leader is killed (SIGKILL: no stop of its own) while it trains a job: its child dies with it (death
+    signal), the follower takes the folder's lock, marks the job interrupted as a restarted server would, and runs
+    the job again when it is resumed there."""
+    data = tmp_path / "data"
+    (data / "datasets").mkdir(parents=True)
+    write_lmdb(data / "datasets" / "mnist_train_lmdb")
+    write_lmdb(data / "datasets" / "mnist_test_lmdb", records=8)
+    leader = serve(data, tmp_path / "leader.log", "--message-queue", redis_url)
+    workers.append(leader)
+    assert requests.get(leader.api("/jobs"), timeout=30).status_code == 200
+    follower = serve(data, tmp_path / "follower.log", "--message-queue", redis_url)
+    workers.append(follower)
+    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 100_000}
+    created = requests.post(follower.api("/jobs"), json=body, timeout=30)
+    assert created.status_code == 201, created.text
+    job = created.json()["id"]
+    wait_for(lambda: job_doc(follower, job)["iteration"] > 0, timeout=120, what="the leader to train the job")
+    child = json.loads((data / "jobs" / job / "attempts" / "1" / "progress.jsonl").read_text().splitlines()[0])["pid"]
+    assert _parent(child) == leader.process.pid
+
+    leader.process.kill()
+    leader.process.wait(timeout=30)
+    wait_for(lambda: not pid_alive(child), timeout=30, what="the leader's training child to die with it")
+    interrupted = wait_for(lambda: (d := job_doc(follower, job))["status"] == "interrupted" and d, timeout=60,
+                           what="the follower to lead and mark the job interrupted")
+    assert interrupted["attempts"][-1]["status"] == "interrupted"
+
+    resumed = requests.post(follower.api(f"/jobs/{job}/resume"), timeout=30)
+    assert resumed.status_code == 200, resumed.text
+    wait_for(lambda: len((d := job_doc(follower, job))["attempts"]) == 2 and d["status"] == "running"
+             and d["iteration"] > d["attempts"][1]["start_iteration"], timeout=120, what="the new leader to train")
+    progress = data / "jobs" / job / "attempts" / "2" / "progress.jsonl"
+    assert _parent(json.loads(progress.read_text().splitlines()[0])["pid"]) == follower.process.pid
+    assert requests.post(follower.api(f"/jobs/{job}/cancel"), timeout=30).status_code == 200
+    ended = wait_for(lambda: (d := job_doc(follower, job))["status"] != "running" and d, timeout=60,
+                     what="the cancel")
+    assert ended["status"] == "cancelled"
+    assert _stop(follower.process) == 0
+    assert "Traceback" not in follower.output.read_text(), follower.output.read_text()[-3000:]

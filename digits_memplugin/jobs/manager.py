@@ -48,6 +48,7 @@ from .errors import (
 from .progress import EventCallback, Progress, Running, reserved
 from .quota import Quota
 from .records import (
+    ACTIVE_STATES,
     CANCELLED,
     FAILED,
     FINAL_STATES,
@@ -109,7 +110,8 @@ class JobManager:
     With `config.shared_store` (several web workers with a message queue), a manager that finds the data folder
     held by another one starts as a follower: it reads the same store and writes submissions, cancels, resumes and
     deletes to it, but runs nothing; the leader, which holds the folder, places and runs every job, and applies
-    the cancel a follower requested for a job it runs."""
+    the cancel a follower requested for a job it runs. When the leader stops or dies, the first follower to take
+    the folder's lock leads, as a restarted server would."""
 
     def __init__(
         self,
@@ -177,8 +179,8 @@ class JobManager:
 
     @property
     def follower(self) -> bool:
-        """Whether this manager started as a follower: another server (the leader) holds the data folder and runs
-        the jobs (see the class)."""
+        """Whether this manager follows: another server (the leader) holds the data folder and runs the jobs (see
+        the class); a follower leads once the folder comes free."""
         return self._follower
 
     def start(self) -> None:
@@ -198,7 +200,7 @@ class JobManager:
                 return
             try:
                 self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)
-                leftovers = self._store.mark_interrupted(INTERRUPTED_MESSAGE)
+                self._take_over_leftovers()
             except BaseException:
                 # A store that cannot be opened (locked, full disk) leaves the folder free for the next try.
                 if self._store is not None:
@@ -207,23 +209,66 @@ class JobManager:
                 self._lock_file.close()
                 self._lock_file = None
                 raise
-            self.backend.reap(leftovers, self.jobs_root)
             self._stopping = False
             self._started = True
             self._scheduler = self.spawn(self.dispatcher.loop)
             # A server that exits normally (SIGTERM) stops its jobs as interrupted rather than leaving them running.
             atexit.register(self.stop)
 
+    def _take_over_leftovers(self) -> list[str]:
+        """What the folder's previous holder left queued or running becomes interrupted (resumable), and its
+        training processes are ended; the jobs that changed."""
+        active = [job.id for job in self.store.list_jobs(ACTIVE_STATES)]
+        leftovers = self.store.mark_interrupted(INTERRUPTED_MESSAGE)
+        self.backend.reap(leftovers, self.jobs_root)
+        return active
+
     def _start_follower(self) -> None:
-        """The same store, nothing reaped and nothing scheduled: the leader's jobs are running, not left over."""
+        """The same store, nothing reaped and nothing scheduled: the leader's jobs are running, not left over. The
+        follower's task takes the lead when the folder comes free (`_follow`)."""
         self._store = JobStore(self.config.data_dir / STORE_FILE, busy_seconds=self.config.store_busy_seconds)
         self._follower = True
         self._stopping = False
         self._started = True
-        self._scheduler = None
+        self._scheduler = self.spawn(self._follow)
         atexit.register(self.stop)
         log.info("the data folder %s is held by another server: this one follows it (its jobs run there)",
                  self.config.data_dir)
+
+    def _follow(self) -> None:
+        """A follower's task: try the folder's lock at every poll; once the leader has stopped or died, lead as a
+        restarted server does (its queued and running jobs become interrupted, its processes are ended) and
+        schedule from then on, so that the workers left keep running jobs."""
+        while True:
+            self._wake.wait(self.config.poll_seconds)
+            self._wake.clear()
+            with self._lock:
+                if self._stopping:
+                    return
+                try:
+                    self._lock_file = take_folder(self.config.data_dir)
+                except DataFolderInUse:
+                    continue
+                except OSError as error:  # the folder went away or turned read-only: try again at the next poll
+                    log.warning("following %s: cannot try its lock (%s)", self.config.data_dir, error)
+                    continue
+                try:
+                    changed = self._take_over_leftovers()
+                except (StoreError, OSError) as error:  # a busy or damaged database: follow on, try again later
+                    log.warning("cannot take the lead of %s yet: %s", self.config.data_dir, error)
+                    self._lock_file.close()
+                    self._lock_file = None
+                    continue
+                self._follower = False
+            log.warning("the data folder %s was left by its leader: this server leads now (%d jobs interrupted)",
+                        self.config.data_dir, len(changed))
+            try:  # the browsers watching them see them interrupted
+                for job in filter(None, map(self.store.get_job, changed)):
+                    self.progress.emit_job(job)
+            except StoreError as error:
+                log.warning("the interrupted jobs' events were not sent: %s", error)
+            self.dispatcher.loop()
+            return
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop scheduling, kill running attempts (their jobs become interrupted, resumable), release the folder."""
