@@ -13,12 +13,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import MIB, lenet_request
+from test_jobs_fixtures import MIB, ManagerFactory, lenet_request
 
 from digits_memplugin.core.oom import CANCELLED, FAILED, OUT_OF_MEMORY, SUCCESS, Outcome, OutOfMemory
 from digits_memplugin.devices import DeviceList, DeviceReader, read_devices
@@ -35,7 +35,7 @@ from digits_memplugin.jobs.scheduler import DeviceRefused, admit, normalise_devi
 from digits_memplugin.jobs.store import JobStore
 from digits_memplugin.settings import ConfigError, Settings
 
-pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
+pytest_plugins = ["test_jobs_fixtures"]  # make_manager, datasets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,25 +109,9 @@ OOM = Outcome(OUT_OF_MEMORY, "host memory ran out", OutOfMemory("host_allocation
               signal="SIGABRT")
 
 
-@pytest.fixture
-def managers(tmp_path: Path, datasets: Path) -> Iterator[Callable[..., JobManager]]:
-    made: list[JobManager] = []
-
-    def make(backend: Any, **config: Any) -> JobManager:
-        settings: dict[str, Any] = {"data_dir": tmp_path / "data", "dataset_roots": (datasets,), "poll_seconds": 0.1}
-        manager = JobManager(ManagerConfig(**{**settings, **config}), DeviceReader(), backend=backend)
-        made.append(manager)
-        manager.start()
-        return manager
-
-    yield make
-    for manager in made:
-        manager.stop()
-
-
-def test_attempts_run_through_the_backend_and_keep_its_handle(managers: Callable[..., JobManager]) -> None:
+def test_attempts_run_through_the_backend_and_keep_its_handle(make_manager: ManagerFactory) -> None:
     backend = FakeBackend([OOM, Outcome(SUCCESS, "finished")])
-    manager = managers(backend, cpu_memory_cap=512 * MIB)
+    manager = make_manager(backend=backend, poll_seconds=0.1, cpu_memory_cap=512 * MIB)
     job = manager.wait(manager.submit(lenet_request(batch=64)).id, timeout=60)
     assert job.status == "done", job.message
     first, second = manager.store.attempts(job.id)
@@ -141,9 +125,9 @@ def test_attempts_run_through_the_backend_and_keep_its_handle(managers: Callable
     assert "handle" not in manager.document(job.id)["attempts"][0]  # the API shows no pid/handle, as before
 
 
-def test_cancel_reaches_the_backends_handle(managers: Callable[..., JobManager]) -> None:
+def test_cancel_reaches_the_backends_handle(make_manager: ManagerFactory) -> None:
     backend = FakeBackend([Outcome(SUCCESS, "finished")], hold=True)
-    manager = managers(backend)
+    manager = make_manager(backend=backend, poll_seconds=0.1)
     job = manager.submit(lenet_request())
     deadline = time.monotonic() + 30
     while not backend.launched and time.monotonic() < deadline:
@@ -158,8 +142,8 @@ class DownBackend(FakeBackend):
         raise RayError("Ray POST /api/jobs/ at http://head:8265: [Errno 111] Connection refused")
 
 
-def test_an_attempt_the_backend_cannot_start_fails_the_job_saying_why(managers: Callable[..., JobManager]) -> None:
-    manager = managers(DownBackend([]))
+def test_an_attempt_the_backend_cannot_start_fails_the_job_saying_why(make_manager: ManagerFactory) -> None:
+    manager = make_manager(backend=DownBackend([]), poll_seconds=0.1)
     job = manager.wait(manager.submit(lenet_request()).id, timeout=30)
     assert job.status == "failed" and "could not be started (fake backend)" in (job.message or "")
     (attempt,) = manager.store.attempts(job.id)
@@ -167,7 +151,7 @@ def test_an_attempt_the_backend_cannot_start_fails_the_job_saying_why(managers: 
 
 
 def test_the_backend_reaps_what_a_previous_server_left_running(
-    managers: Callable[..., JobManager], tmp_path: Path
+    make_manager: ManagerFactory, tmp_path: Path
 ) -> None:
     (tmp_path / "data").mkdir()
     store = JobStore(tmp_path / "data" / STORE_FILE)  # as a killed server left it: a job and its attempt running
@@ -177,7 +161,7 @@ def test_the_backend_reaps_what_a_previous_server_left_running(
                               started_at=1.0, log="attempts/1/caffe.log", handle="ray:j1-1"))
     store.close()
     backend = FakeBackend([])
-    manager = managers(backend)
+    manager = make_manager(backend=backend, poll_seconds=0.1)
     assert [(a.job_id, a.handle) for a in backend.reaped] == [("j1", "ray:j1-1")]
     assert manager.get("j1").status == "interrupted"
 

@@ -98,13 +98,16 @@ def make_manager(tmp_path: Path, datasets: Path) -> Iterator[ManagerFactory]:
     """Job managers on tmp_path/data reading `datasets`; every one is stopped after the test."""
     managers: list[JobManager] = []
 
-    def make(events: list[tuple[str, dict[str, Any]]] | None = None, **config: Any) -> JobManager:
+    def make(
+        events: list[tuple[str, dict[str, Any]]] | None = None, *, backend: Any = None, **config: Any
+    ) -> JobManager:
         settings: dict[str, Any] = {"data_dir": tmp_path / "data", "dataset_roots": (datasets,), "poll_seconds": 0.2}
         settings.update(config)
         manager = JobManager(
             ManagerConfig(**settings),
             DeviceReader(),
             on_event=(lambda name, payload: events.append((name, payload))) if events is not None else None,
+            backend=backend,
         )
         managers.append(manager)
         manager.start()

@@ -93,7 +93,8 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def test_two_workers_share_a_data_folder_through_redis(tmp_path: Path, redis_url: str, workers: list[Server]) -> None:
+def _leader_and_follower(tmp_path: Path, redis_url: str, workers: list[Server]) -> tuple[Path, Server, Server]:
+    """The data folder (with LeNet's datasets) and two workers on it: the first started leads, the second follows."""
     data = tmp_path / "data"
     (data / "datasets").mkdir(parents=True)
     write_lmdb(data / "datasets" / "mnist_train_lmdb")
@@ -105,6 +106,11 @@ def test_two_workers_share_a_data_folder_through_redis(tmp_path: Path, redis_url
     workers.append(follower)
     listed = requests.get(follower.api("/jobs"), timeout=30)
     assert listed.status_code == 200, listed.text  # a follower, not "another server is using the data folder"
+    return data, leader, follower
+
+
+def test_two_workers_share_a_data_folder_through_redis(tmp_path: Path, redis_url: str, workers: list[Server]) -> None:
+    data, leader, follower = _leader_and_follower(tmp_path, redis_url, workers)
 
     import socketio
 
@@ -167,10 +173,13 @@ def test_two_workers_share_a_data_folder_through_redis(tmp_path: Path, redis_url
     finally:
         client.disconnect()
 
-    # Both workers tell the same story.
-    assert requests.get(follower.api("/jobs"), timeout=30).json() == requests.get(leader.api("/jobs"), timeout=30).json()
-    for job_id in (short, long):
-        assert job_doc(follower, job_id) == job_doc(leader, job_id)
+    # Both workers tell the same story, once the leader's last writes of the cancelled job are in the database
+    # (the leader shows what its task knows at once; the follower reads the database).
+    def same() -> bool:
+        lists = [requests.get(server.api("/jobs"), timeout=30).json() for server in (follower, leader)]
+        return lists[0] == lists[1] and all(job_doc(follower, i) == job_doc(leader, i) for i in (short, long))
+
+    wait_for(same, timeout=30, what="the follower and the leader to agree")
     log = requests.get(follower.api(f"/jobs/{short}/log"), timeout=30)
     assert log.status_code == 200 and "Solver scaffolding done" in log.text
 
@@ -183,15 +192,7 @@ def test_a_follower_leads_when_the_leader_dies(tmp_path: Path, redis_url: str, w
     """The leader is killed (SIGKILL: no stop of its own) while it trains a job: its child dies with it (death
     signal), the follower takes the folder's lock, marks the job interrupted as a restarted server would, and runs
     the job again when it is resumed there."""
-    data = tmp_path / "data"
-    (data / "datasets").mkdir(parents=True)
-    write_lmdb(data / "datasets" / "mnist_train_lmdb")
-    write_lmdb(data / "datasets" / "mnist_test_lmdb", records=8)
-    leader = serve(data, tmp_path / "leader.log", "--message-queue", redis_url)
-    workers.append(leader)
-    assert requests.get(leader.api("/jobs"), timeout=30).status_code == 200
-    follower = serve(data, tmp_path / "follower.log", "--message-queue", redis_url)
-    workers.append(follower)
+    data, leader, follower = _leader_and_follower(tmp_path, redis_url, workers)
     body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 100_000}
     created = requests.post(follower.api("/jobs"), json=body, timeout=30)
     assert created.status_code == 201, created.text
