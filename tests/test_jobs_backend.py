@@ -227,13 +227,16 @@ class ScriptedJobs:
 class ScriptedTail:
     """A log-tail websocket that gives these chunks, then closes (as Ray does once the job has ended)."""
 
-    def __init__(self, chunks: Sequence[str]) -> None:
+    def __init__(self, chunks: Sequence[str], *, closes: bool = True) -> None:
         self.chunks = list(chunks)
+        self.closes = closes
         self.closed = False
 
     def read(self, timeout: float) -> str | None:
         if not self.chunks:
-            raise TailClosed("closed by Ray")
+            if self.closes:
+                raise TailClosed("closed by Ray")
+            return None  # Ray's tail reads the file every second or two: the end may not have come through yet
         return self.chunks.pop(0)
 
     def close(self) -> None:
@@ -292,8 +295,9 @@ def test_the_result_is_rebuilt_from_the_nodes_lines_however_the_log_is_cut(tmp_p
     assert result_from_json(json.loads(json.dumps(result_to_json(result)))) == result
 
 
-def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_path: Path) -> None:
+def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long job prints a record per iteration: reading its whole log at every poll would grow without bound."""
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
     result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     text = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in range(1, 200))
     text += _line("outcome", result=result_to_json(result))
@@ -305,8 +309,9 @@ def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_p
     assert jobs.whole_reads == 0 and jobs.opened[0].closed
 
 
-def test_a_tail_opened_again_reads_each_line_once(tmp_path: Path) -> None:
+def test_a_tail_opened_again_reads_each_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The dashboard closed the tail while the job ran (restarted): the next tail starts at the log's beginning."""
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
     result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     head = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in (1, 2, 3))
     text = head + _line("record", record={"event": "iteration", "iteration": 4})
@@ -317,6 +322,37 @@ def test_a_tail_opened_again_reads_each_line_once(tmp_path: Path) -> None:
     assert attempt.wait() == result
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]
     assert len(jobs.opened) == 2 and jobs.whole_reads == 0
+
+
+def test_once_the_job_has_ended_its_result_is_read_from_the_whole_log_not_waited_for_on_the_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
+    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    first = _line("record", record={"event": "iteration", "iteration": 1})
+    text = first + _line("outcome", result=result_to_json(result))
+    jobs = TailedJobs([("RUNNING", first), ("RUNNING", first), ("SUCCEEDED", text)], [])
+    jobs.tails = [ScriptedTail([first], closes=False)]
+    attempt, records, _ = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert [r["iteration"] for r in records] == [1]  # read once, from the tail
+    assert jobs.opened[0].closed and jobs.whole_reads == 1
+
+
+def test_a_short_log_is_read_whole_and_a_long_one_through_the_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a short log whole gets each record within a poll; past TAIL_AFTER_CHARS its reads would grow."""
+    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    first = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in (1, 2))
+    text = first + _line("record", record={"event": "iteration", "iteration": 3})
+    text += _line("outcome", result=result_to_json(result))
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", len(first))
+    jobs = TailedJobs([("RUNNING", ""), ("RUNNING", first[:-5]), ("RUNNING", first), ("RUNNING", first)], [[text[:7], text[7:]]])
+    attempt, records, _ = _follow(jobs, tmp_path)
+    assert attempt.wait() == result
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    assert jobs.whole_reads == 2 and len(jobs.opened) == 1  # whole while short, then the tail from its start
 
 
 def test_without_a_tail_the_whole_log_is_read_from_where_it_ended(tmp_path: Path) -> None:
@@ -534,8 +570,9 @@ def _shape(records: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_the_ray_backend_gives_the_same_attempts_and_records_as_the_local_one(
-    tmp_path: Path, datasets: Path
+    tmp_path: Path, datasets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # the records through the tail (FileTail)
     runs: dict[str, tuple[list[Attempt], list[dict[str, Any]]]] = {}
     jobs = SubprocessJobs(tmp_path)
     try:

@@ -30,6 +30,7 @@ from test_jobs_fixtures import LENET, LENET_DATA, MIB, SHORT_SOLVER, wait_for
 
 from digits_memplugin.app import create_app
 from digits_memplugin.extension import get_plugin
+from digits_memplugin.jobs import ray_backend
 from digits_memplugin.jobs.cluster import host_resource
 
 pytestmark = pytest.mark.slow
@@ -229,9 +230,19 @@ def test_every_hosts_devices_are_listed_with_the_host(ray_app: Any) -> None:
 
 
 def test_a_job_runs_on_the_node_asked_and_streams_its_progress(
-    cluster: Cluster, ray_app: Any, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, ray_app: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING, logger="digits_memplugin.jobs.ray_backend")
+    monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # this short job's log followed through Ray's tail
+    tails: list[str] = []
+    opened = ray_backend.RayJobsClient.tail
+
+    def tail(client: ray_backend.RayJobsClient, submission_id: str) -> ray_backend.LogTail:
+        stream = opened(client, submission_id)
+        tails.append(submission_id)
+        return stream
+
+    monkeypatch.setattr(ray_backend.RayJobsClient, "tail", tail)
     api = ray_app.test_client()
     watcher = get_plugin(ray_app).socketio.test_client(ray_app, namespace=NS)
     job = api.post(API, json=body(device="cpu@n2")).get_json()
@@ -257,7 +268,8 @@ def test_a_job_runs_on_the_node_asked_and_streams_its_progress(
     ran_on = cluster.job(f"{job['id']}-1")["driver_node_id"]
     node = next(node for node in cluster.nodes() if node["node_id"] == ran_on)
     assert host_resource("n2") in node["resources_total"]  # the node asked, not the head
-    assert not [r for r in caplog.records if "whole log" in r.getMessage()]  # followed through Ray's log tail
+    assert tails == [f"{job['id']}-1"]  # followed through Ray's log tail, opened once
+    assert not [r for r in caplog.records if "whole log" in r.getMessage()]
 
 
 def test_cancel_stops_the_job_on_its_node(cluster: Cluster, ray_app: Any) -> None:

@@ -9,9 +9,11 @@ the node wrapper (jobs.node) on the host the scheduler chose: a GPU is pinned by
 our own CUDA_VISIBLE_DEVICES; a host's CPU by `memplugin_cpu:<host>`. The wrapper prints the attempt's records,
 Caffe's log lines and its result as JSON lines; the manager follows the job's log and rebuilds the result.
 
-The log is followed through Ray's log-tail websocket (each new chunk once), not by reading the whole log at every
-poll: a long job prints a record per iteration, and reading it all again each second grows without bound. Where
-the websocket cannot be opened, the whole log is read (from where the last read ended) once per poll instead.
+While a job's log is short it is read whole at each poll (Ray reads the file then: a record arrives within a
+poll). A long job prints a record per iteration, and reading its log again each second would grow without bound:
+past TAIL_AFTER_CHARS it is followed through Ray's log-tail websocket instead, each new chunk once, at the cost of
+Ray's tail cadence (it looks at the file every one to two seconds). Where the websocket cannot be opened, the whole
+log stays the way (from where the last read ended).
 
 Stop is Ray's stop (SIGTERM, SIGKILL 3 s later) plus a `cancel` file in the attempt's folder: Ray leaves a job it
 stopped while pending pending, and the wrapper, once it starts, sees the file and ends at once.
@@ -59,6 +61,9 @@ OUTCOME_SECONDS = 5.0
 """After Ray says the job ended, how long its last log lines (the result) may take to appear."""
 STOP_WAIT_SECONDS = 3.0
 """Ray's SIGTERM-to-SIGKILL wait on stop: the wrapper's own grace stays under it, so that it can report."""
+TAIL_AFTER_CHARS = 256 * 1024
+"""A log this long is followed through Ray's tail: reading it whole at each poll would cost more than the tail's
+second or two of lateness (docs/benchmarks.md, "Job backends")."""
 TAIL_RETRY_SECONDS = 30.0
 """After the log-tail websocket could not be opened, the log is polled whole for this long before trying again."""
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -244,9 +249,15 @@ class RayAttempt:
                 time.sleep(self.poll_seconds)
 
     def _read_logs(self, state: Any) -> bool:
-        """Read what is new in the job's log: from the tail for up to a poll's time when it is open (True: the
-        poll's time was spent waiting there), else the whole log once (False)."""
-        if self._stream is None and state not in TERMINAL and self._may_open_stream():
+        """Read what is new in the job's log: while a long log's job runs, from the tail for up to a poll's time
+        (True: the poll's time was spent waiting there); else (a short log, a job not running yet or ended, no
+        tail) the whole log once (False)."""
+        if state in TERMINAL:  # the whole log, read now, has the result at once (Ray's tail reads up to 2 s late)
+            self._close_stream()
+        elif (
+            self._stream is None and state == "RUNNING" and self._offset >= TAIL_AFTER_CHARS
+            and self._may_open_stream()
+        ):
             try:
                 self._stream, self._stream_position = self.client.tail(self.submission_id), 0
             except RayError as error:
