@@ -16,6 +16,9 @@ from typing import Any
 
 from .sizes import parse_gpu_spec, parse_size
 
+JOB_BACKENDS = ("local", "ray")
+"""Where training attempts may run (jobs.backend): children of this server, or Ray jobs on a cluster's hosts."""
+
 CONFIG_PREFIX = "MEMPLUGIN_"
 MIN_TOKEN_LENGTH = 16
 
@@ -285,8 +288,8 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
         return float(value)
     if field.name == "job_backend":
-        if value not in ("local", "ray"):
-            raise ConfigError(f"{key} must be 'local' or 'ray', got {value!r}")
+        if value not in JOB_BACKENDS:
+            raise ConfigError(f"{key} must be {' or '.join(map(repr, JOB_BACKENDS))}, got {value!r}")
         return value
     if field.name in ("ray_address", "message_queue"):
         if value is None:

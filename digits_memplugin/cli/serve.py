@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..settings import JOB_BACKENDS
 from .devices import gpu_spec
 
 
@@ -63,7 +64,7 @@ def add_parser(subparsers: Any) -> None:
         "pauses this long (default: 30)",
     )
     parser.add_argument(
-        "--backend", choices=("local", "ray"), default=None,
+        "--backend", choices=JOB_BACKENDS, default=None,
         help="where training runs: 'local' (children of this server, the default) or 'ray' (a Ray cluster's "
         "hosts; docs/scale-out.md); also MEMPLUGIN_JOB_BACKEND in the environment",
     )
@@ -116,6 +117,13 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get("MEMPLUGIN_API_TOKEN") or None
 
 
+_SCALE_OUT = (
+    ("backend", "JOB_BACKEND"), ("ray_address", "RAY_ADDRESS"), ("shared_dir", "SHARED_DIR"),
+    ("message_queue", "MESSAGE_QUEUE"), (None, "RAY_TOKEN"), (None, "RAY_PYTHON"),
+)
+"""The scale-out settings `serve` takes: (its option, the setting's MEMPLUGIN_* name)."""
+
+
 def run(args: argparse.Namespace) -> int:
     from gevent import monkey
 
@@ -144,16 +152,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     config["MEMPLUGIN_ALLOWED_HOSTS"] = _allowed_hosts(args)
-    backend = args.backend or os.environ.get("MEMPLUGIN_JOB_BACKEND")
-    if backend:
-        config["MEMPLUGIN_JOB_BACKEND"] = backend
-    for option, key in (("ray_address", "RAY_ADDRESS"), ("shared_dir", "SHARED_DIR"), ("message_queue", "MESSAGE_QUEUE")):
-        value = getattr(args, option) or os.environ.get(f"MEMPLUGIN_{key}")
+    for option, key in _SCALE_OUT:  # the option, else the environment (secrets: the environment only)
+        value = (getattr(args, option) if option else None) or os.environ.get(f"MEMPLUGIN_{key}")
         if value:
             config[f"MEMPLUGIN_{key}"] = value
-    for key in ("RAY_TOKEN", "RAY_PYTHON"):
-        if os.environ.get(f"MEMPLUGIN_{key}"):
-            config[f"MEMPLUGIN_{key}"] = os.environ[f"MEMPLUGIN_{key}"]
     if args.read_timeout is not None:
         config["MEMPLUGIN_READ_TIMEOUT_SECONDS"] = args.read_timeout
     if args.host in WILDCARD_ADDRESSES:

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Protocol
 
 from ..devices import DeviceReader
+from ..settings import JOB_BACKENDS
 from .attempt import AttemptProcess, AttemptResult, LogCallback, RecordCallback
 from .attempt_spec import AttemptSpec
 from .datafolder import kill_leftover
 from .records import Attempt
 
-LOCAL = "local"
-RAY = "ray"
-BACKENDS = (LOCAL, RAY)
+LOCAL, RAY = JOB_BACKENDS
 
 
 class AttemptHandle(Protocol):
@@ -105,4 +104,4 @@ class LocalBackend:
         pass
 
 
-__all__ = ["BACKENDS", "LOCAL", "RAY", "AttemptHandle", "Backend", "Launch", "LocalBackend"]
+__all__ = ["LOCAL", "RAY", "AttemptHandle", "Backend", "Launch", "LocalBackend"]

@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.oom import Outcome, OutOfMemory
+from ..devices import read_devices
 from .attempt import AttemptProcess, AttemptResult
+from .cluster import NODES_FOLDER
 
 TAG = "memplugin"
 """Every line the wrapper prints is a JSON object with this key: "record", "log" or "outcome"."""
 CANCEL_FILE = "cancel"
-NODES_FOLDER = "nodes"
 AGENT_SECONDS = 2.0
 CANCEL_POLL_SECONDS = 0.5
 
@@ -130,8 +131,6 @@ class _GpuPeak:
         self.bytes: int | None = None
 
     def follow(self, done: threading.Event, seconds: float = 1.0) -> None:
-        from ..devices import read_devices
-
         while not done.wait(seconds):
             for gpu in read_devices().gpus:
                 for process in gpu.processes or ():
@@ -143,8 +142,6 @@ class _GpuPeak:
 
 
 def node_report() -> dict[str, Any]:
-    from ..devices import read_devices
-
     return {"host": node_name(), "time": time.time(), **read_devices().to_json()}
 
 
