@@ -198,6 +198,7 @@ def test_solver_stages_and_test_nets_are_what_caffe_would_build() -> None:
 # Nets this Caffe cannot build: fork-only fields and layers.
 
 SSD = "ssd300_coco_nvcaffe"
+DETECTNET = "detectnet_kitti"
 FORK_NETS = [
     # (the net file given, the solver given), the file that fails, the message type, the field, the line
     pytest.param(("nvcaffe_resnet18/train_val.prototxt", "nvcaffe_resnet18/solver.prototxt"),
@@ -208,6 +209,9 @@ FORK_NETS = [
                  "solver_data_type", 10, id="ssd300:solver"),
     pytest.param((f"{SSD}/test.prototxt", None), f"{SSD}/test.prototxt", "TransformationParameter", "resize_param",
                  14, id="ssd300:test"),
+    # DIGITS' DetectNet: its solver is BVLC's, its net holds NVcaffe's DetectNetTransformation parameters.
+    pytest.param((None, f"{DETECTNET}/detectnet_solver.prototxt"), f"{DETECTNET}/detectnet_network.prototxt",
+                 "LayerParameter", "detectnet_groundtruth_param", 72, id="detectnet_kitti"),
 ]
 
 
