@@ -72,7 +72,8 @@ def test_both_schemas_live_in_one_process_without_clashing() -> None:
     # caffe.proto (caffe-0.17): forward_type = 145 ... cudnn_math_override = 150, DetectNet's at 6801 / 6802.
     assert fields["forward_type"].number == 145 and fields["cudnn_math_override"].number == 150
     assert fields["detectnet_groundtruth_param"].number == 6801
-    assert "recurrent_param" not in fields and "parameter_param" not in fields
+    # 0.17.3 moved BVLC's recurrent_param (146, now backward_type) to 151; it has no Parameter layer.
+    assert fields["recurrent_param"].number == 151 and "parameter_param" not in fields
     assert nvcaffe_pb2.FLOAT16 == 2 and nvcaffe_pb2.TRAIN == caffe_pb2.TRAIN
     assert "ceil_mode" not in nvcaffe_pb2.PoolingParameter.DESCRIPTOR.fields_by_name
     resize = nvcaffe_pb2.TransformationParameter.DESCRIPTOR.fields_by_name["resize_param"]
