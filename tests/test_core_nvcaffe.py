@@ -16,11 +16,18 @@ from digits_memplugin.core import nvcaffe_pb2
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.flavour import (
+    BUNDLED_CAFFE,
     BVLC,
     NVCAFFE,
     NVCAFFE_SAFETY_MARGIN,
     NVCAFFE_UNVERIFIED,
+    SSD,
+    builders,
+    caffes_that_build,
+    can_train,
+    definition_flavour,
     flavour_of,
+    nvcaffe_reads,
     pool_allocation,
 )
 from digits_memplugin.core.layers.base import (
@@ -36,6 +43,7 @@ from digits_memplugin.core.memory import MemoryOptions, job_memory, net_memory
 from digits_memplugin.core.net import Net, build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
+from digits_memplugin.core.training import training_definition
 from digits_memplugin.jobs.definition import NVCAFFE_REFUSAL, load_definition
 
 NV = "default_forward_type: FLOAT\n"
@@ -485,6 +493,40 @@ def test_the_ssd_rules_build_what_this_pycaffe_builds() -> None:
         assert flavour_of(param) == BVLC
         net = build_net(param, phase)
         assert differences(net, caffe_net(input_net(net), phase)) == []
+
+
+SSD_TRAIN = SSD_LAYERS + input_layer("gt", 1, 1, 3, 8) + (
+    'layer { name: "loss" type: "MultiBoxLoss" bottom: "loc_flat" bottom: "conf_flat" bottom: "priors" '
+    'bottom: "gt" top: "loss" propagate_down: true propagate_down: true propagate_down: false '
+    "propagate_down: false multibox_loss_param { num_classes: 21 } }\n"
+)
+
+
+def test_an_ssd_net_without_nvcaffe_fields_is_ssd_caffe_s_not_bvlc_s() -> None:
+    """SSD's layers read with BVLC's schema, but BVLC Caffe has none of them: the net is "ssd", built by SSD Caffe
+    (this server's pycaffe is one) and NVcaffe 0.17, not by BVLC Caffe."""
+    param = parse_net(SSD_TRAIN)
+    assert flavour_of(param) == BVLC and definition_flavour([param]) == SSD
+    document = estimate(EstimateRequest(net=SSD_TRAIN, engine=ENGINE_CUDNN, free_bytes=8 << 30))
+    assert document["flavour"] == SSD and NVCAFFE_UNVERIFIED not in document["assumptions"]
+    definition = training_definition(SSD_TRAIN, None)
+    assert definition.flavour == SSD and definition.builders == {SSD, NVCAFFE}
+    assert can_train(BUNDLED_CAFFE, SSD) and can_train(NVCAFFE, SSD) and not can_train(BVLC, SSD)
+
+
+def test_who_may_train_each_flavour() -> None:
+    """builders(flavour): BVLC nets build anywhere, SSD nets in SSD Caffe and NVcaffe, NVcaffe's in NVcaffe only; for
+    given messages, NVcaffe drops out when its schema cannot read one (BVLC's Parameter layer)."""
+    assert builders(BVLC) == {BVLC, SSD, NVCAFFE} and builders(SSD) == {SSD, NVCAFFE} and builders(NVCAFFE) == {NVCAFFE}
+    plain = parse_net(input_layer("x", 1, 2) + 'layer { name: "r" type: "ReLU" bottom: "x" top: "r" }')
+    assert caffes_that_build([plain, None]) == {BVLC, SSD, NVCAFFE} and nvcaffe_reads(plain)
+    parameter = parse_net('layer { name: "w" type: "Parameter" top: "w" parameter_param { shape { dim: 3 } } }')
+    assert definition_flavour([parameter]) == BVLC and not nvcaffe_reads(parameter)
+    assert caffes_that_build([parameter]) == {BVLC, SSD}
+    nv = parse_net(NV + input_layer("x", 1, 2))
+    assert caffes_that_build([nv]) == {NVCAFFE} and definition_flavour([plain, nv]) == NVCAFFE
+    solver = parse_solver("base_lr: 0.1 larc: true")
+    assert definition_flavour([plain, solver]) == NVCAFFE
 
 
 def test_an_nvcaffe_solver_makes_the_whole_job_nvcaffe() -> None:

@@ -1,5 +1,5 @@
 """Every net of the shared zoo is read with the schema it was written for and estimated, with its flavour named:
-BVLC's nets stay "bvlc", NVIDIA's fork's (DIGITS' Caffe) are "nvcaffe" (core/flavour.py)."""
+BVLC's nets stay "bvlc", SSD's deploy net is "ssd", NVIDIA's fork's (DIGITS' Caffe) are "nvcaffe" (core/flavour.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from zoo_cases import CASES, DETECTNET, DETECTNET_PATH, NVCAFFE_CASES, ZOO, Flav
 
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.flavour import NVCAFFE, NVCAFFE_UNVERIFIED, flavour_of
+from digits_memplugin.core.flavour import NVCAFFE, NVCAFFE_UNVERIFIED, definition_flavour, flavour_of
 from digits_memplugin.core.layers.base import ENGINE_CUDNN
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 
@@ -52,7 +52,7 @@ def test_every_zoo_net_estimates_alone_with_its_flavour(path: Path) -> None:
     shapes = case.data_shapes if case is not None else generic_data_shapes(text)
     document = estimate(EstimateRequest(net=text, solver=solver, net_source=path.name, data_shapes=shapes, classes=10,
                                         batch=1 if case is not None else None))
-    assert document["flavour"] == flavour_of(parse_net(text)) and document["total_bytes"] > 0
+    assert document["flavour"] == definition_flavour([parse_net(text)]) and document["total_bytes"] > 0
 
 
 def estimate_case(case: FlavouredCase, **kwargs: object) -> dict:

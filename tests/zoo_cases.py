@@ -97,7 +97,7 @@ CASES_BY_NAME = {case.name: case for case in CASES}
 
 @dataclasses.dataclass(frozen=True)
 class FlavouredCase:
-    """A zoo net (or a solver with its nets) for the flavour tests: which schema must read it, and the request
+    """A zoo net (or a solver with its nets) for the flavour tests: the Caffe that builds it, and the request
     that estimates it at the batch its authors train with. `files` maps the paths its solver names to zoo files."""
 
     name: str
@@ -128,9 +128,10 @@ NVCAFFE_CASES = [
     FlavouredCase(SSD, "nvcaffe", None, f"{SSD}/solver.prototxt",
                   files={"models/VGGNet/coco/SSD_300x300/train.prototxt": f"{SSD}/train.prototxt",
                          "models/VGGNet/coco/SSD_300x300/test.prototxt": f"{SSD}/test.prototxt"}),
-    FlavouredCase(f"{SSD}/deploy", "bvlc", f"{SSD}/deploy.prototxt"),
+    FlavouredCase(f"{SSD}/deploy", "ssd", f"{SSD}/deploy.prototxt"),
 ]
-"""The zoo's NVcaffe nets. The SSD deploy net uses no NVcaffe-only field: BVLC's schema reads it."""
+"""The zoo's NVcaffe nets. The SSD deploy net uses no NVcaffe-only field: BVLC's schema reads it, but its layers are
+SSD Caffe's (PriorBox, Normalize, DetectionOutput...), which BVLC Caffe has not: flavour "ssd"."""
 
 DETECTNET_PATH = "detectnet_kitti/detectnet_network.prototxt"
 """DIGITS' DetectNet (examples/object-detection points to NVcaffe's examples/kitti/detectnet_network.prototxt), where
