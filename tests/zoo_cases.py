@@ -138,19 +138,21 @@ DETECTNET_PATH = "detectnet_kitti/detectnet_network.prototxt"
 the shared zoo keeps it once added (see docs/memory-model.md, NVcaffe); its test is skipped without it."""
 DETECTNET = FlavouredCase(
     "detectnet_kitti", "nvcaffe", DETECTNET_PATH, None,
-    {
-        # DIGITS' KITTI dataset: 1248 x 384 colour images; labels as DIGITS stores them, a header row and one
-        # 16-value row per box (DetectNetTransformationLayer::blobToLabels), room for 63 boxes.
-        "data": (3, 384, 1248),
-        "label": (1, 64, 16),
-        # The Python layers of the val net (caffe.layers.detectnet, never imported here): the clustering layers'
-        # box lists at (num, 50 boxes, 5 values), the scored list alike, and mAP's three scalars.
-        "cluster/bbox-list": (6, 50, 5),
-        "cluster_gt/bbox-list-label": (6, 50, 5),
-        "score/bbox-list-scored": (6, 50, 5),
-        "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,),
-    },
+    # DIGITS' KITTI dataset: 1248 x 384 colour images, as DIGITS users give it. The label LMDB's layout is DIGITS'
+    # (a header row and one 16-value row per box, DetectNetTransformationLayer::blobToLabels) and the val net's
+    # Python layers (caffe.layers.detectnet, never imported) have rules: neither needs a shape.
+    {"data": (3, 384, 1248)},
 )
+DETECTNET_TYPED_SHAPES = {
+    # What DetectNet needed typed by hand before: the label at DIGITS' default padding (64 boxes and a header row),
+    # the clustering layers' box lists at (num, 50 boxes, 5 values), the scored list alike, and mAP's three scalars.
+    "data": (3, 384, 1248),
+    "label": (1, 65, 16),
+    "cluster/bbox-list": (6, 50, 5),
+    "cluster_gt/bbox-list-label": (6, 50, 5),
+    "score/bbox-list-scored": (6, 50, 5),
+    "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,),
+}
 
 
 def generic_data_shapes(text: str) -> dict[str, Any]:
