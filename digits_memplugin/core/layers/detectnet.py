@@ -185,8 +185,9 @@ ParamField = tuple[str, type, Any]
 
 
 def _param_str(ctx: LayerContext, fields: tuple[ParamField, ...]) -> dict[str, Any]:
-    """python_param.param_str as the layer's `setup` reads it: split on commas, item i converted with Python's
-    int() or float() (which take the spaces DIGITS' DetectNet leaves after each comma); a missing required item or
+    """python_param.param_str as the layer's `setup` reads it: split on commas, item i converted with int() or
+    float() as the Python 2 these layers run under does (ASCII digits, the spaces DIGITS' DetectNet leaves after
+    each comma; no `_` separators or other scripts' digits, which only Python 3 takes); a missing required item or
     one that does not convert stops the layer, as its ValueError or IndexError would stop Caffe."""
     text = ctx.param.python_param.param_str
     items = text.split(",")
@@ -201,12 +202,16 @@ def _param_str(ctx: LayerContext, fields: tuple[ParamField, ...]) -> dict[str, A
                 )
             values[name] = default
             continue
+        item = items[index]
         try:
-            values[name] = kind(items[index])
+            if not item.isascii() or "_" in item:
+                raise ValueError(item)
+            values[name] = kind(item)
         except ValueError:
+            shown = item if len(item) <= 40 else f"{item[:40]}... ({len(item)} characters)"
             raise ctx.error(
                 f"param_str value {index + 1} ({name}) must be {'an integer' if kind is int else 'a number'}, got "
-                f"{items[index]!r}",
+                f"{shown!r}",
                 field="python_param.param_str",
             ) from None
     return values
