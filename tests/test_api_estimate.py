@@ -245,3 +245,31 @@ def test_the_document_names_the_schema_flavour(client: FlaskClient) -> None:
                             "free_bytes": 8 * 1024**3}).get_json()
     assert nvcaffe["flavour"] == "nvcaffe" and nvcaffe["safety_margin"] == 0.2
     assert post(client, {"net": LENET, "data_shapes": SHAPES}).get_json()["flavour"] == "bvlc"
+
+
+DETECTNET = ZOO / "detectnet_kitti" / "detectnet_network.prototxt"
+DETECTNET_SOLVER = ZOO / "detectnet_kitti" / "detectnet_solver.prototxt"
+
+
+@pytest.mark.skipif(not DETECTNET.is_file(), reason="DetectNet is not in the shared zoo")
+def test_detectnet_estimates_from_its_image_shape_alone(client: FlaskClient) -> None:
+    """DIGITS' DetectNet with the one shape its users give, data=3,384,1248: the label LMDB's layout is DIGITS'
+    (said in the assumptions) and its Python clustering and mAP layers are shaped by their source; the document is
+    the core's, and the same as with the six shapes once typed by hand."""
+    from digits_memplugin.core.layers.base import ENGINE_CUDNN
+
+    body = {"net": DETECTNET.read_text(), "solver": DETECTNET_SOLVER.read_text(), "data_shapes": {"data": [3, 384, 1248]},
+            "engine": ENGINE_CUDNN, "free_bytes": "12GiB"}
+    response = post(client, body)
+    assert response.status_code == 200, response.get_json()
+    document = response.get_json()
+    assert document["flavour"] == "nvcaffe" and document["batch_size"] == 10 and document["test_batch_size"] == 6
+    assert any(note.startswith("no shape given for 'label'") for note in document["assumptions"])
+    assert {"cluster", "cluster_gt", "score", "mAP"} <= {layer["name"] for layer in document["layers"]}
+    typed = estimate(EstimateRequest(
+        net=body["net"], solver=body["solver"], engine=ENGINE_CUDNN, free_bytes=12 << 30,
+        data_shapes={"data": (3, 384, 1248), "label": (1, 65, 16), "cluster/bbox-list": (6, 50, 5),
+                     "cluster_gt/bbox-list-label": (6, 50, 5), "score/bbox-list-scored": (6, 50, 5),
+                     "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,)},
+    ))
+    assert document["total_bytes"] == typed["total_bytes"] and document["plan"] == typed["plan"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
+import pytest
 from conftest import ZOO
 
 from digits_memplugin.core.estimate import EstimateRequest, estimate
@@ -145,3 +146,25 @@ def test_the_table_names_the_schema_flavour() -> None:
     assert nvcaffe.stdout.startswith("nvcaffe caffe, engine cpu")
     bvlc = run(LENET, "--data-shape", "data=1,28,28", "--no-pycaffe")
     assert bvlc.returncode == 0 and bvlc.stdout.startswith("bvlc caffe, engine cpu"), bvlc.stderr
+
+
+DETECTNET = ZOO / "detectnet_kitti" / "detectnet_network.prototxt"
+DETECTNET_SOLVER = ZOO / "detectnet_kitti" / "detectnet_solver.prototxt"
+
+
+@pytest.mark.skipif(not DETECTNET.is_file(), reason="DetectNet is not in the shared zoo")
+def test_detectnet_estimates_from_its_image_shape_alone() -> None:
+    """`digits-memplugin estimate detectnet_network.prototxt --data-shape data=3,384,1248`, as DIGITS users paste
+    it: no other shape asked for; the table names NVcaffe and says what it took the label LMDB to hold."""
+    table = run(DETECTNET, "--solver", DETECTNET_SOLVER, "--data-shape", "data=3,384,1248")
+    assert table.returncode == 0, table.stderr
+    first = table.stdout.splitlines()[0]
+    assert first.startswith("nvcaffe caffe") and "batch 10, test batch 6" in first
+    assert "assumes: no shape given for 'label'" in table.stdout
+    document = run(DETECTNET, "--solver", DETECTNET_SOLVER, "--data-shape", "data=3,384,1248", "--json")
+    assert document.returncode == 0, document.stderr
+    expected = estimate(EstimateRequest(
+        net=DETECTNET.read_text(), solver=DETECTNET_SOLVER.read_text(), net_source=str(DETECTNET),
+        solver_source=str(DETECTNET_SOLVER), data_shapes={"data": (3, 384, 1248)},
+    ))
+    assert json.loads(document.stdout)["total_bytes"] == expected["total_bytes"] > 0

@@ -16,11 +16,18 @@ from digits_memplugin.core import nvcaffe_pb2
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.flavour import (
+    BUNDLED_CAFFE,
     BVLC,
     NVCAFFE,
     NVCAFFE_SAFETY_MARGIN,
     NVCAFFE_UNVERIFIED,
+    SSD,
+    builders,
+    caffes_that_build,
+    can_train,
+    definition_flavour,
     flavour_of,
+    nvcaffe_reads,
     pool_allocation,
 )
 from digits_memplugin.core.layers.base import (
@@ -36,6 +43,7 @@ from digits_memplugin.core.memory import MemoryOptions, job_memory, net_memory
 from digits_memplugin.core.net import Net, build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
+from digits_memplugin.core.training import training_definition
 from digits_memplugin.jobs.definition import NVCAFFE_REFUSAL, load_definition
 
 NV = "default_forward_type: FLOAT\n"
@@ -72,7 +80,8 @@ def test_both_schemas_live_in_one_process_without_clashing() -> None:
     # caffe.proto (caffe-0.17): forward_type = 145 ... cudnn_math_override = 150, DetectNet's at 6801 / 6802.
     assert fields["forward_type"].number == 145 and fields["cudnn_math_override"].number == 150
     assert fields["detectnet_groundtruth_param"].number == 6801
-    assert "recurrent_param" not in fields and "parameter_param" not in fields
+    # 0.17.3 moved BVLC's recurrent_param (146, now backward_type) to 151; it has no Parameter layer.
+    assert fields["recurrent_param"].number == 151 and "parameter_param" not in fields
     assert nvcaffe_pb2.FLOAT16 == 2 and nvcaffe_pb2.TRAIN == caffe_pb2.TRAIN
     assert "ceil_mode" not in nvcaffe_pb2.PoolingParameter.DESCRIPTOR.fields_by_name
     resize = nvcaffe_pb2.TransformationParameter.DESCRIPTOR.fields_by_name["resize_param"]
@@ -258,14 +267,81 @@ def test_l1_loss_wants_equal_counts_and_keeps_diff_and_sign() -> None:
                + 'layer { name: "l1" type: "L1Loss" bottom: "a" bottom: "b" top: "l1" }')
 
 
-def test_detectnet_s_python_clustering_layer_takes_its_given_top_shape() -> None:
-    # DetectNet's caffe.layers.detectnet.clustering is never imported: its top is given, batch first.
-    layer = ('layer { name: "cluster" type: "Python" bottom: "cov" bottom: "boxes" top: "bbox-list" '
-             'python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterDetections" } }')
+CLUSTERING = "caffe.layers.detectnet.clustering"
+MEAN_AP = "caffe.layers.detectnet.mean_ap"
+
+
+def python_layer(name: str, module: str, layer: str, bottoms: tuple[str, ...], tops: tuple[str, ...],
+                 param_str: str | None = None) -> str:
+    wiring = "".join(f' bottom: "{b}"' for b in bottoms) + "".join(f' top: "{t}"' for t in tops)
+    param = f" param_str: '{param_str}'" if param_str is not None else ""
+    return (f'layer {{ name: "{name}" type: "Python"{wiring} '
+            f'python_param {{ module: "{module}" layer: "{layer}"{param} }} }}\n')
+
+
+DETECTIONS = "1248, 352, 16, 0.6, 3, 0.02, 22, 1"
+"""DIGITS' DetectNet's param_str for ClusterDetections (image x, y, stride, thresholds, min height, 1 class)."""
+
+
+def test_detectnet_s_python_layers_are_shaped_by_their_source() -> None:
+    """clustering.py and mean_ap.py (NVcaffe's python/caffe/layers/detectnet) are never imported; their reshape
+    fixes the tops: one (images, max_boxes, 5) box list per class, the scored list at (images, 50, 5), mAP's three
+    one-value tops. No shape need be given."""
     inputs = input_layer("cov", 2, 1, 24, 78) + input_layer("boxes", 2, 4, 24, 78)
-    net = nv_net(inputs + layer, data_shapes={"cluster/bbox-list": (2, 50, 5)})
-    assert shapes(net)["bbox-list"] == (2, 50, 5)
+    net = nv_net(
+        inputs
+        + python_layer("cluster", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",), DETECTIONS)
+        + python_layer("cluster_gt", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("gt",), "1248, 352, 16, 1")
+        + python_layer("score", MEAN_AP, "ScoreDetections", ("gt", "det"), ("scored",))
+        + python_layer("mAP", MEAN_AP, "mAP", ("scored",), ("mAP", "precision", "recall"), "1248, 352, 16")
+    )
+    found = shapes(net)
+    assert found["det"] == found["gt"] == found["scored"] == (2, 50, 5)
+    assert found["mAP"] == found["precision"] == found["recall"] == (1,)
+    two = input_layer("cov2", 3, 2, 24, 78) + input_layer("boxes", 3, 4, 24, 78)
+    net = nv_net(two + python_layer("c", CLUSTERING, "ClusterDetections", ("cov2", "boxes"), ("car", "person"),
+                                    "1248, 352, 16, 0.6, 3, 0.02, 22, 2, 30"))
+    assert shapes(net)["car"] == shapes(net)["person"] == (3, 30, 5)
+    # A shape given for such a top is checked past the batch axis (a planner's batch changes the first).
+    given = nv_net(inputs + python_layer("cluster", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",),
+                                         DETECTIONS), data_shapes={"cluster/det": (6, 50, 5)})
+    assert shapes(given)["det"] == (2, 50, 5)
+    with pytest.raises(ShapeError, match=r"shapes top 'det' as \[2, 50, 5\].*\[6, 40, 5\].*differs"):
+        nv_net(inputs + python_layer("cluster", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",),
+                                     DETECTIONS), data_shapes={"cluster/det": (6, 40, 5)})
+    # Any other Python layer still needs its shapes given.
+    mine = python_layer("mine", "my.layers", "Cluster", ("cov",), ("out",))
+    assert shapes(nv_net(inputs + mine, data_shapes={"mine/out": (2, 7)}))["out"] == (2, 7)
     with pytest.raises(ShapeError, match="never imports"):
+        nv_net(inputs + mine)
+
+
+@pytest.mark.parametrize(("layer", "message"), [
+    (python_layer("c", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",)),
+     r"param_str value 1 \(image_size_x\) must be an integer, got ''"),
+    (python_layer("c", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",), "1248, 352, 16, 0.6"),
+     "has 4 value.*reads gridbox_rect_thresh from value 5"),
+    (python_layer("c", CLUSTERING, "ClusterDetections", ("cov", "boxes"), ("det",), "1248, 352, 16, x, 3, 0.02, 22"),
+     r"value 4 \(gridbox_cvg_threshold\) must be a number"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a",), "1248, 3_52, 16"),
+     r"value 2 \(image_size_y\) must be an integer, got ' 3_52'"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a",), "\u0661\u0662, 352, 16"),
+     "value 1 .* must be an integer"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a",), "9" * 5000 + ", 352, 16"),
+     r"got '9{40}\.\.\. \(5000 characters\)'$"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a", "b"), "1248, 352, 16, 1"),
+     "has 2 top.*names 1 class"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a", "b"), "1248, 352, 16, 2"),
+     "1 class channel.*names 2"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov", "boxes"), ("a",), "1248, 352, 16, 1, -1"),
+     "max_boxes must not be negative"),
+    (python_layer("c", CLUSTERING, "ClusterGroundtruth", ("cov",), ("a",), "1248, 352, 16"), "at least 2 bottom"),
+    (python_layer("s", MEAN_AP, "ScoreDetections", ("cov", "other"), ("scored",)), "# of images not matching"),
+    (python_layer("m", MEAN_AP, "mAP", ("cov",), ("mAP", "precision")), "exactly 3 top"),
+])
+def test_detectnet_s_python_layers_stop_where_their_source_does(layer: str, message: str) -> None:
+    inputs = input_layer("cov", 2, 1, 24, 78) + input_layer("boxes", 2, 4, 24, 78) + input_layer("other", 3, 1)
+    with pytest.raises(ShapeError, match=message):
         nv_net(inputs + layer)
 
 
@@ -420,7 +496,8 @@ def detectnet_shaped(trunk_stride: int = 16) -> str:
         'layer { name: "coverage_loss" type: "EuclideanLoss" bottom: "coverage" bottom: "coverage-label" '
         f'top: "loss_coverage" {both} }}\n'
         'layer { name: "cluster" type: "Python" bottom: "coverage" bottom: "bboxes" top: "bbox-list" '
-        'python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterDetections" } '
+        'python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterDetections" '
+        "param_str: '1248, 352, 16, 0.6, 3, 0.02, 22, 1' } "
         'include { phase: TEST stage: "val" } }\n'
     )
     return data + transform + labels + trunk + heads
@@ -428,21 +505,35 @@ def detectnet_shaped(trunk_stride: int = 16) -> str:
 
 def test_a_detectnet_shaped_net_estimates_at_digits_defaults() -> None:
     """DIGITS' defaults for DetectNet on KITTI: 1248 x 384 images, batch 10, validation batch 6, DIGITS' stages;
-    the label tensor's 9 channels slice into DetectNet's five labels, and the losses meet the heads' shapes."""
-    document = estimate(EstimateRequest(
-        net=detectnet_shaped(),
-        data_shapes={"data": (3, 384, 1248), "label": (1, 64, 16), "cluster/bbox-list": (6, 50, 5)},
-        engine=ENGINE_CUDNN, free_bytes=12 << 30,
-    ))
+    the label tensor's 9 channels slice into DetectNet's five labels, and the losses meet the heads' shapes. The
+    image shape is all it needs: the label LMDB's layout is DIGITS', the clustering layer's top its source's."""
+    document = estimate(EstimateRequest(net=detectnet_shaped(), data_shapes={"data": (3, 384, 1248)},
+                                        engine=ENGINE_CUDNN, free_bytes=12 << 30))
     assert document["flavour"] == NVCAFFE
     assert document["batch_size"] == 10 and document["test_batch_size"] == 6
     layers = {(layer["name"], layer["phase"]): layer for layer in document["layers"]}
     assert layers[("train_transform", "TRAIN")]["type"] == "DetectNetTransformation"
     assert ("cluster", "TEST") in layers and ("cluster", "TRAIN") not in layers
-    net = build_net(parse_net(detectnet_shaped()), "TRAIN", data_shapes={"data": (3, 384, 1248), "label": (1, 64, 16)},
+    net = build_net(parse_net(detectnet_shaped()), "TRAIN", data_shapes={"data": (3, 384, 1248)},
                     state=caffe_pb2.NetState(stage=["train"]))
-    assert shapes(net)["transformed_label"] == (10, 9, 24, 78)
+    assert shapes(net)["label"] == (10, 1, 65, 16) and shapes(net)["transformed_label"] == (10, 9, 24, 78)
     assert shapes(net)["bboxes"] == (10, 4, 24, 78) and shapes(net)["coverage-block"] == (10, 4, 24, 78)
+
+
+def test_detectnet_s_label_is_taken_as_digits_writes_it_and_the_estimate_says_so() -> None:
+    """No label shape given: DIGITS' layout at its default padding (1 x 65 x 16 floats), said in the assumptions,
+    the same figures as that shape given; a given shape wins and is not assumed; the `*` image shorthand does not
+    turn the label into an image."""
+    def run(shapes: dict[str, Any]) -> dict[str, Any]:
+        return estimate(EstimateRequest(net=detectnet_shaped(), data_shapes=shapes, engine=ENGINE_CUDNN))
+
+    alone = run({"data": (3, 384, 1248)})
+    note = next(a for a in alone["assumptions"] if a.startswith("no shape given for 'label'"))
+    assert "1 x 65 x 16 floats" in note and "DIGITS" in note
+    assert alone["total_bytes"] == run({"data": (3, 384, 1248), "label": (1, 65, 16)})["total_bytes"]
+    typed = run({"data": (3, 384, 1248), "label": (1, 40, 16)})
+    assert not any("'label'" in a for a in typed["assumptions"]) and typed["total_bytes"] != alone["total_bytes"]
+    assert run({"*": (3, 384, 1248)})["total_bytes"] == alone["total_bytes"]
 
 
 SSD_LAYERS = (
@@ -484,6 +575,40 @@ def test_the_ssd_rules_build_what_this_pycaffe_builds() -> None:
         assert flavour_of(param) == BVLC
         net = build_net(param, phase)
         assert differences(net, caffe_net(input_net(net), phase)) == []
+
+
+SSD_TRAIN = SSD_LAYERS + input_layer("gt", 1, 1, 3, 8) + (
+    'layer { name: "loss" type: "MultiBoxLoss" bottom: "loc_flat" bottom: "conf_flat" bottom: "priors" '
+    'bottom: "gt" top: "loss" propagate_down: true propagate_down: true propagate_down: false '
+    "propagate_down: false multibox_loss_param { num_classes: 21 } }\n"
+)
+
+
+def test_an_ssd_net_without_nvcaffe_fields_is_ssd_caffe_s_not_bvlc_s() -> None:
+    """SSD's layers read with BVLC's schema, but BVLC Caffe has none of them: the net is "ssd", built by SSD Caffe
+    (this server's pycaffe is one) and NVcaffe 0.17, not by BVLC Caffe."""
+    param = parse_net(SSD_TRAIN)
+    assert flavour_of(param) == BVLC and definition_flavour([param]) == SSD
+    document = estimate(EstimateRequest(net=SSD_TRAIN, engine=ENGINE_CUDNN, free_bytes=8 << 30))
+    assert document["flavour"] == SSD and NVCAFFE_UNVERIFIED not in document["assumptions"]
+    definition = training_definition(SSD_TRAIN, None)
+    assert definition.flavour == SSD and definition.builders == {SSD, NVCAFFE}
+    assert can_train(BUNDLED_CAFFE, SSD) and can_train(NVCAFFE, SSD) and not can_train(BVLC, SSD)
+
+
+def test_who_may_train_each_flavour() -> None:
+    """builders(flavour): BVLC nets build anywhere, SSD nets in SSD Caffe and NVcaffe, NVcaffe's in NVcaffe only; for
+    given messages, NVcaffe drops out when its schema cannot read one (BVLC's Parameter layer)."""
+    assert builders(BVLC) == {BVLC, SSD, NVCAFFE} and builders(SSD) == {SSD, NVCAFFE} and builders(NVCAFFE) == {NVCAFFE}
+    plain = parse_net(input_layer("x", 1, 2) + 'layer { name: "r" type: "ReLU" bottom: "x" top: "r" }')
+    assert caffes_that_build([plain, None]) == {BVLC, SSD, NVCAFFE} and nvcaffe_reads(plain)
+    parameter = parse_net('layer { name: "w" type: "Parameter" top: "w" parameter_param { shape { dim: 3 } } }')
+    assert definition_flavour([parameter]) == BVLC and not nvcaffe_reads(parameter)
+    assert caffes_that_build([parameter]) == {BVLC, SSD}
+    nv = parse_net(NV + input_layer("x", 1, 2))
+    assert caffes_that_build([nv]) == {NVCAFFE} and definition_flavour([plain, nv]) == NVCAFFE
+    solver = parse_solver("base_lr: 0.1 larc: true")
+    assert definition_flavour([plain, solver]) == NVCAFFE
 
 
 def test_an_nvcaffe_solver_makes_the_whole_job_nvcaffe() -> None:

@@ -1,16 +1,26 @@
 """Every net of the shared zoo is read with the schema it was written for and estimated, with its flavour named:
-BVLC's nets stay "bvlc", NVIDIA's fork's (DIGITS' Caffe) are "nvcaffe" (core/flavour.py)."""
+BVLC's nets stay "bvlc", SSD's deploy net is "ssd", NVIDIA's fork's (DIGITS' Caffe) are "nvcaffe" (core/flavour.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
-from zoo_cases import CASES, DETECTNET, DETECTNET_PATH, NVCAFFE_CASES, ZOO, FlavouredCase, generic_data_shapes
+from zoo_cases import (
+    CASES,
+    DETECTNET,
+    DETECTNET_PATH,
+    DETECTNET_TYPED_SHAPES,
+    NVCAFFE_CASES,
+    ZOO,
+    FlavouredCase,
+    generic_data_shapes,
+)
 
 from digits_memplugin.core.errors import NetError, PrototxtSyntaxError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.flavour import NVCAFFE, NVCAFFE_UNVERIFIED, flavour_of
+from digits_memplugin.core.flavour import NVCAFFE, NVCAFFE_UNVERIFIED, definition_flavour, flavour_of
 from digits_memplugin.core.layers.base import ENGINE_CUDNN
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 
@@ -52,7 +62,7 @@ def test_every_zoo_net_estimates_alone_with_its_flavour(path: Path) -> None:
     shapes = case.data_shapes if case is not None else generic_data_shapes(text)
     document = estimate(EstimateRequest(net=text, solver=solver, net_source=path.name, data_shapes=shapes, classes=10,
                                         batch=1 if case is not None else None))
-    assert document["flavour"] == flavour_of(parse_net(text)) and document["total_bytes"] > 0
+    assert document["flavour"] == definition_flavour([parse_net(text)]) and document["total_bytes"] > 0
 
 
 def estimate_case(case: FlavouredCase, **kwargs: object) -> dict:
@@ -90,9 +100,16 @@ def test_the_bvlc_cases_stay_bvlc(case: object) -> None:
 
 @pytest.mark.skipif(not (ZOO / DETECTNET_PATH).is_file(), reason=f"DetectNet is not in the shared zoo ({DETECTNET_PATH})")
 def test_detectnet_estimates_at_digits_defaults() -> None:
-    """DIGITS' DetectNet on KITTI: 3 x 384 x 1248 images, its own batch (10, validation 6), DIGITS' stages."""
+    """DIGITS' DetectNet on KITTI: 3 x 384 x 1248 images, its own batch (10, validation 6), DIGITS' stages, from
+    the image shape alone: the same figures as with the six shapes it once needed typed by hand."""
     document = estimate_case(DETECTNET, engine=ENGINE_CUDNN, free_bytes=12 << 30)
+    assert DETECTNET.data_shapes == {"data": (3, 384, 1248)}
     assert document["flavour"] == NVCAFFE
     assert document["batch_size"] == 10 and document["test_batch_size"] == 6
     layers = {layer["name"]: layer for layer in document["layers"]}
     assert layers["train_transform"]["type"] == "DetectNetTransformation" and "bbox_loss" in layers
+    assert {"cluster", "cluster_gt", "score", "mAP"} <= set(layers)
+    assert any(note.startswith("no shape given for 'label'") for note in document["assumptions"])
+    typed = estimate_case(dataclasses.replace(DETECTNET, data_shapes=DETECTNET_TYPED_SHAPES), engine=ENGINE_CUDNN,
+                          free_bytes=12 << 30)
+    assert typed["total_bytes"] == document["total_bytes"] and typed["plan"] == document["plan"]

@@ -97,7 +97,7 @@ CASES_BY_NAME = {case.name: case for case in CASES}
 
 @dataclasses.dataclass(frozen=True)
 class FlavouredCase:
-    """A zoo net (or a solver with its nets) for the flavour tests: which schema must read it, and the request
+    """A zoo net (or a solver with its nets) for the flavour tests: the Caffe that builds it, and the request
     that estimates it at the batch its authors train with. `files` maps the paths its solver names to zoo files."""
 
     name: str
@@ -128,28 +128,31 @@ NVCAFFE_CASES = [
     FlavouredCase(SSD, "nvcaffe", None, f"{SSD}/solver.prototxt",
                   files={"models/VGGNet/coco/SSD_300x300/train.prototxt": f"{SSD}/train.prototxt",
                          "models/VGGNet/coco/SSD_300x300/test.prototxt": f"{SSD}/test.prototxt"}),
-    FlavouredCase(f"{SSD}/deploy", "bvlc", f"{SSD}/deploy.prototxt"),
+    FlavouredCase(f"{SSD}/deploy", "ssd", f"{SSD}/deploy.prototxt"),
 ]
-"""The zoo's NVcaffe nets. The SSD deploy net uses no NVcaffe-only field: BVLC's schema reads it."""
+"""The zoo's NVcaffe nets. The SSD deploy net uses no NVcaffe-only field: BVLC's schema reads it, but its layers are
+SSD Caffe's (PriorBox, Normalize, DetectionOutput...), which BVLC Caffe has not: flavour "ssd"."""
 
 DETECTNET_PATH = "detectnet_kitti/detectnet_network.prototxt"
 """DIGITS' DetectNet (examples/object-detection points to NVcaffe's examples/kitti/detectnet_network.prototxt), where
 the shared zoo keeps it once added (see docs/memory-model.md, NVcaffe); its test is skipped without it."""
 DETECTNET = FlavouredCase(
     "detectnet_kitti", "nvcaffe", DETECTNET_PATH, None,
-    {
-        # DIGITS' KITTI dataset: 1248 x 384 colour images; labels as DIGITS stores them, a header row and one
-        # 16-value row per box (DetectNetTransformationLayer::blobToLabels), room for 63 boxes.
-        "data": (3, 384, 1248),
-        "label": (1, 64, 16),
-        # The Python layers of the val net (caffe.layers.detectnet, never imported here): the clustering layers'
-        # box lists at (num, 50 boxes, 5 values), the scored list alike, and mAP's three scalars.
-        "cluster/bbox-list": (6, 50, 5),
-        "cluster_gt/bbox-list-label": (6, 50, 5),
-        "score/bbox-list-scored": (6, 50, 5),
-        "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,),
-    },
+    # DIGITS' KITTI dataset: 1248 x 384 colour images, as DIGITS users give it. The label LMDB's layout is DIGITS'
+    # (a header row and one 16-value row per box, DetectNetTransformationLayer::blobToLabels) and the val net's
+    # Python layers (caffe.layers.detectnet, never imported) have rules: neither needs a shape.
+    {"data": (3, 384, 1248)},
 )
+DETECTNET_TYPED_SHAPES = {
+    # What DetectNet needed typed by hand before: the label at DIGITS' default padding (64 boxes and a header row),
+    # the clustering layers' box lists at (num, 50 boxes, 5 values), the scored list alike, and mAP's three scalars.
+    "data": (3, 384, 1248),
+    "label": (1, 65, 16),
+    "cluster/bbox-list": (6, 50, 5),
+    "cluster_gt/bbox-list-label": (6, 50, 5),
+    "score/bbox-list-scored": (6, 50, 5),
+    "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,),
+}
 
 
 def generic_data_shapes(text: str) -> dict[str, Any]:

@@ -385,7 +385,9 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
     for index, test in enumerate(tests, start=1):
         per_net.append(net_memory(test, options, index, share_trained_layers(train, test)))
     layers = [layer for net_layers in per_net for layer in net_layers]
-    assumptions = []
+    # What the rules took as given for want of a shape (a DetectNet label LMDB's layout...), once each.
+    assumed = (note for net in (train, *tests) for layer in net.layers for note in layer.ctx.assumed)
+    assumptions = list(dict.fromkeys(assumed))
     context = 0
     if options.engine == ENGINE_CPU:
         nets = (train, *tests)

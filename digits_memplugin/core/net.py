@@ -14,7 +14,7 @@ from typing import Any
 from .errors import BlobLimitError, NetError, ShapeError, UnsupportedLayerError
 from .flavour import NVCAFFE, flavour_of, schema
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
-from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, check_layer_fillers
+from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, InputDefault, check_layer_fillers
 from .proto import caffe_pb2
 from .sanitize import opened_field, refusal, sanitized
 
@@ -287,6 +287,9 @@ class PreparedNet:
     layers: tuple[LayerSpec, ...]
     memos: tuple[dict[Any, Any], ...]
     """One `LayerContext.memo` per layer, shared by every build of this prepared net."""
+    input_defaults: Mapping[str, InputDefault] = dataclasses.field(default_factory=dict)
+    """Blob name -> what the data top of that name holds when no shape is given for it, declared by the rule of a
+    layer that reads it (`LayerRule.input_defaults`)."""
 
 
 def prepare_net(
@@ -319,7 +322,17 @@ def prepare_net(
                 rule=rule_for(param.type, flavour),
             )
         )
-    return PreparedNet(net_param, phase, source, tuple(lines), filtered, tuple(specs), tuple({} for _ in specs))
+    defaults: dict[str, InputDefault] = {}
+    for spec in specs:
+        if spec.rule is None or spec.orig is None:
+            continue
+        written = net_param.layer[spec.orig].bottom  # as written: a Split layer may feed the bottom by now
+        for index, default in spec.rule.input_defaults(spec.param).items():
+            if index < len(written):
+                defaults.setdefault(written[index], default)
+    return PreparedNet(
+        net_param, phase, source, tuple(lines), filtered, tuple(specs), tuple({} for _ in specs), defaults
+    )
 
 
 _DEFAULT_PARAM_SPEC = ("", 1.0, caffe_pb2.ParamSpec.STRICT)  # ParamSpec's proto defaults
@@ -397,6 +410,7 @@ def build_net(
             name=name_,
             layer_type=type_,
             build_subnet=build_subnet,
+            input_defaults=prepared.input_defaults,
         )
         from_oracle = False
         setup = None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import NetError
-from .flavour import BVLC, NVCAFFE, flavour_of
+from .flavour import caffes_that_build, definition_flavour
 from .layers.base import PHASE_TEST, PHASE_TRAIN
 from .memory import MemoryOptions, MemoryReport, job_memory
 from .net import Net, PreparedNet, ShapeOracle, build_net, prepare_net
@@ -63,9 +63,17 @@ class TrainingDefinition:
 
     @property
     def flavour(self) -> str:
-        """"nvcaffe" when the solver or any net needed NVcaffe's schema (core/flavour.py), else "bvlc"."""
-        messages = [self.train.param, *(test.param for test in self.tests), self.solver]
-        return NVCAFFE if any(m is not None and flavour_of(m) == NVCAFFE for m in messages) else BVLC
+        """The Caffe that builds it (core/flavour.py): "nvcaffe" when the solver or a net needed NVcaffe's schema,
+        "ssd" when a net uses SSD's layers, else "bvlc"."""
+        return definition_flavour(self._messages())
+
+    @property
+    def builders(self) -> frozenset[str]:
+        """The Caffes (flavour.FLAVOURS) that can build the solver and every net: who may train it."""
+        return caffes_that_build(self._messages())
+
+    def _messages(self) -> list[Any]:
+        return [self.train.param, *(test.param for test in self.tests), self.solver]
 
     def build(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import NetError, ShapeError, UnsupportedLayerError
@@ -93,6 +93,17 @@ class SubNet:
 
 
 @dataclasses.dataclass(frozen=True)
+class InputDefault:
+    """What a data layer's top is taken to hold when the caller gives no shape for it, declared by the rule of the
+    layer that reads it (`LayerRule.input_defaults`): the label LMDB DIGITS writes for DetectNet has one layout, so
+    its shape need not be asked for. The estimate says so (`assumption`)."""
+
+    spec: Any
+    """A layers.data.DataSpec (typed loosely: base does not import the data layers)."""
+    assumption: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Count:
     """Caffe's ExactNum/MinNum/MaxNum Bottom/Top Blobs: None means unconstrained."""
 
@@ -125,6 +136,7 @@ class LayerContext:
         name: str | None = None,
         layer_type: str | None = None,
         build_subnet: Callable[[Any], Any] | None = None,
+        input_defaults: Mapping[str, InputDefault] | None = None,
     ) -> None:
         self.param = param
         self._build_subnet = build_subnet
@@ -138,6 +150,10 @@ class LayerContext:
         self.source = source
         self.line = line
         self.data_shapes = data_shapes or {}
+        self.input_defaults = input_defaults or {}
+        """Top name -> what it holds when no shape is given for it (see InputDefault)."""
+        self.assumed: list[str] = []
+        """The assumptions `data_shape` took from `input_defaults` for this layer, for the estimate to list."""
         self.batch_override = batch_override
         # Set once the whole net is known (Net::Init's backward analysis), for `buffers`: some buffers exist only
         # when backward runs, or only when a bottom's gradient is computed.
@@ -169,16 +185,22 @@ class LayerContext:
             missing_shape=missing_shape,
         )
 
-    def data_shape(self, top: str, *, wildcard: bool = True) -> Shape | None:
+    def data_shape(self, top: str, *, wildcard: bool = True, default: bool = True) -> Shape | None:
         """A shape given by the caller for this layer's top: by ``PHASE:layer/top`` (TRAIN and TEST data layers
-        often share a name but read different datasets), ``layer/top``, the top's name, or ``*`` for the first
-        top of every data layer (the image, whatever the net calls it) unless `wildcard` is False."""
+        often share a name but read different datasets), ``layer/top``, the top's name; else, unless `default` is
+        False, the input default its reader declares (noted in `assumed`); else ``*`` for the first top of every data
+        layer (the image, whatever the net calls it) unless `wildcard` is False."""
         keys = [f"{self.phase}:{self.name}/{top}", f"{self.name}/{top}", top]
-        if wildcard and len(self.param.top) and top == self.param.top[0]:
-            keys.append("*")
         for key in keys:
             if key in self.data_shapes:
                 return self.data_shapes[key]
+        if default and top in self.input_defaults:
+            declared = self.input_defaults[top]
+            if declared.assumption not in self.assumed:
+                self.assumed.append(declared.assumption)
+            return declared.spec  # type: ignore[no-any-return]
+        if wildcard and len(self.param.top) and top == self.param.top[0] and "*" in self.data_shapes:
+            return self.data_shapes["*"]
         return None
 
     def canonical_axis(self, axis: int, num_axes: int, field: str) -> int:
@@ -224,6 +246,11 @@ class LayerRule:
     def needed_tops(self) -> int:
         return max(self.tops.minimum or 0, self.tops.exact or 0)
 
+    def input_defaults(self, param: Any) -> dict[int, InputDefault]:
+        """Bottom index -> what a data layer's top feeding that bottom holds when the caller gives no shape for it
+        (a fixed dataset layout this layer reads). None by default: the shape must be given."""
+        return {}
+
 
 _REGISTRY: dict[str, LayerRule] = {}
 _FLAVOUR_REGISTRY: dict[tuple[str, str], LayerRule] = {}
@@ -257,6 +284,32 @@ def rule_for(layer_type: str, flavour: str | None = None) -> LayerRule | None:
 
 def known_types() -> list[str]:
     return sorted(_REGISTRY)
+
+
+_PYTHON_REGISTRY: dict[tuple[str, str], LayerRule] = {}
+"""(python_param.module, python_param.layer) -> the rule of a Python layer whose shapes are fixed by its source."""
+
+
+def python_layer_rule(module: str, layer: str) -> Callable[[R], R]:
+    """Register the rule of a Python layer (`type: "Python"`, python_param module and layer) whose top shapes its
+    source fixes, so that the caller need not give them; the module is never imported (layers.data.PythonRule)."""
+
+    def register(cls: R) -> R:
+        if (module, layer) in _PYTHON_REGISTRY:
+            raise RuntimeError(f"Python layer {module}.{layer} has two rules")
+        _PYTHON_REGISTRY[(module, layer)] = cls()
+        cls.types = ("Python",)
+        return cls
+
+    return register
+
+
+def python_rule_for(module: str, layer: str) -> LayerRule | None:
+    return _PYTHON_REGISTRY.get((module, layer))
+
+
+def known_python_layers() -> list[tuple[str, str]]:
+    return sorted(_PYTHON_REGISTRY)
 
 
 class DeferToPycaffe(Exception):

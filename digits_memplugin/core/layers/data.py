@@ -18,6 +18,7 @@ from .base import (
     Shape,
     count_of,
     layer_rule,
+    python_rule_for,
 )
 
 PREFETCH_COUNT = 3
@@ -309,16 +310,21 @@ class InputRule(LayerRule):
 
 @layer_rule("Python")
 class PythonRule(LayerRule):
-    """A Python layer: its module is never imported here (importing runs anyone's code, and pycaffe would call it),
-    so its top shapes must be given, batch first, as for a data layer; a planner's batch replaces the first
-    dimension. A Python layer with bottoms is no different: what it computes from them is unknown, so the given
-    shapes are all there is (the ``*`` shorthand for a data layer's image does not reach it). What the layer
-    allocates inside is not counted."""
+    """A Python layer: its module is never imported here (importing runs anyone's code, and pycaffe would call it).
+    The Python layers whose shapes their source fixes have rules of their own (`python_layer_rule`: DetectNet's
+    clustering and mAP layers, layers/detectnet.py), computed from the bottoms; a shape given for one of their tops
+    must agree past the batch axis. Any other needs its top shapes given, batch first, as for a data layer; a
+    planner's batch replaces the first dimension. A Python layer with bottoms is no different: what it computes from
+    them is unknown, so the given shapes are all there is (the ``*`` shorthand for a data layer's image does not
+    reach it). What the layer allocates inside is not counted."""
 
     is_data = True
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         p = ctx.param.python_param
+        known = python_rule_for(p.module, p.layer)
+        if known is not None:
+            return _known_python_setup(known, ctx)
         shapes = []
         for top in ctx.param.top:
             missing = (
@@ -335,3 +341,25 @@ class PythonRule(LayerRule):
                 shape = (ctx.batch_override, *shape[1:])
             shapes.append(shape)
         return LayerSetup(tops=shapes)
+
+
+def _known_python_setup(known: LayerRule, ctx: LayerContext) -> LayerSetup:
+    """A Python layer with a rule of its own: its blob counts, its shapes, and the caller's shapes checked against
+    them (a given shape is a claim about the layer, and a wrong one is said, not used)."""
+    p = ctx.param.python_param
+    known.bottoms.check(len(ctx.bottoms), "bottom", ctx)
+    known.tops.check(len(ctx.param.top), "top", ctx)
+    setup = known.setup(ctx)
+    for top, shape in zip(ctx.param.top, setup.tops):
+        given = ctx.data_shape(top, wildcard=False, default=False)
+        if given is None:
+            continue
+        claimed = given.shape if isinstance(given, DataSpec) else given
+        if not isinstance(claimed, (tuple, list)) or tuple(claimed)[1:] != tuple(shape)[1:] or len(claimed) != len(shape):
+            raise ctx.error(
+                f"{p.module}.{p.layer} shapes top {top!r} as {list(shape)} (from its bottoms and param_str); the "
+                f"shape given for it, {list(claimed) if isinstance(claimed, (tuple, list)) else claimed!r}, differs "
+                "past the batch axis: give none, its source fixes it",
+                field="top",
+            )
+    return setup

@@ -1,16 +1,22 @@
-"""NVcaffe's own layers that DIGITS' DetectNet uses (DetectNetTransformation, L1Loss), and NVcaffe's BatchNorm.
+"""NVcaffe's own layers that DIGITS' DetectNet uses (DetectNetTransformation, L1Loss, the Python layers of
+caffe.layers.detectnet), and NVcaffe's BatchNorm.
 
-Each follows NVcaffe 0.17.3's LayerSetUp / Reshape (mirror NEWPLAN/nvcaffe-0.17.3, commit 12cba10,
-src/caffe/layers/<name>_layer.cpp and src/caffe/util/detectnet_coverage_rectangular.cpp). DetectNet's Python
-clustering layer (caffe.layers.detectnet.clustering) is a Python layer like any other: the estimator never imports
-it, so its top shapes come from the caller (`layers.data.PythonRule`).
+Each C++ layer follows NVcaffe 0.17.3's LayerSetUp / Reshape (mirror NEWPLAN/nvcaffe-0.17.3, commit 12cba10,
+src/caffe/layers/<name>_layer.cpp and src/caffe/util/detectnet_coverage_rectangular.cpp). DetectNet's Python layers
+(NVcaffe's python/caffe/layers/detectnet/clustering.py and mean_ap.py, which DIGITS' DetectNet names) are never
+imported: their `reshape` fixes their tops from their bottoms and param_str, and the rules here say so
+(`python_layer_rule`), so DetectNet estimates from its image shape alone. DIGITS' label LMDB has one layout, which
+the transformation layer declares for its label input when none is given (`DetectNetTransformationRule.input_defaults`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import (
     Buffer,
     Count,
+    InputDefault,
     LayerContext,
     LayerRule,
     LayerSetup,
@@ -18,7 +24,9 @@ from .base import (
     count_of,
     layer_rule,
     legacy_dim,
+    python_layer_rule,
 )
+from .data import DataSpec
 from .loss import LossRule
 
 TRANSFORMED_LABEL_SIZE = 8
@@ -27,6 +35,16 @@ then one coverage channel per class."""
 AUGMENT_SELECTION_BYTES = 32
 """sizeof(AugmentSelection) (detectnet_transform_layer.hpp: flip, rotation, scale, crop offset, hue, saturation),
 the per-image record the GPU path reserves."""
+
+BOX_VALUES = 16
+"""Values per box in DIGITS' label LMDB (GroundTruthObj.lmdb_format_length: box, alpha, class, 0, rotation,
+truncation, occlusion, dimensions, location), which DetectNetTransformationLayer::blobToLabels checks (sizeof
+BboxLabel / sizeof(Dtype)); the first row is a header (box count, 16)."""
+DIGITS_LABEL_BOXES = 64
+"""Boxes a DIGITS label is padded to by default (digits/extensions/data/objectDetection/utils.py, pad_bbox's
+max_bboxes; DIGITS passes the dataset's most boxes per image)."""
+DIGITS_LABEL_ITEM: Shape = (1, DIGITS_LABEL_BOXES + 1, BOX_VALUES)
+"""One label item as DIGITS stores it (bbox_to_array: 1 x (boxes + header) x 16 floats)."""
 
 
 @layer_rule("DetectNetTransformation")
@@ -39,6 +57,22 @@ class DetectNetTransformationRule(LayerRule):
 
     bottoms = Count(exact=2)
     tops = Count(exact=2)
+
+    def input_defaults(self, param: Any) -> dict[int, InputDefault]:
+        """Its label input, when no shape is given for it: DIGITS' object-detection label LMDB (float data, a header
+        row and 16 values per box) at DIGITS' default padding. Only its prefetch and reader queue depend on it (64
+        bytes per box and image); the label tensor this layer makes does not."""
+        if len(param.bottom) < 2:
+            return {}
+        label = param.bottom[1]
+        return {1: InputDefault(
+            DataSpec(DIGITS_LABEL_ITEM, stored_itemsize=4),
+            f"no shape given for {label!r} (DetectNet's label LMDB, not read here): each label item taken as DIGITS "
+            f"writes it at its default padding, {' x '.join(map(str, DIGITS_LABEL_ITEM))} floats (a header row, then "
+            f"{BOX_VALUES} values for each of {DIGITS_LABEL_BOXES} boxes); DIGITS pads to the dataset's most boxes per "
+            f"image, 64 bytes per box and image: give the shape of {label!r}, (1, boxes + 1, {BOX_VALUES}), to count "
+            "the dataset's own",
+        )}
 
     def setup(self, ctx: LayerContext) -> LayerSetup:
         images, labels = ctx.bottoms
@@ -137,3 +171,128 @@ class NVcaffeBatchNormRule(LayerRule):
             if self.scale_bias(ctx):
                 buffers.append(Buffer("x_norm.diff", count))
         return buffers
+
+
+# ---------------------------------------------------------------------------------------------- DetectNet's Python layers
+
+MAX_BOXES = 50
+"""mean_ap.MAX_BOXES, and the clustering layers' max_boxes when param_str does not give one: boxes kept per image."""
+BOX_LIST_VALUES = 5
+"""Values per box in the lists these layers pass on (xl, yt, xr, yb, then confidence, 0 or the match class)."""
+
+ParamField = tuple[str, type, Any]
+"""(name, int or float, default or None when the layer's setup reads it unconditionally)."""
+
+
+def _param_str(ctx: LayerContext, fields: tuple[ParamField, ...]) -> dict[str, Any]:
+    """python_param.param_str as the layer's `setup` reads it: split on commas, item i converted with int() or
+    float() as the Python 2 these layers run under does (ASCII digits, the spaces DIGITS' DetectNet leaves after
+    each comma; no `_` separators or other scripts' digits, which only Python 3 takes); a missing required item or
+    one that does not convert stops the layer, as its ValueError or IndexError would stop Caffe."""
+    text = ctx.param.python_param.param_str
+    items = text.split(",")
+    values: dict[str, Any] = {}
+    for index, (name, kind, default) in enumerate(fields):
+        if index >= len(items):
+            if default is None:
+                raise ctx.error(
+                    f"param_str {text!r} has {len(items)} value(s); the layer reads {name} from value {index + 1} "
+                    f"({', '.join(field[0] for field in fields)})",
+                    field="python_param.param_str",
+                )
+            values[name] = default
+            continue
+        item = items[index]
+        try:
+            if not item.isascii() or "_" in item:
+                raise ValueError(item)
+            values[name] = kind(item)
+        except ValueError:
+            shown = item if len(item) <= 40 else f"{item[:40]}... ({len(item)} characters)"
+            raise ctx.error(
+                f"param_str value {index + 1} ({name}) must be {'an integer' if kind is int else 'a number'}, got "
+                f"{shown!r}",
+                field="python_param.param_str",
+            ) from None
+    return values
+
+
+def _box_lists(ctx: LayerContext, values: dict[str, Any]) -> LayerSetup:
+    """ClusterGroundtruth / ClusterDetections.reshape: one (images, max_boxes, 5) box list per class, one top per
+    class (setup refuses another count), the classes being bottom 0's channels."""
+    classes, max_boxes = values["num_classes"], values["max_boxes"]
+    if len(ctx.param.top) != classes:
+        raise ctx.error(f"has {len(ctx.param.top)} top(s) but param_str names {classes} class(es): one box list per "
+                        "class", field="top")
+    coverage = ctx.bottoms[0]
+    if len(coverage) < 2:
+        raise ctx.error(f"bottom 0 (coverage) needs images x classes, got {list(coverage)}", field="bottom")
+    if coverage[1] != classes:
+        raise ctx.error(f"bottom 0 (coverage) has {coverage[1]} class channel(s), param_str names {classes}",
+                        field="bottom")
+    if max_boxes < 0:
+        raise ctx.error(f"max_boxes must not be negative (Blob::Reshape), got {max_boxes}",
+                        field="python_param.param_str")
+    return LayerSetup(tops=[(coverage[0], max_boxes, BOX_LIST_VALUES) for _ in range(classes)])
+
+
+@python_layer_rule("caffe.layers.detectnet.clustering", "ClusterGroundtruth")
+class ClusterGroundtruthRule(LayerRule):
+    """ClusterGroundtruth: the label's coverage and boxes in, per class a list of up to max_boxes boxes.
+    param_str: image_size_x, image_size_y, stride[, num_classes (1)[, max_boxes (50)]]."""
+
+    bottoms = Count(minimum=2)  # reshape reads bottom 0, forward bottom 1
+    FIELDS: tuple[ParamField, ...] = (
+        ("image_size_x", int, None), ("image_size_y", int, None), ("stride", int, None),
+        ("num_classes", int, 1), ("max_boxes", int, MAX_BOXES),
+    )
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        return _box_lists(ctx, _param_str(ctx, self.FIELDS))
+
+
+@python_layer_rule("caffe.layers.detectnet.clustering", "ClusterDetections")
+class ClusterDetectionsRule(LayerRule):
+    """ClusterDetections: the predicted coverage and boxes in, per class a list of up to max_boxes clustered boxes.
+    param_str: image_size_x, image_size_y, stride, gridbox_cvg_threshold, gridbox_rect_thresh, gridbox_rect_eps,
+    min_height[, num_classes (1)[, max_boxes (50)]]."""
+
+    bottoms = Count(minimum=2)
+    FIELDS: tuple[ParamField, ...] = (
+        ("image_size_x", int, None), ("image_size_y", int, None), ("stride", int, None),
+        ("gridbox_cvg_threshold", float, None), ("gridbox_rect_thresh", int, None),
+        ("gridbox_rect_eps", float, None), ("min_height", int, None),
+        ("num_classes", int, 1), ("max_boxes", int, MAX_BOXES),
+    )
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        return _box_lists(ctx, _param_str(ctx, self.FIELDS))
+
+
+@python_layer_rule("caffe.layers.detectnet.mean_ap", "ScoreDetections")
+class ScoreDetectionsRule(LayerRule):
+    """ScoreDetections.reshape: the ground-truth and predicted box lists in (the same number of images), the scored
+    list out, (images, MAX_BOXES, 5) whatever the inputs hold; param_str (an IoU threshold) changes no shape."""
+
+    bottoms = Count(minimum=2)
+    tops = Count(exact=1)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        truth, predicted = ctx.bottoms[0], ctx.bottoms[1]
+        if not truth or not predicted:
+            raise ctx.error("its bottoms need an images axis", field="bottom")
+        if truth[0] != predicted[0]:
+            raise ctx.error(f"# of images not matching: {truth[0]} ground-truth lists, {predicted[0]} predicted",
+                            field="bottom")
+        return LayerSetup(tops=[(truth[0], MAX_BOXES, BOX_LIST_VALUES)])
+
+
+@python_layer_rule("caffe.layers.detectnet.mean_ap", "mAP")
+class MeanAPRule(LayerRule):
+    """mAP.reshape: three one-value tops (mAP, precision, recall) from the scored box list."""
+
+    bottoms = Count(minimum=1)  # forward reads bottom 0
+    tops = Count(exact=3)
+
+    def setup(self, ctx: LayerContext) -> LayerSetup:
+        return LayerSetup(tops=[(1,), (1,), (1,)])
