@@ -17,6 +17,7 @@ from .settings import Settings
 from .web.access import HostCheckMiddleware, check_request, host_names
 from .web.api import is_api_request, json_error
 from .web.error_pages import error_page
+from .web.frame_guard import forbid_framing
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -42,6 +43,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         # The blueprint's home view is a plain function (web/pages.py), not a coroutine.
         home = cast(Callable[[], ResponseReturnValue], app.view_functions["memplugin.home"])
         return home()
+
+    # The whole standalone app is the plugin's: its root page and error pages are not to be framed either.
+    app.after_request(forbid_framing)
 
     @app.errorhandler(HTTPException)
     def page_error(error: HTTPException) -> ResponseReturnValue:

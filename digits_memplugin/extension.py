@@ -19,7 +19,7 @@ from .jobs.backend import LOCAL, Backend, LocalBackend
 from .jobs.manager import JobManager, ManagerConfig
 from .jobs.throttle import ClientRateLimiter, EventThrottle
 from .settings import ConfigError, Settings
-from .web.access import Authorizer
+from .web.access import SESSION_SAMESITE, Authorizer, protect_session_cookie
 from .web.blueprint import create_blueprint
 from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
 from .web.socket_json import tolerate_long_numbers
@@ -68,6 +68,8 @@ def init_app(
     `options` override the app's ``MEMPLUGIN_*`` config keys (``url_prefix="/gpu"`` sets ``MEMPLUGIN_URL_PREFIX``).
     When the host has no SocketIO object, one is created on the app. `authorize`, when given, is the host's own
     login: called in each request's context with "read" or "write", it decides instead of MEMPLUGIN_API_TOKEN.
+    The app's session cookie gets SameSite=Lax unless the host set SESSION_COOKIE_SAMESITE itself (a signed-in
+    session lives in it); the plugin's responses carry frame-ancestors 'self' (web/frame_guard.py).
     """
     if EXTENSION_KEY in app.extensions:
         raise RuntimeError("digits_memplugin.init_app was already called for this app")
@@ -75,6 +77,8 @@ def init_app(
         raise TypeError("authorize must be a callable taking 'read' or 'write' and returning a bool")
     settings = Settings.from_config(app.config, options)
     app.config.update(settings.config_items())
+    if protect_session_cookie(app.config):
+        log.info("the session cookie is sent with SameSite=%s (SESSION_COOKIE_SAMESITE was not set)", SESSION_SAMESITE)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.dataset_roots is None:
         # The default dataset folder, made at start so that the page can tell a new user where to put data (the

@@ -1,14 +1,17 @@
 """Serving an app that carries the plugin on gevent's WSGI server, with a clean stop on SIGTERM or SIGINT.
 
 gevent's handler is adjusted for what the plugin promises about connections (docs/security.md, "Hosts and
-connections"): a connection is closed after a body it could not read (a malformed chunk would otherwise leave the
-rest of the body to be read as the next request: request smuggling), after a websocket, and when a request's head or
-body does not arrive within the read timeout.
+connections"): a request head whose body's framing a proxy could read otherwise (two Content-Lengths, `+12`,
+Content-Length with chunked: http_framing.py) is refused and its connection closed; a connection is closed after a
+body it could not read (a malformed chunk would otherwise leave the rest of the body to be read as the next request:
+request smuggling), after a websocket, and when a request's head or body does not arrive within the read timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http
+import io
 import json
 import logging
 import signal
@@ -20,24 +23,24 @@ from typing import Any
 
 import gevent
 from flask import Flask
-from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer
+from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer, headers_factory
+
+from .http_framing import BadHead, framing, read_field_lines
 
 log = logging.getLogger(__name__)
 
-_TIMEOUT_BODY = json.dumps(
-    {"error": "the request's line and headers did not arrive in time; the connection is closed", "status": 408}
-).encode()
-REQUEST_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
-)
-_TOO_LONG_BODY = json.dumps(
-    {"error": f"the request line is over {MAX_REQUEST_LINE} bytes (a URL that long is refused before any page or API "
-     "sees it); the connection is closed", "status": 414}
-).encode()
-URI_TOO_LONG_RESPONSE = (
-    b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_TOO_LONG_BODY), _TOO_LONG_BODY)
+
+def closing_response(status: int, message: str) -> bytes:
+    """A whole JSON error response, status line to body, after which the connection is closed."""
+    body = json.dumps({"error": f"{message}; the connection is closed", "status": status}).encode()
+    return b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status, http.HTTPStatus(status).phrase.encode(), len(body), body
+    )
+
+
+REQUEST_TIMEOUT_RESPONSE = closing_response(408, "the request's line and headers did not arrive in time")
+URI_TOO_LONG_RESPONSE = closing_response(
+    414, f"the request line is over {MAX_REQUEST_LINE} bytes (a URL that long is refused before any page or API sees it)"
 )
 
 
@@ -98,6 +101,11 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
       gevent answered the application's 400 and then read what followed the bad chunk as a new request, so a
       request hidden in a body ran (request smuggling). The 400 now says `Connection: close` and nothing more is
       read. A body the application left unread is still read out (so keep-alive goes on), but under the timeout.
+    - A head whose body's framing is not one RFC 9112 allows, or whose header lines are not well formed
+      (http_framing.py): gevent kept the first of two Content-Lengths, took `+12` and `1_2`, and read a body by
+      Transfer-Encoding and ran the rest (Content-Length's count of bytes, to a proxy) as the next request. Such
+      a head gets a JSON 400 (501 for a coding not implemented, 431 for too many or too long lines) and the
+      connection is closed before any body is read; so do the heads gevent itself refuses (a bad request line).
     - Read timeout (the server's `read_timeout`): the request line and headers must arrive within it from the
       moment the handler waits for them (a connection without a whole request line by then, idle kept-alive ones
       included, is closed; one with headers still missing gets 408 first), and a body may pause at most that long
@@ -127,6 +135,16 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
         with self._head_timer():
             return super().read_request(raw_requestline)  # type: ignore[no-any-return]
 
+    def MessageClass(self, rfile: Any, *args: Any) -> Any:  # gevent's name for its header parser
+        """The request's header fields, each line checked before gevent's parser reads them, and the body's framing
+        decided once (BadHead, a ValueError, reaches `_handle_client_error`). gevent compares Transfer-Encoding
+        with "chunked" in two places, once as sent and once stripped, so the field is rewritten to exactly that once
+        it is found to mean it ("Chunked", "chunked " with a space after it): every reader then sees one framing."""
+        fields = headers_factory(io.BytesIO(read_field_lines(rfile)))
+        if framing(fields, self.request_version).chunked:
+            fields.replace_header("Transfer-Encoding", "chunked")
+        return fields
+
     def handle_one_request(self) -> Any:
         result = super().handle_one_request()
         if isinstance(result, tuple) and result[0] == "414":  # gevent's own 414 has no body: say why, in JSON
@@ -137,7 +155,13 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
         if isinstance(ex, HeadTimedOut):
             log.info("closing a connection from %s: %s", self.client_address, ex)
             return "408", REQUEST_TIMEOUT_RESPONSE
-        return super()._handle_client_error(ex)  # type: ignore[no-any-return]
+        if isinstance(ex, BadHead):
+            log.info("refused a request head from %s: %s", self.client_address, ex.message)
+            return str(ex.status), closing_response(ex.status, ex.message)
+        super()._handle_client_error(ex)  # logs it; its answer is a 400 with an empty body
+        reason = str(ex) or type(ex).__name__
+        reason = reason if len(reason) <= 200 else reason[:200] + "..."
+        return "400", closing_response(400, f"the request line or headers could not be read ({reason})")
 
     def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
         if self._guarded is not None and self._guarded.failed:

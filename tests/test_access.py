@@ -159,3 +159,78 @@ def test_socketio_connections_follow_the_read_rule(data_dir: Path) -> None:
 def test_weak_or_malformed_tokens_are_refused_at_start_up(data_dir: Path, token: object) -> None:
     with pytest.raises(ConfigError, match="MEMPLUGIN_API_TOKEN"):
         app_with(data_dir, MEMPLUGIN_API_TOKEN=token)
+
+
+# ============================================================================ the session cookie and framing
+
+
+def session_cookie(response: Any) -> str:
+    [cookie] = [value for name, value in response.headers.items() if name == "Set-Cookie" and value.startswith("session=")]
+    return cookie
+
+
+def test_the_session_cookie_of_a_signed_in_browser_is_samesite_lax(data_dir: Path) -> None:
+    """Issue 23 item 8: the session that carries a sign-in had no SameSite, so a browser without Lax by default sent
+    it on another site's requests. Lax: sent on top-level navigations only (GETs, which write nothing)."""
+    client = app_with(data_dir, MEMPLUGIN_API_TOKEN=TOKEN, MEMPLUGIN_AUTH_READS=True).test_client()
+    signed_in = client.post("/memplugin/login", data={"token": TOKEN, "csrf_token": csrf_token(client, "/memplugin/login")})
+    assert signed_in.status_code == 302
+    cookie = session_cookie(signed_in)
+    assert "SameSite=Lax" in cookie and "HttpOnly" in cookie, cookie
+    assert client.get(f"{API}/jobs").status_code == 200  # the harness: this cookie is the sign-in
+
+
+def host_app(tmp_path: Path, **config: Any) -> Flask:
+    host = Flask("host")
+    host.config.update(SECRET_KEY="x", MEMPLUGIN_DATA_DIR=str(tmp_path / "data"), **config)
+
+    @host.get("/host-page")
+    def host_page() -> str:
+        from flask import session
+
+        session["seen"] = True
+        return "the host's own page"
+
+    digits_memplugin.init_app(host, SocketIO(host, async_mode="threading"))
+    return host
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [({}, "Lax"), ({"SESSION_COOKIE_SAMESITE": "Strict"}, "Strict"), ({"SESSION_COOKIE_SAMESITE": "Lax"}, "Lax"),
+     ({"SESSION_COOKIE_SAMESITE": "None", "SESSION_COOKIE_SECURE": True}, "None")],
+    ids=["unset", "strict", "lax", "none"],
+)
+def test_a_host_app_that_chose_its_own_samesite_keeps_it(tmp_path: Path, given: dict[str, Any], expected: str) -> None:
+    """On a host app the session cookie is the host's: one it never set up (Flask's None) gets Lax; a choice of its
+    own, "None" for a cookie it needs cross-site included, is kept."""
+    host = host_app(tmp_path, **given)
+    assert host.config["SESSION_COOKIE_SAMESITE"] == expected
+    assert f"SameSite={expected}" in session_cookie(host.test_client().get("/host-page"))
+
+
+FRAMED_PATHS = [
+    "/", "/memplugin/", "/memplugin/devices", "/memplugin/jobs", "/memplugin/jobs/nope", "/memplugin/models/new",
+    "/memplugin/login", "/memplugin/static/css/memplugin.css", f"{API}/jobs", f"{API}/nope", "/no-such-page",
+]
+
+
+@pytest.mark.parametrize("path", FRAMED_PATHS)
+def test_every_response_of_the_plugin_may_be_framed_by_its_own_origin_only(data_dir: Path, path: str) -> None:
+    """Issue 23 item 8: pages sent no frame-ancestors nor X-Frame-Options, so another site could frame a job page
+    under a button of its own and have the visitor click Delete (clickjacking)."""
+    client = app_with(data_dir, MEMPLUGIN_API_TOKEN=TOKEN).test_client()
+    with client.get(path) as response:
+        assert response.status_code in (200, 302, 404), (path, response.status_code)
+        assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'self'", (path, response.headers)
+        assert response.headers.get("X-Frame-Options") == "SAMEORIGIN", (path, response.headers)
+
+
+def test_on_a_host_app_the_plugins_pages_refuse_framing_and_the_hosts_are_left_alone(tmp_path: Path) -> None:
+    client = host_app(tmp_path).test_client()
+    for path in ("/memplugin/", "/memplugin/jobs", f"{API}/health"):
+        headers = client.get(path).headers
+        assert headers.get("Content-Security-Policy") == "frame-ancestors 'self'" and headers.get(
+            "X-Frame-Options") == "SAMEORIGIN", (path, headers)
+    own = client.get("/host-page").headers
+    assert "Content-Security-Policy" not in own and "X-Frame-Options" not in own

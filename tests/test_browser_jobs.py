@@ -8,8 +8,11 @@ train on the CPU. It runs one CPU job at a time, so every test leaves no job run
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -291,3 +294,69 @@ def test_a_page_of_the_jobs_list_moves_its_oldest_row_to_the_older_page_live(bro
         context.close()
         if second:
             cancel(server, second["id"])
+
+
+FRAMING_PAGE = """<!doctype html><title>a page that frames the job page</title>
+<iframe src="{src}" width="1200" height="900" onload="document.body.dataset.framed = 'loaded'"></iframe>"""
+
+
+@contextlib.contextmanager
+def page_server(html: str) -> Iterator[str]:
+    """Another origin on this machine (127.0.0.1, another port): a plain HTTP server answering every GET with
+    `html`. A real one, not a Playwright route: a routed page of another origin could not frame the loopback job
+    page even before the plugin sent any header (Chromium's Private Network Access takes it for a public page), so
+    it would prove nothing."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=served.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{served.server_address[1]}/framing"
+    finally:
+        served.shutdown()
+        served.server_close()
+        thread.join(timeout=10)
+
+
+def test_a_job_page_framed_by_another_origin_is_not_shown(browser: Browser, server: Server) -> None:
+    """Issue 23 item 8 (clickjacking): a page of another origin framed the job page, so its one-click Delete could
+    sit under a button of that page. Now Chromium refuses to show it there (frame-ancestors 'self'); framed by a page
+    of the server's own origin it is shown, Delete and all (the harness: the frame would show it)."""
+    job = twin(server, model_name="framed", max_iter=3)
+    assert ended(server, job["id"])["status"] == "done"
+    framing = FRAMING_PAGE.format(src=server.job_url(job["id"]))
+    context = browser.new_context(viewport=VIEWPORT)
+    try:
+        page = context.new_page()
+        errors = watch(page)
+        with page_server(framing) as elsewhere:
+            page.goto(elsewhere)
+            page.wait_for_function("document.body.dataset.framed === 'loaded'")
+            [framed] = page.main_frame.child_frames
+            assert framed.url == "chrome-error://chromewebdata/", framed.url  # Chromium's page for a refused frame
+            assert framed.query_selector("#delete-job") is None and "framed" not in framed.content()
+
+        # The same page at the server's own origin (a route: same origin, so no Private Network Access question).
+        page.route(server.base_url + "framing", lambda route: route.fulfill(body=framing, content_type="text/html"))
+        page.goto(server.base_url + "framing")
+        page.wait_for_function("document.body.dataset.framed === 'loaded'")
+        [framed] = page.main_frame.child_frames
+        assert framed.url == server.job_url(job["id"])
+        expect(framed.locator("#delete-job")).to_be_visible()
+        expect(framed.locator("#job-status")).to_have_text("done")
+        assert not errors, errors
+    finally:
+        context.close()
+        server.request("DELETE", f"jobs/{job['id']}")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask_socketio import SocketIO
-from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for, write_lmdb
 
 import digits_memplugin
 from digits_memplugin import create_app
@@ -239,9 +239,14 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`serve --read-timeout 2 --allowed-host memplugin.test` on a free port; its output goes to a file."""
+    """`serve --read-timeout 2 --allowed-host memplugin.test` on a free port, with LeNet's datasets in its default
+    dataset root (so a smuggled job submission would create a job); its output goes to a file."""
     folder = tmp_path_factory.mktemp("hosts")
     log = folder / "serve.log"
+    datasets = folder / "data" / "datasets"
+    datasets.mkdir(parents=True)
+    write_lmdb(datasets / LENET_DATA["train"])
+    write_lmdb(datasets / LENET_DATA["test"], records=8)
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(folder / "data"),
@@ -304,7 +309,7 @@ def test_rebinding_through_the_real_server_is_refused_json(served: Served) -> No
         connection.sendall(f"GET {API}/jobs HTTP/1.1\r\nHost: memplugin.test:{served.port}\r\nConnection: close\r\n\r\n"
                            .encode())
         received, _ = read_all(connection, 10)
-    assert statuses(received) == [200] and body_of(received)["jobs"] == []
+    assert statuses(received) == [200] and isinstance(body_of(received)["jobs"], list)
 
 
 def websocket_upgrade(served: Served, host: str) -> tuple[socket.socket, bytes]:
@@ -413,6 +418,174 @@ def test_a_well_formed_chunked_body_keeps_the_connection_for_the_next_request(se
         )
         received, closed = read_all(connection, 30)
     assert statuses(received) == [200, 200] and closed
+
+
+# ---------------------------------------------------------------------------- framing (RFC 9112 section 6)
+
+
+def job_submission(served: Served, name: str) -> bytes:
+    """A whole request that creates a job named `name` (LeNet, one iteration on the CPU): hidden after a request
+    head, it is the request a smuggler wants run."""
+    body = json.dumps({"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 1,
+                       "name": name}).encode()
+    return (f"POST {API}/jobs HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def jobs_named(served: Served, name: str) -> list[dict[str, Any]]:
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/jobs?limit=500 HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n"
+                           .encode())
+        received, _ = read_all(connection, 10)
+    assert statuses(received) == [200], received[:300]
+    return [job for job in body_of(received)["jobs"] if job["name"] == name]
+
+
+def health_answered(served: Served) -> bool:
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n".encode())
+        received, _ = read_all(connection, 10)
+    return statuses(received) == [200]
+
+
+def test_a_job_pipelined_after_a_well_framed_request_is_created(served: Served) -> None:
+    """The harness of the framing tests below: the same job submission, after a request whose body is framed as
+    RFC 9112 asks, runs as the second request and creates its job (the side effect they look for)."""
+    name = "pipelined after a good body"
+    estimate = json.dumps({"net": LENET, "data_shapes": {"*": [1, 28, 28]}}).encode()
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(estimate)}\r\n\r\n".encode() + estimate + job_submission(served, name)
+        )
+        received, _ = read_all(connection, 15)
+    assert statuses(received) == [200, 201], received[:500]
+    assert len(jobs_named(served, name)) == 1
+    wait_for(lambda: jobs_named(served, name)[0]["status"] in ("done", "failed"), timeout=120, what="the job to end")
+
+
+# Each head below is one a proxy in front may delimit otherwise than gevent did: gevent took the body as the
+# comment says and read the job submission after it as a next request, which created the job.
+SMUGGLING_HEADS = [
+    # (fields of the head, the body gevent read before the hidden request, the status now, a word of the error)
+    pytest.param("Content-Length: 0\r\nContent-Length: {hidden}\r\n", "", 400, "Content-Length headers",
+                 id="two-lengths"),  # gevent: the first (0); a proxy taking the last forwards the job as the body
+    pytest.param("Content-Length: {hidden}\r\nContent-Length: {hidden}\r\n", "", 400, "Content-Length headers",
+                 id="two-equal-lengths"),  # refused too: one length, once
+    pytest.param("Content-Length: 1_2\r\n", '{"net": "x"}', 400, "digits 0-9", id="underscore"),  # int(): 12
+    pytest.param("Content-Length: +12\r\n", '{"net": "x"}', 400, "digits 0-9", id="plus"),
+    pytest.param("Content-Length: 0\x0b\r\n", "", 400, "digits 0-9", id="vertical-tab"),  # int() strips it
+    pytest.param("Content-Length: {hidden_after_last_chunk}\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n", 400,
+                 "both Content-Length and Transfer-Encoding", id="length-and-chunked"),  # gevent: chunked
+    pytest.param("Transfer-Encoding: chunked \r\nContent-Length: 5\r\n", "0\r\n\r\n", 400,
+                 "both Content-Length and Transfer-Encoding", id="chunked-space-and-length"),  # gevent: the length
+    pytest.param("Transfer-Encoding: gzip, chunked\r\n", "", 501, "'gzip' is not implemented",
+                 id="gzip-chunked"),  # gevent: not chunked, so no body
+    pytest.param("Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n", "0\r\n\r\n", 400,
+                 "2 Transfer-Encoding headers", id="two-codings"),
+    pytest.param("Transfer-Encoding: chunked, chunked\r\n", "0\r\n\r\n", 400, "chunked more than once",
+                 id="chunked-twice"),
+    pytest.param("Transfer-Encoding: chunked\x00\r\n", "", 400, "NUL", id="nul"),  # gevent: not chunked
+    pytest.param("Content-Length : {hidden}\r\n", "", 400, "space before its colon",
+                 id="space-before-colon"),  # gevent dropped the line and every line after it: no body
+    pytest.param("X-Pad: a\r\n Content-Length: {hidden}\r\n", "", 400, "line folding",
+                 id="folded"),  # gevent: part of X-Pad; a proxy that takes it as a line forwards the body
+    pytest.param("X-Pad: a\rContent-Length: 0\r\nContent-Length: {hidden}\r\n", "", 400, "carriage return",
+                 id="bare-cr"),  # gevent: a line break, so two lengths, the first 0; a proxy: one, the job
+]
+
+
+@pytest.mark.parametrize(("fields", "before", "status", "word"), SMUGGLING_HEADS)
+def test_a_head_whose_body_a_proxy_could_delimit_otherwise_is_refused_and_nothing_after_it_runs(
+    served: Served, fields: str, before: str, status: int, word: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 23 item 8: two Content-Lengths (the first won and the rest ran as the next request), `1_2` and `+12`,
+    Content-Length with chunked. Now the head is answered with a JSON error naming what is wrong, the connection is
+    closed at once, and the job submission that followed it is never run: no job of its name exists."""
+    name = f"smuggled {request.node.callspec.id}"
+    hidden = job_submission(served, name)
+    head = fields.format(hidden=len(hidden), hidden_after_last_chunk=len(b"0\r\n\r\n") + len(hidden))
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n{head}\r\n"
+            .encode("latin-1") + before.encode() + hidden
+        )
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+        elapsed = time.monotonic() - started
+    assert statuses(received) == [status], received[:500]
+    assert closed and elapsed < READ_TIMEOUT, (closed, elapsed)
+    assert b"connection: close" in received.lower()
+    document = body_of(received)
+    assert word in document["error"] and document["status"] == status, document
+    time.sleep(0.5)  # what the server would have run after the head, it has run by now
+    assert jobs_named(served, name) == []
+    assert health_answered(served)
+
+
+def test_a_transfer_encoding_in_an_http_1_0_request_is_refused(served: Served) -> None:
+    """RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing. gevent read it as
+    chunked and kept the connection (keep-alive asked), running what came next."""
+    name = "smuggled after HTTP/1.0 chunked"
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.0\r\nHost: {served.good_host}\r\nConnection: keep-alive\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode()
+            + job_submission(served, name)
+        )
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+    assert statuses(received) == [400] and closed, received[:500]
+    assert "HTTP/1.0" in body_of(received)["error"]
+    time.sleep(0.5)
+    assert jobs_named(served, name) == []
+
+
+@pytest.mark.parametrize(
+    "coding", ["chunked", "Chunked", "chunked ", "CHUNKED\t"], ids=["plain", "capital", "space", "upper-tab"]
+)
+def test_chunked_in_any_case_or_with_spaces_after_it_is_read_as_chunked(served: Served, coding: str) -> None:
+    """The harness of the refusals above: what the RFC allows (any case, spaces after the coding) is still taken as
+    chunked, and the connection kept for the next request."""
+    body = json.dumps({"net": LENET, "data_shapes": {"*": [1, 28, 28]}}).encode()
+    with served.connect() as connection:
+        connection.sendall(
+            f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: {coding}\r\n\r\n".encode()
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            + f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        received, closed = read_all(connection, 30)
+    assert statuses(received) == [200, 200] and closed, received[:500]
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "word"),
+    [
+        pytest.param("".join(f"X-Header-{index}: {index}\r\n" for index in range(101)), 431, "more than 100",
+                     id="101-lines"),  # gevent: http.client's HTTPException, a traceback in the log and an empty 400
+        pytest.param(f"X-Long: {'a' * 70000}\r\n", 431, "over 65536 bytes", id="long-line"),
+        pytest.param("Content-Length: 1\r\n" + "X" * 10, 400, "blank line", id="no-blank-line"),
+    ],
+)
+def test_heads_too_big_or_cut_short_are_refused_in_json(served: Served, head: str, status: int, word: str) -> None:
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\n{head}".encode())
+        if status == 400:
+            connection.shutdown(socket.SHUT_WR)  # the head ends there
+        else:
+            connection.sendall(b"\r\n")
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+    assert statuses(received) == [status] and closed, received[:500]
+    assert word in body_of(received)["error"]
+
+
+def test_a_request_line_gevent_refuses_is_answered_in_json(served: Served) -> None:
+    """gevent's own 400 (here for an HTTP version it does not speak) had an empty body: the error says why."""
+    with served.connect() as connection:
+        connection.sendall(f"GET {API}/health HTTP/7.1\r\nHost: {served.good_host}\r\n\r\n".encode())
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+    assert statuses(received) == [400] and closed, received[:500]
+    assert "Invalid http version" in body_of(received)["error"]
 
 
 def test_half_a_request_head_gets_408_and_is_closed_after_the_read_timeout(served: Served) -> None:

@@ -238,3 +238,37 @@ def test_the_estimate_schema_names_every_field_an_estimate_has() -> None:
         )
     plan = documents[0]["plans"]["cpu"]
     assert set(plan) <= set(schemas["DevicePlan"]["properties"]), set(plan) - set(schemas["DevicePlan"]["properties"])
+
+
+LENET_WITH_OUTPUTS = LENET + """
+layer { name: "row_sums" type: "Reduction" bottom: "ip2" top: "row_sums" reduction_param { axis: 1 } }
+layer { name: "scores" type: "Power" bottom: "ip2" top: "scores" }
+"""
+"""LeNet with two more output blobs: at batch 8, `row_sums` holds 8 values (listed one by one in a record) and
+`scores` 80 (reported as their mean and count), as a net whose outputs are not all scalars is reported."""
+
+
+@pytest.mark.slow
+def test_real_job_answers_whose_outputs_are_lists_and_means_match_the_document(jobs_app: Flask) -> None:
+    """Issue 23 item 8 (schemathesis ST108): a record's outputs may be a list of values or {"mean", "count"}
+    (docs/jobs.md), while the document allowed numbers only, so GET /jobs answers with progress did not match it.
+    Real answers of a job trained to its end: the list, the job, its progress."""
+    client = jobs_app.test_client()
+    check = Checker(served(client, jobs_app))
+    root = api_root(jobs_app)
+    body = {"net": LENET_WITH_OUTPUTS, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 2,
+            "batch": 8, "memory_cap": "2GiB"}
+    created = client.post(f"{root}/jobs", json=body)
+    assert created.status_code == 201, created.get_json()
+    job = f"{root}/jobs/{created.get_json()['id']}"
+    wait_for(lambda: client.get(job).get_json()["status"] in ("done", "failed"), timeout=120, what="the job to end")
+    listed = check(client, "GET", f"{root}/jobs").get_json()["jobs"]
+    [progress] = [entry["progress"] for entry in listed]
+    outputs = progress["train"]["outputs"]  # what the check above held to the document: a list, a mean, a number
+    assert len(outputs["row_sums"]) == 8 and outputs["scores"]["count"] == 80, outputs
+    assert isinstance(outputs["loss"], float), outputs
+    assert progress["test"][0]["outputs"]["scores"]["count"] == 100 * 10, progress["test"]
+    assert check(client, "GET", f"{root}/jobs?limit=1").get_json()["jobs"][0]["progress"] == progress
+    assert check(client, "GET", job).get_json()["status"] == "done"
+    records = check(client, "GET", f"{job}/progress").get_json()["records"]
+    assert any(isinstance(record.get("outputs", {}).get("row_sums"), list) for record in records)

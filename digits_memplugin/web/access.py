@@ -42,12 +42,26 @@ Authorizer = Callable[[str], bool]
 """A host's hook: called in the request's context with READ or WRITE; True allows the request."""
 
 SESSION_KEY = "memplugin_auth"
+SESSION_SAMESITE = "Lax"
+"""The session cookie's SameSite, unless the host chose its own. Lax, not Strict: a browser then sends the cookie
+on no request another site's page makes (a form post, a fetch, a frame), and on top-level navigations only, which
+are GETs, and no GET writes. Strict would also drop it on the first page reached by a link from elsewhere (a job's
+address in a chat), so with `--auth-reads` a signed-in user following it would be sent to sign in again."""
 OPEN_ENDPOINTS = {"memplugin.static", "memplugin.login", "memplugin.api_health"}
 """Always reachable: assets, the sign-in page itself, and the liveness probe."""
 
 
 class LoginForm(FlaskForm):  # type: ignore[misc]
     token = PasswordField("API token", validators=[DataRequired()])
+
+
+def protect_session_cookie(config: Any) -> bool:
+    """Give the app's session cookie SameSite=Lax where its config leaves it unset (Flask's default, None); a host
+    that chose a value ("Strict", "Lax", or "None" for a cookie it needs cross-site) keeps it. Whether it was set."""
+    if config.get("SESSION_COOKIE_SAMESITE") is not None:
+        return False
+    config["SESSION_COOKIE_SAMESITE"] = SESSION_SAMESITE
+    return True
 
 
 def token_fingerprint(token: str) -> str:

@@ -6,6 +6,7 @@ from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
 from . import access, api, api_datasets, api_devices, api_estimate, api_jobs, api_openapi, pages
+from .frame_guard import forbid_framing
 
 BLUEPRINT_NAME = "memplugin"
 
@@ -26,4 +27,5 @@ def create_blueprint() -> Blueprint:
     api_estimate.register(blueprint)
     api_jobs.register(blueprint)
     api_openapi.register(blueprint)
+    blueprint.after_request(forbid_framing)
     return blueprint
