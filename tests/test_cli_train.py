@@ -36,7 +36,7 @@ def train(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 def test_help_documents_the_flags() -> None:
     result = subprocess.run([SCRIPT, "train", "--help"], capture_output=True, text=True, timeout=60, check=True)
     for flag in ("--device", "--batch", "--memory-cap", "--data-dir", "--dataset-root", "--start", "--stall-seconds",
-                 "--json"):
+                 "--json", "--divergence"):
         assert flag in result.stdout
     overview = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "train" in overview.stdout
@@ -59,6 +59,26 @@ def test_json_prints_the_job_document(files: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout[result.stdout.index("{\n"):])
     assert document["status"] == "done" and document["attempts"][0]["status"] == "success"
+
+
+def test_a_diverging_loss_stops_with_digits_advice_or_trains_on_with_divergence_continue(
+    files: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "solver.prototxt").write_text(SHORT_SOLVER.replace("base_lr: 0.01", "base_lr: 50"))
+    stopped = train(*files, "--max-iter", "40")
+    assert stopped.returncode == 1, stopped.stderr
+    lines = stopped.stdout.splitlines()
+    assert any(line.startswith("  iteration ") and ": loss NaN, lr 49.9" in line for line in lines), lines
+    assert any(line.startswith("  Network outputted NaN") for line in lines), lines
+    assert lines[-1].startswith(
+        'failed: Network outputted NaN for "loss" (Train phase). Try decreasing your learning rate. Training stopped'
+    )
+    assert "Traceback" not in stopped.stdout + stopped.stderr
+    trained = train(*files, "--max-iter", "20", "--divergence", "continue", "--json")
+    assert trained.returncode == 0, trained.stderr
+    document = json.loads(trained.stdout[trained.stdout.index("{\n"):], parse_constant=lambda token: 1 / 0)
+    assert document["status"] == "done" and document["divergence"] == "continue" and document["iteration"] == 20
+    assert document["progress"]["train"]["loss"] == "NaN"
 
 
 def test_ctrl_c_cancels_the_job(files: list[str]) -> None:

@@ -237,7 +237,7 @@ def test_outcomes_serialise_to_json_shapes() -> None:
     document = oom.classify(-signal.SIGABRT, SIGNATURES[6][0]).to_dict()
     assert document["status"] == "out_of_memory"
     assert document["out_of_memory"]["free_bytes"] == 318767104
-    assert set(document) == {"status", "message", "out_of_memory", "exit_code", "signal", "fatal_line"}
+    assert set(document) == {"status", "message", "out_of_memory", "exit_code", "signal", "fatal_line", "divergence"}
 
 
 def test_the_core_imports_no_server_modules() -> None:

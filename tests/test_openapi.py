@@ -3,10 +3,11 @@ whose schemas hold the answers the app really gives (checked with openapi-core, 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from conftest import two_gpus
@@ -20,6 +21,7 @@ from werkzeug.test import EnvironBuilder, TestResponse
 from werkzeug.wrappers import Request
 
 from digits_memplugin import create_app, devices
+from digits_memplugin.core import oom
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers.base import CATEGORIES, ENGINES
 from digits_memplugin.fake_nvml import FakeNvml
@@ -209,6 +211,34 @@ def test_a_job_from_submission_to_deletion_matches_the_document(jobs_app: Flask)
     assert check(client, "POST", f"{root}/jobs", data=form, content_type="multipart/form-data").status_code == 400
     assert check(client, "DELETE", job).status_code == 204
     assert check(client, "GET", job).status_code == 404
+
+
+@pytest.mark.slow
+def test_a_diverged_job_matches_the_document_with_its_nan_records(jobs_app: Flask) -> None:
+    """LeNet at base_lr 50 goes NaN: the job, its attempt ("diverged") and its records ("NaN" for the loss, a
+    ReportedNumber) as the document describes them, in strict JSON."""
+    client = jobs_app.test_client()
+    check = Checker(served(client, jobs_app))
+    root = api_root(jobs_app)
+    body = {"net": LENET, "solver": SHORT_SOLVER.replace("base_lr: 0.01", "base_lr: 50"), "data": LENET_DATA,
+            "device": "cpu", "max_iter": 50, "divergence": "stop"}
+    created = check(client, "POST", f"{root}/jobs", json=body, request_too=True)
+    assert created.status_code == 201, created.get_json()
+    job = f"{root}/jobs/{created.get_json()['id']}"
+    wait_for(lambda: client.get(job).get_json()["status"] in ("done", "failed"), timeout=120, what="the job to end")
+    shown = check(client, "GET", job)
+    document = json.loads(shown.get_data(as_text=True), parse_constant=_refuse)
+    assert document["status"] == "failed" and document["attempts"][0]["status"] == "diverged", document["message"]
+    assert document["progress"]["train"]["loss"] == "NaN"
+    records = check(client, "GET", f"{job}/progress").get_json()["records"]
+    assert records[-1]["loss"] == "NaN" and records[-1]["outputs"] == {"loss": "NaN"}
+    check(client, "GET", f"{root}/jobs")
+    statuses = load_document()["components"]["schemas"]["Attempt"]["properties"]["status"]["enum"]
+    assert set(statuses) == {"running", *get_args(oom.Status)}
+
+
+def _refuse(token: str) -> None:
+    raise ValueError(f"not strict JSON: {token}")
 
 
 def test_the_request_schemas_name_every_field_the_api_takes() -> None:

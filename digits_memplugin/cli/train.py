@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..core.divergence import DEFAULT_POLICY, POLICIES
 from .estimate import positive_int, size
 
 
@@ -58,6 +59,11 @@ def add_parser(subparsers: Any) -> None:
         help='first attempt at the planned batch (default) or at the wanted batch as given ("wanted")',
     )
     parser.add_argument(
+        "--divergence", choices=POLICIES, default=DEFAULT_POLICY,
+        help='when a loss or output becomes NaN or infinite: "stop" the job with DIGITS\' advice (try a lower '
+             'learning rate; the default), or "continue" training to the end as Caffe does',
+    )
+    parser.add_argument(
         "--stall-seconds", type=positive_seconds, default=600.0, metavar="S",
         help="end an attempt that writes no progress and no log line for this long (default: %(default)g)",
     )
@@ -80,9 +86,9 @@ def batch(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import time
 
+    from ..core import nonfinite
     from ..devices import DeviceReader
     from ..jobs.errors import DataFolderInUse, JobValidationError
     from ..jobs.manager import JobManager, ManagerConfig
@@ -90,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     from ..jobs.throttle import EventThrottle
     from . import CommandError
 
-    body: dict[str, Any] = {"net": _read(args.net), "solver": _read(args.solver), "device": args.device}
+    body: dict[str, Any] = {
+        "net": _read(args.net), "solver": _read(args.solver), "device": args.device, "divergence": args.divergence,
+    }
     for key, value in (
         ("batch", args.batch), ("max_iter", args.max_iter), ("classes", args.classes), ("memory_cap", args.memory_cap),
     ):
@@ -139,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             job = manager.wait(job.id, timeout=60)
         time.sleep(0)  # let the last events print
         if args.json:
-            print(json.dumps(manager.document(job.id), indent=2))
+            print(nonfinite.dumps(manager.document(job.id), indent=2))
         else:
             print(f"{job.status}: {job.message}", flush=True)
         return 0 if job.status == "done" else 1
@@ -157,6 +165,7 @@ class Printer:
 
     @staticmethod
     def line(name: str, payload: dict[str, Any]) -> str | None:
+        from ..core import nonfinite
         from ..sizes import format_size
 
         if name == "job_attempt":
@@ -171,14 +180,17 @@ class Printer:
         if name == "job_progress":
             event = payload.get("event")
             if event == "iteration":
-                loss = payload.get("loss")
-                shown = "n/a" if loss is None else f"{loss:.6g}"
-                return f"  iteration {payload['iteration']}: loss {shown}, lr {payload['lr']:.6g}"
+                return (
+                    f"  iteration {payload['iteration']}: loss {nonfinite.text(payload.get('loss'))}, "
+                    f"lr {nonfinite.text(payload.get('lr'))}"
+                )
             if event == "test":
                 outputs = ", ".join(f"{k} = {v}" for k, v in payload.get("outputs", {}).items())
                 return f"  test net {payload['net']} at iteration {payload['iteration']}: {outputs}"
             if event == "snapshot":
                 return f"  snapshot at iteration {payload['iteration']}: {payload['state']}"
+            if event == "diverged":
+                return f"  {payload.get('message')}"
             return None
         if name == "job" and payload.get("status") in ("queued",) and payload.get("message"):
             return f"{payload['message']}"

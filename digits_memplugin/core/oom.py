@@ -1,4 +1,5 @@
-"""How a training attempt ended: success, cancelled, out of memory (retried), or another failure (not retried).
+"""How a training attempt ended: success, cancelled, out of memory (retried), diverged or another failure (neither
+retried).
 
 Caffe does not raise on out-of-memory: a glog CHECK fails, glog prints an ``F`` line and the process aborts
 (SIGABRT, exit status 134; DIGITS showed "error code -6"). Each known way of running out of memory is one small
@@ -20,14 +21,18 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
+from .divergence import Divergence
+
 SUCCESS: Final = "success"
 CANCELLED: Final = "cancelled"
 OUT_OF_MEMORY: Final = "out_of_memory"
 FAILED: Final = "failed"
 INTERRUPTED: Final = "interrupted"
 """An attempt whose supervisor went away (the server was killed): neither retried nor failed, resumable."""
+DIVERGED: Final = "diverged"
+"""An attempt stopped because a net output became NaN or infinite (core.divergence): not retried, and not a crash."""
 
-Status = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted"]
+Status = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted", "diverged"]
 
 # A glog line: severity letter, date (MMDD, or YYYYMMDD since glog 0.7), time, thread id, file:line] message.
 GLOG_LINE = re.compile(r"^(?P<severity>[IWEF])(?:\d{8}|\d{4}) \d\d:\d\d:\d\d\.\d+\s+\d+ (?P<where>[^\]\s]+)\] ?(?P<text>.*)$")
@@ -71,6 +76,9 @@ class Outcome:
     """The name of the signal that ended it (SIGABRT, SIGKILL, ...)."""
     fatal_line: str | None = None
     """glog's F line, when the process wrote one."""
+    divergence: Divergence | None = None
+    """The first non-finite net output the attempt's records showed: why it is DIVERGED, or, for an attempt of a
+    job that trains on regardless, what its message notes."""
 
     @property
     def retry(self) -> bool:
@@ -80,7 +88,18 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         document["out_of_memory"] = None if self.out_of_memory is None else self.out_of_memory.to_dict()
+        document["divergence"] = None if self.divergence is None else self.divergence.to_dict()
         return document
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any]) -> Outcome:
+        """The outcome `to_dict` wrote (a node's result: jobs.node); KeyError/TypeError/ValueError when it is
+        not one."""
+        fields = dict(document)
+        memory, divergence = fields.get("out_of_memory"), fields.get("divergence")
+        fields["out_of_memory"] = None if memory is None else OutOfMemory(**memory)
+        fields["divergence"] = None if divergence is None else Divergence.from_dict(divergence)
+        return cls(**fields)
 
 
 # --- the signatures: each takes one failure line, returns a record or None -------------------------------------
@@ -404,6 +423,8 @@ def classify(
     runner_error: Mapping[str, Any] | None = None,
     oom_killer: bool | None = None,
     stall: Stall | None = None,
+    divergence: Divergence | None = None,
+    train_on: bool = False,
 ) -> Outcome:
     """Classify an ended attempt.
 
@@ -414,12 +435,48 @@ def classify(
     we did not send is out-of-memory unless the kernel says it killed nothing: then it is a failure, not retried.
     `stall`: the watchdog ended the attempt because it made no progress; what it saw decides between
     out-of-memory (an allocation retried for ever) and a failure.
+    `divergence`: the first non-finite net output the records showed (before any cancel). Unless `train_on` (the
+    job asked to train on regardless), the attempt was stopped for it: DIVERGED with DIGITS' advice, whatever the
+    stop left in the log; with `train_on` it is classified as usual and the outcome carries the divergence, except
+    that a runner that said it finished has succeeded whatever its exit: once an input is NaN, Caffe's max pooling
+    writes before its buffers (its mask stays -1) and freeing the net at exit aborts ("double free or corruption").
     """
-    code, killed_by = returncode, None
+    code, killed_by = _exit(returncode)
+    signal_name = None if killed_by is None else _signal_name(killed_by)
+    if divergence is not None and not train_on:
+        return Outcome(DIVERGED, divergence.stopped_message, exit_code=code, signal=signal_name, divergence=divergence)
+    if divergence is not None and finished and runner_error is None and not cancelled and returncode != 0:
+        ended = f"signal {signal_name}" if signal_name else f"exit status {code}"
+        return Outcome(
+            SUCCESS, f"training finished (the process then ended with {ended} freeing a net whose outputs were not "
+            "finite)", exit_code=code, signal=signal_name, divergence=divergence,
+        )
+    outcome = _classify(returncode, log, cancelled=cancelled, finished=finished, runner_error=runner_error,
+                        oom_killer=oom_killer, stall=stall)
+    return outcome if divergence is None else dataclasses.replace(outcome, divergence=divergence)
+
+
+def _exit(returncode: int | None) -> tuple[int | None, int | None]:
+    """(exit status, signal number) of Popen's returncode: negative, killed by that signal; 128+N from a shell
+    means the same for SIGABRT and SIGKILL."""
     if returncode is not None and returncode < 0:
-        code, killed_by = None, -returncode
-    elif returncode is not None and returncode > 128 and returncode - 128 in (signal.SIGABRT, signal.SIGKILL):
-        code, killed_by = None, returncode - 128
+        return None, -returncode
+    if returncode is not None and returncode > 128 and returncode - 128 in (signal.SIGABRT, signal.SIGKILL):
+        return None, returncode - 128
+    return returncode, None
+
+
+def _classify(
+    returncode: int | None,
+    log: str,
+    *,
+    cancelled: bool,
+    finished: bool,
+    runner_error: Mapping[str, Any] | None,
+    oom_killer: bool | None,
+    stall: Stall | None,
+) -> Outcome:
+    code, killed_by = _exit(returncode)
     signal_name = None if killed_by is None else _signal_name(killed_by)
     lines = failure_lines(log)
     if runner_error is not None:

@@ -7,6 +7,12 @@ monkey-patched, so the reads and waits here yield to the hub instead of blocking
 are plain threads. Caffe's log is followed by reading its file (the child writes it directly, so a server that
 dies leaves the whole log behind).
 
+A net output that becomes NaN or infinite (core.divergence) ends the attempt, unless its job asked to train on
+regardless: the records are watched as they come, and from the first such record the child has the grace period
+to stop by itself (jobs.runner does, before its next step or snapshot, with a "diverged" record), then it is
+stopped (SIGTERM, then SIGKILL after the grace period), and `classify` is told why. Every record goes through
+`take_record`, so a runner whose records are made here (from a log) is watched the same way.
+
 A SIGKILL this server did not send is the kernel's out-of-memory killer's only when the kernel counted a kill
 meanwhile: /proc/vmstat's `oom_kill` (every OOM kill, the cgroups' included) is read when the attempt starts and
 when it ends, and `classify` is told whether it moved. A kill by someone else (an administrator, a watchdog) is
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +33,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ..core import nonfinite
+from ..core.divergence import DEFAULT_POLICY, DivergenceWatch
 from ..core.oom import Outcome, Stall, classify
 from .watchdog import Watchdog
 
@@ -73,6 +80,7 @@ class AttemptProcess:
         grace_seconds: float = 5.0,
         stall_seconds: float | None = None,
         command: list[str] | None = None,
+        divergence: str = DEFAULT_POLICY,
     ) -> None:
         self.folder = folder
         self.spec_file = spec_file
@@ -85,7 +93,15 @@ class AttemptProcess:
         """Silence (no record, no log line) after which the watchdog ends the child; None: never."""
         self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file]
         self.process: subprocess.Popen[str] | None = None
+        self.divergence = DivergenceWatch(divergence)
+        """The job's policy for non-finite outputs (core.divergence), and the first one the records showed."""
+        self._diverged_at: float | None = None
+        """When `divergence.first` ended the attempt (not cancelled before): the child stops by itself or is stopped
+        after the grace period."""
         self._cancel_at: float | None = None
+        """When a cancel (or a kill) was asked for: the attempt is then "cancelled"."""
+        self._stop_at: float | None = None
+        """When SIGTERM was sent (a cancel, or a divergence): SIGKILL follows after the grace period."""
         self._killed = False
         self._lock = threading.Lock()
         self._finished = False
@@ -142,13 +158,20 @@ class AttemptProcess:
         with self._lock:
             if self._cancel_at is None:
                 self._cancel_at = time.monotonic()
-                self._signal(signal.SIGTERM)
+                self._stop()
+
+    def _stop(self) -> None:
+        """SIGTERM to the child's group, once (under the lock); `wait` sends SIGKILL after the grace period."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+            self._signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """Stop the child at once (SIGKILL to its process group), e.g. when the server shuts down."""
         with self._lock:
             if self._cancel_at is None:
                 self._cancel_at = time.monotonic()
+            self._stop_at = self._stop_at or time.monotonic()
             self._signal(signal.SIGKILL)
             self._killed = True
 
@@ -178,10 +201,12 @@ class AttemptProcess:
                         self._signal(signal.SIGKILL)
                         self._killed = True
             with self._lock:
+                if self._diverged_at is not None and time.monotonic() - self._diverged_at > self.grace_seconds:
+                    self._stop()
                 overdue = (
-                    self._cancel_at is not None
+                    self._stop_at is not None
                     and not self._killed
-                    and time.monotonic() - self._cancel_at > self.grace_seconds
+                    and time.monotonic() - self._stop_at > self.grace_seconds
                 )
                 if overdue:
                     self._signal(signal.SIGKILL)
@@ -195,10 +220,12 @@ class AttemptProcess:
             pass
         returncode = process.returncode
         kills = oom_kill_count()
+        diverged = self._diverged_at is not None or self.divergence.trains_on
         outcome = classify(
             returncode, self._log_tail(), cancelled=self.cancelled, finished=self._finished, runner_error=self._error,
             oom_killer=None if kills is None or self._oom_kills is None else kills > self._oom_kills,
-            stall=self._stall,
+            stall=self._stall, divergence=self.divergence.first if diverged else None,
+            train_on=self.divergence.trains_on,
         )
         return AttemptResult(
             returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error,
@@ -208,28 +235,37 @@ class AttemptProcess:
     def _read_records(self, stream: IO[str]) -> None:
         for line in stream:
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+                record = nonfinite.loads(line)
+            except ValueError:
                 continue  # not ours (a library printing to stdout); the log has the rest
-            if not isinstance(record, dict):
-                continue
-            self._records += 1
-            self._activity = True
-            event = record.get("event")
-            if event == "finished":
-                self._finished = True
-            elif event == "error":
-                self._error = {"type": record.get("type"), "message": record.get("message")}
-            if isinstance(record.get("iteration"), int):
-                self._last_iteration = record["iteration"]
-            memory = record.get("memory_bytes")
-            if isinstance(memory, int):
-                self._peak = memory if self._peak is None else max(self._peak, memory)
-            allocated = record.get("allocated_bytes")
-            if isinstance(allocated, int):
-                self._allocated = allocated if self._allocated is None else max(self._allocated, allocated)
-            self.on_record(record)
+            if isinstance(record, dict):
+                self.take_record(record)
         stream.close()
+
+    def take_record(self, record: dict[str, Any]) -> None:
+        """One record of the child's (a JSON object, non-finite numbers as core.nonfinite's strings): counted,
+        watched for divergence (the attempt ends at the first non-finite output unless the job trains on), and
+        handed to `on_record`. Called from one task at a time (the records' reader)."""
+        self._records += 1
+        self._activity = True
+        event = record.get("event")
+        if event == "finished":
+            self._finished = True
+        elif event == "error":
+            self._error = {"type": record.get("type"), "message": record.get("message")}
+        if isinstance(record.get("iteration"), int):
+            self._last_iteration = record["iteration"]
+        memory = record.get("memory_bytes")
+        if isinstance(memory, int):
+            self._peak = memory if self._peak is None else max(self._peak, memory)
+        allocated = record.get("allocated_bytes")
+        if isinstance(allocated, int):
+            self._allocated = allocated if self._allocated is None else max(self._allocated, allocated)
+        if self.divergence.see(record):
+            with self._lock:
+                if self._cancel_at is None:  # a cancel asked for before it stays a cancel
+                    self._diverged_at = time.monotonic()
+        self.on_record(record)
 
     def _follow_log(self, final: bool = False) -> bool:
         """Hand the log lines written since the last look to `on_log` (complete lines; the rest at the end).

@@ -3,8 +3,8 @@
 
 One typed record for both sides, so that a field renamed or retyped on one side is a type error on the other,
 and a file that is not what the manager writes (hand-edited, truncated, from another version) is refused by the
-runner with a message naming the field, instead of a KeyError in the middle of training. Standard library only:
-the child loads this before anything else.
+runner with a message naming the field, instead of a KeyError in the middle of training. Standard library and
+the core's constants only: the child loads this before anything else.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ..core.divergence import DEFAULT_POLICY, POLICIES
 
 CPU = "cpu"
 GPU = "gpu"
@@ -84,6 +86,9 @@ class AttemptSpec:
     """core.schedule.LearningRate's fields (LearningRate.to_dict): the learning rate the records report."""
     nice: int = 0
     """The child's nice value (0: the server's own)."""
+    divergence: str = DEFAULT_POLICY
+    """What a non-finite net output does (core.divergence): "stop" the attempt (jobs.attempt watches the records),
+    or "continue" training."""
 
     def to_json(self) -> dict[str, Any]:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -126,6 +131,7 @@ class AttemptSpec:
             snapshot_format=snapshot_format,
             schedule=_field(data, "schedule", dict),
             nice=_field(data, "nice", int) if "nice" in data else 0,
+            divergence=_divergence(data),
         )
 
     def write(self, path: Path) -> None:
@@ -153,6 +159,16 @@ def _field(data: Mapping[str, Any], name: str, kind: type, label: str | None = N
         wanted = kind.__name__ + (" or null" if nullable else "")
         raise AttemptSpecError(f"{label} must be {wanted}, not {_kind(value)} ({value!r:.80})")
     return value
+
+
+def _divergence(data: Mapping[str, Any]) -> str:
+    """The spec's divergence policy; a spec written before it had one stops, as the default does."""
+    if "divergence" not in data:
+        return DEFAULT_POLICY
+    value = _field(data, "divergence", str)
+    if value not in POLICIES:
+        raise AttemptSpecError(f"divergence must be one of {POLICIES}, not {value!r:.80}")
+    return str(value)
 
 
 def _kind(value: Any) -> str:

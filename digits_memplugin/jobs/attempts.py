@@ -1,6 +1,7 @@
 """A running job's attempts: plan the next one from the device's limit and what earlier ones told, write its
 files, run it as a child process, classify how it ended, record it, and try again after an out-of-memory until
-the fallback policy (core.fallback) gives up or an attempt ends the job.
+the fallback policy (core.fallback) gives up or an attempt ends the job (a success, a failure, a cancel, or a net
+output that became NaN: core.divergence).
 
 The planning is core.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
 too (`plan_for` gives it the job's request and definition); the rest is the loop (`AttemptLoop`), which writes
@@ -17,14 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.divergence import DEFAULT_POLICY
 from ..core.fallback import Decision, Failure
 from ..core.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
 from ..core.layers.base import ENGINE_CPU
 from ..core.net import ShapeOracle
 from ..core.oom import CANCELLED as OUTCOME_CANCELLED
+from ..core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
 from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
-from ..core.oom import OUT_OF_MEMORY, SUCCESS, Outcome
 from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
 from .attempt import AttemptResult
 from .attempt_spec import AttemptDevice, AttemptSpec
@@ -78,7 +80,10 @@ def job_end(result: AttemptResult) -> tuple[str, str] | None:
     """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory)."""
     outcome = result.outcome
     if outcome.status == SUCCESS:
-        return DONE, f"training finished at iteration {result.last_iteration}"
+        note = "" if outcome.divergence is None else f"; {outcome.divergence.trained_on_note}"
+        return DONE, f"training finished at iteration {result.last_iteration}{note}"
+    if outcome.status == DIVERGED:
+        return FAILED, outcome.message
     if outcome.status == OUTCOME_INTERRUPTED:
         return INTERRUPTED, INTERRUPTED_MESSAGE
     if outcome.status == OUTCOME_CANCELLED:
@@ -272,6 +277,7 @@ class AttemptLoop:
             snapshot_format="HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
             schedule=definition.schedule.to_dict(),
             nice=self.config.job_nice,
+            divergence=job.spec.get("divergence") or DEFAULT_POLICY,
         )
         spec.write(folder / attempt_dir / "attempt.json")
         return spec, environment

@@ -89,6 +89,7 @@ class LocalBackend:
             launch.folder, launch.spec_file, launch.spec.log, environment=launch.environment,
             on_record=launch.on_record, on_log=launch.on_log,
             grace_seconds=launch.grace_seconds, stall_seconds=launch.stall_seconds,
+            divergence=launch.spec.divergence,
         )
         process.start()
         return process

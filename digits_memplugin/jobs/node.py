@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.oom import Outcome, OutOfMemory
+from ..core import nonfinite
+from ..core.divergence import DEFAULT_POLICY
+from ..core.oom import Outcome
 from ..devices import read_devices
 from .attempt import AttemptProcess, AttemptResult
 from .cluster import NODES_FOLDER
@@ -68,11 +70,9 @@ def result_to_json(result: AttemptResult) -> dict[str, Any]:
 
 
 def result_from_json(document: dict[str, Any]) -> AttemptResult:
-    """The AttemptResult the node printed; KeyError/TypeError when it is not one (the caller says the attempt failed)."""
-    outcome = dict(document["outcome"])
-    memory = outcome.get("out_of_memory")
-    outcome["out_of_memory"] = None if memory is None else OutOfMemory(**memory)
-    return AttemptResult(**{**document, "outcome": Outcome(**outcome)})
+    """The AttemptResult the node printed; KeyError/TypeError/ValueError when it is not one (the caller says the
+    attempt failed)."""
+    return AttemptResult(**{**document, "outcome": Outcome.from_dict(document["outcome"])})
 
 
 class _Printer:
@@ -82,7 +82,7 @@ class _Printer:
         self._lock = threading.Lock()
 
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
-        line = json.dumps({TAG: kind, **payload}, separators=(",", ":"))
+        line = nonfinite.dumps({TAG: kind, **payload}, separators=(",", ":"))
         with self._lock:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
@@ -96,7 +96,7 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
         folder, spec_file, data["log"], environment=environment,
         on_record=lambda record: emit("record", {"record": record}),
         on_log=lambda lines: emit("log", {"lines": lines}),
-        grace_seconds=grace, stall_seconds=stall,
+        grace_seconds=grace, stall_seconds=stall, divergence=data.get("divergence", DEFAULT_POLICY),
     )
     cancel_file = spec_path.parent / CANCEL_FILE
     done = threading.Event()

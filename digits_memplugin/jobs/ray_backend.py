@@ -37,6 +37,7 @@ from typing import Any
 
 import websocket
 
+from ..core import nonfinite
 from ..core.oom import CANCELLED, FAILED, Outcome
 from ..devices import CPU_KEY, DeviceReader
 from ..errors import MemPluginError
@@ -305,7 +306,7 @@ class RayAttempt:
 
     def _line(self, line: str) -> None:
         try:
-            message = json.loads(line) if line.startswith("{") else None
+            message = nonfinite.loads(line) if line.startswith("{") else None
         except json.JSONDecodeError:
             message = None
         if not isinstance(message, dict) or TAG not in message:
@@ -322,7 +323,7 @@ class RayAttempt:
         elif kind == "outcome":
             try:
                 self._result = result_from_json(message["result"])
-            except (KeyError, TypeError) as error:
+            except (KeyError, TypeError, ValueError) as error:
                 self._result = self._failed(f"the node's result cannot be read: {error}")
 
     def _without_outcome(self, status: Mapping[str, Any]) -> AttemptResult:

@@ -1,13 +1,17 @@
 """A training job and its attempts as stored rows and as the JSON the REST API and the socketio events carry.
 
-Times are seconds since the epoch (floats); memory is in bytes; unknown is null, never 0.
+Times are seconds since the epoch (floats); memory is in bytes; unknown is null, never 0. A number that is not
+finite (a diverged loss) is one of core.nonfinite's strings, "NaN", "Infinity", "-Infinity": in the documents and
+in the database's JSON text alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Final
+
+from ..core import nonfinite
+from ..core.divergence import DEFAULT_POLICY
 
 # Job states. A job waits in QUEUED until a device has room for it, RUNNING covers all its attempts.
 QUEUED: Final = "queued"
@@ -88,11 +92,12 @@ class Job:
             "iteration": self.iteration,
             "max_iter": self.max_iter,
             "snapshot": self.snapshot,
-            "progress": self.progress,
+            "progress": nonfinite.encode(self.progress),
             "attempt_count": self.attempt_count,
             "resumable": self.resumable,
             "fallback": spec.get("fallback"),
             "memory_cap": spec.get("memory_cap"),
+            "divergence": spec.get("divergence") or DEFAULT_POLICY,
         }
 
 
@@ -104,7 +109,7 @@ class Attempt:
     number: int
     """1, 2, ... in the order the attempts ran."""
     status: str
-    """running, then success, out_of_memory, failed, cancelled or interrupted (core.oom's outcomes)."""
+    """running, then success, out_of_memory, diverged, failed, cancelled or interrupted (core.oom's outcomes)."""
     device: str
     batch_size: int
     iter_size: int
@@ -157,8 +162,9 @@ class Attempt:
 
 
 def dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
+    """A column's JSON text: strict JSON, non-finite numbers as core.nonfinite's strings."""
+    return None if value is None else nonfinite.dumps(value, sort_keys=True)
 
 
 def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else nonfinite.loads(text)

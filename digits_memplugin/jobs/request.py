@@ -6,7 +6,8 @@
      "data": {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb", "<layer>": "<source>"},
      "data_shapes": {"data": [3, 224, 224]}, "classes": 10, "max_iter": 1000,
      "memory_cap": 2147483648 | "2GiB",                       # CPU jobs only
-     "fallback": {"max_attempts": 5, "safety_margin": 0.03, "growth": 0.1, "start": "plan" | "wanted"}}
+     "fallback": {"max_attempts": 5, "safety_margin": 0.03, "growth": 0.1, "start": "plan" | "wanted"},
+     "divergence": "stop" | "continue"}                       # a NaN or infinite net output (core.divergence)
 
 A fallback field left out takes the server's default (a safety margin left out: the device kind's, known only
 once the job is placed).
@@ -21,12 +22,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.divergence import DEFAULT_POLICY, POLICIES
 from ..core.fallback import DEFAULT_GROWTH, Policy
 from ..inputs import capped, not_text, surrogate_in
 from ..sizes import byte_count
 
 FIELDS = (
     "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "memory_cap", "fallback",
+    "divergence",
 )
 FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
 STARTS = ("plan", "wanted")
@@ -59,6 +62,8 @@ class JobRequest:
     """The margin the request asked for; None: the default of the device the job is placed on."""
     start: str = "plan"
     """"plan": the first attempt uses the planner's batch; "wanted": it tries the wanted batch as given first."""
+    divergence: str = DEFAULT_POLICY
+    """"stop": a net output that becomes NaN or infinite ends the job with DIGITS' advice; "continue": it trains on."""
 
     def spec(self, device: str) -> dict[str, Any]:
         """What the job row keeps (the prototxt texts are files in the job's folder)."""
@@ -71,6 +76,7 @@ class JobRequest:
             "max_iter": self.max_iter,
             "memory_cap": self.memory_cap,
             "fallback": {**self.policy.to_dict(), "safety_margin": self.safety_margin, "start": self.start},
+            "divergence": self.divergence,
         }
 
 
@@ -164,6 +170,15 @@ def parse_job_request(
                 values["memory_cap"] = cap
             else:
                 errors["memory_cap"] = MEMORY_CAP_RANGE
+    divergence = body.get("divergence")
+    if divergence is not None:
+        if isinstance(divergence, str) and divergence in POLICIES:
+            values["divergence"] = divergence
+        else:
+            errors["divergence"] = (
+                f'must be "{POLICIES[0]}" (end the job when a net output becomes NaN or infinite, as DIGITS does) or '
+                f'"{POLICIES[1]}" (train on regardless)'
+            )
     policy, margin, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
     if errors:
         return None, errors

@@ -20,7 +20,13 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 
 Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
 started, constructed, testing (during a long test pass, at most one every ALIVE_SECONDS), test, iteration,
-snapshot, finished, error. Exit status 0 after "finished", 3 after "error".
+snapshot, finished, diverged, error. Exit status 0 after "finished" or "diverged", 3 after "error".
+
+A loss or an output that is NaN or infinite is written as "NaN", "Infinity" or "-Infinity" (core.nonfinite), never
+a bare token strict JSON readers refuse. At the first such record the runner stops, unless the spec's divergence
+policy is "continue" (core.divergence, the decision the server's jobs.attempt makes from the same records): it
+writes a "diverged" record with DIGITS' advice and returns before the next step or snapshot (no snapshot of NaN
+weights, no signal needed).
 
 A full disk ends the attempt with an "error" record of type "DiskFull" on stdout (a pipe to the server, which
 needs no disk) rather than training on with no log, no progress file and snapshots that cannot be written.
@@ -32,7 +38,6 @@ import contextlib
 import ctypes
 import errno
 import io
-import json
 import os
 import resource
 import select
@@ -42,11 +47,16 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from ..core import nonfinite
+from ..core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
 from ..measure.process_memory import data_bytes, heap_bytes
 from .attempt_spec import AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
+
+if TYPE_CHECKING:
+    from ..core.schedule import LearningRate
 
 THREAD_STACK_BYTES = 512 * 1024
 """Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
@@ -67,6 +77,14 @@ class ReportDiskFull(Exception):
     """The disk holding the job's folder has no room for the attempt's records."""
 
 
+class Diverged(Exception):
+    """A record showed a net output that is NaN or infinite, and the attempt stops there (core.divergence)."""
+
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(divergence.stopped_message)
+        self.divergence = divergence
+
+
 class Reporter:
     """Writes each record to stdout (the manager reads it live) and to the attempt's progress file.
 
@@ -75,8 +93,9 @@ class Reporter:
     The one held back is sent before any other record, so the server sees every test, snapshot and the end, in
     order, after the latest iteration before them."""
 
-    def __init__(self, stream: TextIO, progress: Path) -> None:
+    def __init__(self, stream: TextIO, progress: Path, divergence: str = DEFAULT_POLICY) -> None:
         self._stream = stream
+        self.divergence = DivergenceWatch(divergence)
         self._progress = progress
         self._file: int | None = os.open(progress, _OPEN_APPEND, 0o644)
         self._started = self._last = time.monotonic()
@@ -86,10 +105,11 @@ class Reporter:
 
     def __call__(self, event: str, **fields: Any) -> None:
         """Write one record: to stdout first (the server reads it live, with no disk in between), then to the
-        progress file; a full disk there raises ReportDiskFull."""
+        progress file; a full disk there raises ReportDiskFull. Once written, a record whose outputs are not
+        finite raises Diverged, unless the attempt trains on regardless."""
         self._last = time.monotonic()
         record = {"event": event, "time": time.time(), "seconds": round(self._last - self._started, 3), **fields}
-        line = json.dumps(record, allow_nan=False, default=_number) + "\n"
+        line = nonfinite.dumps(record, default=_number) + "\n"
         self._send(line, may_wait=event != "iteration")
         if self._file is None:
             return
@@ -103,6 +123,8 @@ class Reporter:
             os.close(self._file)
             self._file = None  # the error record that follows goes to stdout only
             raise ReportDiskFull(f"could not write {self._progress}: no space left on the device") from None
+        if self.divergence.see(record) and self.divergence.first is not None:
+            raise Diverged(self.divergence.first)
 
     def alive(self, event: str, **fields: Any) -> None:
         """A progress record for long stretches with no other (a test pass of many batches), at most one every
@@ -243,8 +265,9 @@ def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> None:
     )
 
 
-def train(spec: AttemptSpec, report: Reporter) -> None:
-    """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would."""
+def train(spec: AttemptSpec, report: Reporter) -> Any:
+    """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would. The
+    solver is returned: when it is freed is the caller's decision (see `_end`)."""
     from ..core.schedule import LearningRate
 
     schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
@@ -273,6 +296,15 @@ def train(spec: AttemptSpec, report: Reporter) -> None:
         solver.restore(spec.resume)
     report("constructed", iteration=solver.iter, **memory.fields())
 
+    try:
+        _solve(solver, spec, schedule, memory, report)
+    except Diverged as stop:
+        report("diverged", **stop.divergence.to_dict(), message=stop.divergence.stopped_message)
+    return solver
+
+
+def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growth, report: Reporter) -> None:
+    """Solver::Solve: train to max_iter, testing and snapshotting on the solver's intervals."""
     max_iter, test_interval = spec.max_iter, spec.test_interval
     test_iters = list(spec.test_iter)
     every = spec.snapshot
@@ -315,27 +347,46 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     let_parent_trace()
     redirect_stderr(Path(spec.log))
-    report = Reporter(sys.stdout, Path(spec.progress))
+    report = Reporter(sys.stdout, Path(spec.progress), spec.divergence)
+    # Every way out goes through _end while the solver is still referenced (here, or by the traceback being handled).
     try:
-        train(spec, report)
+        solver = train(spec, report)
     except MemoryError as error:
         # pycaffe turns std::bad_alloc into MemoryError; the manager classifies this record as out-of-memory.
-        return _report_error(report, "MemoryError", str(error) or "out of memory")
+        return _end(report, _report_error(report, "MemoryError", str(error) or "out of memory"))
     except BrokenPipeError:
-        return 4  # the server is gone; nobody reads the progress any more
+        return _end(report, 4)  # the server is gone; nobody reads the progress any more
     except ReportDiskFull as error:
-        return _report_error(report, DISK_FULL, str(error))
+        return _end(report, _report_error(report, DISK_FULL, str(error)))
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):  # a write of Caffe's or of ours, not the progress file
-            return _report_error(report, DISK_FULL, f"could not write {error.filename or 'a file'}: no space left on the device")
+            message = f"could not write {error.filename or 'a file'}: no space left on the device"
+            return _end(report, _report_error(report, DISK_FULL, message))
         with contextlib.suppress(OSError):
             traceback.print_exc()
-        return _report_error(report, type(error).__name__, str(error))
+        return _end(report, _report_error(report, type(error).__name__, str(error)))
     except Exception as error:  # noqa: BLE001 - reported to the manager, and the traceback kept in caffe.log
         with contextlib.suppress(OSError):  # caffe.log may be on a full disk
             traceback.print_exc()
-        return _report_error(report, type(error).__name__, str(error))
-    return 0
+        return _end(report, _report_error(report, type(error).__name__, str(error)))
+    status = _end(report, 0)
+    del solver
+    return status
+
+
+def _end(report: Reporter, status: int) -> int:
+    """The exit status; after a net output was NaN or infinite, the process ends here instead, without freeing
+    Caffe's nets. With a NaN input, Caffe's max pooling leaves its mask at -1 and its backward pass adds to the
+    element before the bottom's diff buffer (pooling_layer.cpp: bottom_diff[mask[index]]), which overwrites
+    malloc's header of that buffer: freeing the net then aborts ("double free or corruption (out)", SIGABRT) after
+    training went well. The records, the log and the snapshots are written by now; the kernel frees the rest."""
+    if report.divergence.first is None:
+        return status
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(status)
 
 
 def _refuse_spec(path: str, error: AttemptSpecError) -> int:
@@ -343,7 +394,7 @@ def _refuse_spec(path: str, error: AttemptSpecError) -> int:
     an error record on stdout, before anything is trained; exit status 3, as after any error record."""
     message = f"{path} is not a valid attempt spec: {error}"
     print(message, file=sys.stderr)
-    print(json.dumps({"event": "error", "type": "AttemptSpecError", "message": message}), flush=True)
+    print(nonfinite.dumps({"event": "error", "type": "AttemptSpecError", "message": message}), flush=True)
     return 3
 
 

@@ -20,6 +20,7 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
+from ..core.divergence import CONTINUE, DEFAULT_POLICY, STOP
 from ..core.estimate import EstimateRequest
 from ..core.job_plan import PlanningPolicy
 from ..core.layers.base import INT_MAX
@@ -107,6 +108,11 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     snapshot = WholeNumberField("Snapshot interval", default=5000, validators=[Optional(), NumberRange(min=0, max=INT32_MAX)])
     solver_text = TextAreaField("Solver (prototxt)", validators=[Length(max=1024 * 1024)])
     solver_file = FileField("Or upload a solver file")
+    divergence = SelectField(
+        "When the loss becomes NaN or infinite",
+        choices=_choices((STOP, "Stop the job (try a lower learning rate)"), (CONTINUE, "Keep training")),
+        default=DEFAULT_POLICY,
+    )
 
     data_backend = SelectField(
         "Dataset format", choices=_choices(("lmdb", "LMDB folder"), ("hdf5", "HDF5 list file")), default="lmdb"
@@ -220,6 +226,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             classes=classes,
             batch=parse_batch(self.batch_size.data),
             device=self.device.data,
+            divergence=self.divergence.data,
         )
 
     def _text_of(self, upload: FileField, pasted: TextAreaField, default_name: str) -> tuple[str, str]:
@@ -334,6 +341,8 @@ class ModelSpec:
     classes: int | None
     batch: int | str | None
     device: str
+    divergence: str = DEFAULT_POLICY
+    """What the job does when a net output becomes NaN or infinite (core.divergence): "stop" or "continue"."""
 
     def estimate_request(
         self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None,

@@ -9,6 +9,7 @@ fields.
     val_source   -> every data layer of the validation nets
     data_backend -> "lmdb": those layers' Data backend is LMDB; "hdf5": they become HDF5Data layers
     device       -> "next": "auto"; a GPU's key: its UUID; "cpu": "cpu"
+    divergence   -> "divergence" ("stop" or "continue": what a NaN or infinite loss does)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
         "device": device,
         "data": {layer: spec.train_source if field == TRAIN_FIELD else str(spec.val_source)
                  for layer, field in sources.items()},
+        "divergence": spec.divergence,
     }
     if spec.batch is not None:
         body["batch"] = spec.batch

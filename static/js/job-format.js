@@ -30,11 +30,25 @@
     return (labels && labels[key]) || key;
   }
 
-  /** A number as the server formats it ("%.4g"); an output reported by its mean: "0.5 (mean of 20)". */
+  /** JSON has no NaN and no infinity: the server writes them as these strings (core/nonfinite.py). */
+  const NON_FINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
+
+  /** A reported number as a JavaScript number: a number as it is, "NaN" / "Infinity" / "-Infinity" as NaN and the
+   *  infinities; undefined for anything else (null, a missing value). */
+  function reported(value) {
+    if (typeof value === "number") return value;
+    if (typeof value === "string" && Object.prototype.hasOwnProperty.call(NON_FINITE, value)) return NON_FINITE[value];
+    return undefined;
+  }
+
+  /** A number as the server formats it ("%.4g"; NaN and the infinities by name); an output reported by its mean:
+   *  "0.5 (mean of 20)". */
   function number(value) {
     if (value && typeof value === "object" && "mean" in value) return number(value.mean) + " (mean of " + value.count + ")";
-    if (typeof value !== "number") return "n/a";
-    return String(Number(value.toPrecision(4)));
+    const read = reported(value);
+    if (read === undefined) return "n/a";
+    if (!Number.isFinite(read)) return Number.isNaN(read) ? "NaN" : read > 0 ? "Infinity" : "-Infinity";
+    return String(Number(read.toPrecision(4)));
   }
 
   /** As job_pages.format_duration: "12.3 s", "4 min 05 s", "1 h 02 min"; "" while running. */
@@ -105,6 +119,7 @@
   }
 
   window.MemPlugin.JobFormat = {
-    ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, number, duration, iterationText, jobRow, attemptRow,
+    ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, reported, number, duration, iterationText, jobRow,
+    attemptRow,
   };
 })();

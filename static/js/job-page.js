@@ -2,7 +2,8 @@
  *
  * - draws the chart of loss and accuracy by iteration (and the learning rate) from GET api/jobs/<id>/progress,
  *   then grows it from `job_progress` events; points are kept by iteration, so a record seen twice (in the history
- *   and in an event) is drawn once, in order;
+ *   and in an event) is drawn once, in order; a value that is NaN or infinite (the server writes "NaN", "Infinity",
+ *   "-Infinity") is a gap in its line and a red ✕ at the top of the chart, listed below the chart too;
  * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events;
  * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines;
  * - after a reconnection, subscribes again (the server answers with the whole job document) and re-fetches the
@@ -36,6 +37,7 @@
   // Train loss blue, validation loss orange, validation accuracy green, the rate purple; other outputs after.
   const FIXED = { "train:loss": "#0d6efd", "test0:loss": "#fd7e14", "test0:accuracy": "#198754", lr: "#6f42c1" };
   const COLORS = ["#d63384", "#20c997", "#6c757d", "#dc3545", "#0dcaf0", "#adb5bd"];
+  const NON_FINITE_COLOR = "#dc3545";
   const summary = document.getElementById("job-summary");
   const part = (role) => summary.querySelector('[data-role="' + role + '"]');
   const errorBox = document.getElementById("job-error");
@@ -51,8 +53,17 @@
         maintainAspectRatio: false,
         interaction: { mode: "nearest", axis: "x", intersect: false },
         elements: { point: { radius: 0 }, line: { borderWidth: 1.5 } },
-        plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
-        scales: { x: { type: "linear", title: { display: true, text: "iteration" }, min: 0 }, ...scales },
+        plugins: {
+          legend: { position: "bottom", labels: { boxWidth: 12 } },
+          // A mark of a value that is not finite says which value it stands for, not where it is drawn.
+          tooltip: { callbacks: { label: (item) => (item.raw && item.raw.shown ? item.dataset.series + ": " + item.raw.shown : undefined) } },
+        },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "iteration" }, min: 0 },
+          ...scales,
+          // Marks of values that are not finite, at the top of the chart whatever the other axes show.
+          marks: { type: "linear", axis: "y", min: 0, max: 1, display: false },
+        },
       },
     });
   }
@@ -90,20 +101,74 @@
     return entry.data;
   }
 
-  /** A point by iteration: appended in the common case, else put in its place (a resumed attempt repeats
+  /** The marks of a series' values that are not finite: a red ✕ at the top of the chart, created on first use. */
+  function marks(target, key, label) {
+    const markKey = key + ":non-finite";
+    let entry = series.get(markKey);
+    if (!entry) {
+      const data = {
+        label: label + " not finite", series: label, data: [], yAxisID: "marks", showLine: false,
+        pointStyle: "crossRot", pointRadius: 7, pointHoverRadius: 9, pointBorderWidth: 2.5,
+        borderColor: NON_FINITE_COLOR, backgroundColor: NON_FINITE_COLOR,
+      };
+      target.data.datasets.push(data);
+      entry = { data, target };
+      series.set(markKey, entry);
+    }
+    return entry.data;
+  }
+
+  /** Put `point` in `data` by iteration: appended in the common case, else in its place (a resumed attempt repeats
    *  iterations after its snapshot; the later attempt's value wins). */
-  function addPoint(target, key, label, axis, iteration, value, test = false) {
-    if (typeof value !== "number" || !Number.isFinite(value)) return;
-    const data = dataset(target, key, label, axis, test).data;
+  function place(data, point) {
     const last = data[data.length - 1];
-    if (!last || iteration > last.x) {
-      data.push({ x: iteration, y: value });
+    if (!last || point.x > last.x) {
+      data.push(point);
       return;
     }
     let index = data.length - 1;
-    while (index > 0 && data[index - 1].x >= iteration) index -= 1;
-    if (data[index].x === iteration) data[index].y = value;
-    else data.splice(index, 0, { x: iteration, y: value });
+    while (index > 0 && data[index - 1].x >= point.x) index -= 1;
+    if (data[index].x === point.x) data[index] = point;
+    else data.splice(index, 0, point);
+  }
+
+  function unplace(data, iteration) {
+    const index = data.findIndex((point) => point.x === iteration);
+    if (index >= 0) data.splice(index, 1);
+  }
+
+  /** A point by iteration. A value that is NaN or infinite is a gap in the line (y null) and a mark. */
+  function addPoint(target, key, label, axis, iteration, value, test = false) {
+    const read = F.reported(value);
+    if (read === undefined) return; // not reported (null): nothing to draw
+    const data = dataset(target, key, label, axis, test).data;
+    if (Number.isFinite(read)) {
+      place(data, { x: iteration, y: read });
+      if (series.has(key + ":non-finite")) {
+        unplace(marks(target, key, label).data, iteration);
+        showNonFinite();
+      }
+      return;
+    }
+    const shown = F.number(read);
+    place(data, { x: iteration, y: null, shown });
+    place(marks(target, key, label).data, { x: iteration, y: 0.96, shown });
+    showNonFinite();
+  }
+
+  /** The values that were not finite, in words under the chart: which series, from which iteration, how many. */
+  function showNonFinite() {
+    const note = document.getElementById("chart-non-finite");
+    const parts = [];
+    for (const [markKey, entry] of series) {
+      if (!markKey.endsWith(":non-finite") || !entry.data.data.length) continue;
+      const points = entry.data.data;
+      const kinds = [...new Set(points.map((point) => point.shown))].join(", ");
+      parts.push(entry.data.series + " " + kinds + " at iteration " + points[0].x +
+        (points.length > 1 ? " and " + (points.length - 1) + " later point" + (points.length > 2 ? "s" : "") : ""));
+    }
+    note.textContent = parts.length ? "Not finite (✕ above a gap in the line): " + parts.join("; ") + "." : "";
+    note.hidden = !parts.length;
   }
 
   const scalar = (value) => (value && typeof value === "object" && "mean" in value ? value.mean : value);
