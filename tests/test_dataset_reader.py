@@ -159,6 +159,8 @@ def test_readers_are_confined_and_bounded(pool: Any, root: Path) -> None:
     assert status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1"  # sandbox.confine's filter
     limits = Path(f"/proc/{pid}/limits").read_text()
     assert any(line.startswith("Max data size") and str(dataset_reader.DATA_LIMIT) in line for line in limits.splitlines())
+    (cpu,) = [line.split()[3] for line in limits.splitlines() if line.startswith("Max cpu time")]
+    assert cpu.isdigit()  # the CPU bound its last read set (a crafted file's endless loop ends the reader)
     assert Path(f"/proc/{pid}/cwd").resolve() == Path("/")
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert b"HDF5_PLUGIN_PRELOAD=::" in environ  # no HDF5 filter plugin is loaded
