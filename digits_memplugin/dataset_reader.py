@@ -160,7 +160,8 @@ class _Reader:
         self._from, from_child = os.pipe()
         self._buffer = b""
         self._closed = False
-        env = {**os.environ, "HDF5_PLUGIN_PRELOAD": "::"}  # no HDF5 filter plugin is ever loaded
+        # No HDF5 filter plugin is ever loaded; numpy (imported by h5py) starts no BLAS thread pool: nothing computes.
+        env = {**os.environ, "HDF5_PLUGIN_PRELOAD": "::", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(os.getpid())], stdin=to_child, stdout=from_child,
