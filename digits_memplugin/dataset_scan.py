@@ -1,11 +1,14 @@
 """The datasets a server may train on: LMDB folders and HDF5 list files found under the dataset roots, each with
 what the New model form shows of it (item shape, entries, size on disk), read from the dataset itself.
 
-A root may be large (a whole data disk) or hostile (links out of it, FIFOs, unreadable files), and the page scans it
-while it renders, so the walk is bounded: in depth, in directory entries looked at, in datasets listed and in time.
-Links are followed only where they land inside a root (each real folder is walked once), and every file is opened
-through datasets.py, which opens only regular files inside the roots. A dataset that cannot be read is listed with
-its error, which names the file, rather than left out: the user put it there and wants to know why it is refused.
+A root may be large (a whole data disk) or hostile (links out of it, FIFOs, unreadable files, truncated or crafted
+datasets), and the page scans it while it renders, so the walk is bounded: in depth, in directory entries looked
+at, in datasets listed and in time. The time bound holds whatever a dataset holds: each read is given what is left
+of it (datasets.py reads in a reader process with that deadline, an HDF5 list of 40,000 files included), and a
+read cut short ends the scan with `truncated` saying so. Links are followed only where they land inside a root
+(each real folder is walked once), and every file is opened through files.open_regular, which opens only regular
+files inside the roots. A dataset that cannot be read is listed with its error, which names the file, rather than
+left out: the user put it there and wants to know why it is refused.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from .core.errors import NetError
-from .datasets import LMDB_DATA_FILE, DatasetInfo, hdf5_info, lmdb_info
-from .files import inside
+from .dataset_reader import ReadTimedOut
+from .datasets import LMDB_DATA_FILE, READ_SECONDS, DatasetInfo, hdf5_info, lmdb_info
+from .files import inside, open_regular
 
 LMDB = "lmdb"
 HDF5 = "hdf5"
@@ -98,14 +102,23 @@ class _Budget:
         if self.entries < 0:
             self.reason = f"more than {self.max_entries} files and folders in the dataset folders; only the first are listed"
         elif time.monotonic() > self.deadline:
-            self.reason = f"the dataset folders took over {self.seconds:g} s to look through; only part is listed"
+            self.out_of_time()
         return self.reason is None
 
+    def left(self) -> float:
+        """Seconds left for reading (a read is given this much, and no more)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def out_of_time(self) -> None:
+        self.reason = f"the dataset folders took over {self.seconds:g} s to look through; only part is listed"
+
     def spend_dataset(self) -> bool:
+        """Whether one more dataset may be listed (a dataset whose read ran out of time still is, with its error)."""
         self.datasets -= 1
         if self.datasets < 0:
             self.reason = f"more than {self.max_datasets} datasets; only the first are listed"
-        return self.reason is None
+            return False
+        return True
 
 
 def scan(
@@ -129,6 +142,8 @@ def scan(
             if not budget.spend_dataset():
                 break
             found.append(dataset)
+            if budget.reason:
+                break
         if budget.reason:
             break
     return Scan(tuple(str(root) for root in roots), tuple(found), budget.reason)
@@ -167,21 +182,32 @@ def _walk(
                 continue
             if stat.S_ISDIR(mode):
                 if os.path.lexists(real / LMDB_DATA_FILE):
-                    yield describe(path, LMDB, roots, name=name, root=shown_root)
+                    yield _described(path, LMDB, roots, name, shown_root, budget)
                 elif depth + 1 < max_depth:
                     below.append((real, name + "/", depth + 1))
-            elif stat.S_ISREG(mode) and entry.name.endswith(".txt") and _names_hdf5(real, mode):
-                yield describe(path, HDF5, roots, name=name, root=shown_root)
+            elif stat.S_ISREG(mode) and entry.name.endswith(".txt") and _names_hdf5(real, mode, roots):
+                yield _described(path, HDF5, roots, name, shown_root, budget)
+            if budget.reason:
+                return
         stack.extend(reversed(below))
 
 
-def _names_hdf5(path: Path, mode: int) -> bool:
+def _described(path: Path, fmt: str, roots: list[Path], name: str, root: Path, budget: _Budget) -> FoundDataset:
+    """`describe` within what is left of the scan's time; a read cut short by it ends the scan."""
+    try:
+        return _describe(path, fmt, roots, name, root, budget.left())
+    except ReadTimedOut as error:
+        budget.out_of_time()
+        return FoundDataset(name, str(path), str(root), fmt, error=error.message)
+
+
+def _names_hdf5(path: Path, mode: int, roots: list[Path]) -> bool:
     """Whether a small text file's first line names an .h5 file: an HDF5 list, not an image list or notes."""
     try:
         if os.stat(path).st_size > MAX_LIST_BYTES or not stat.S_ISREG(mode):
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
+        fd = open_regular(path, roots=roots)  # swapped for a FIFO or a device since the stat: not opened
+    except (OSError, NetError):
         return False
     try:
         head = os.read(fd, 4096)
@@ -193,16 +219,31 @@ def _names_hdf5(path: Path, mode: int) -> bool:
     return first.lower().endswith(HDF5_SUFFIXES)
 
 
-def describe(path: Path, fmt: str, roots: Iterable[Path], *, name: str | None = None, root: Path | None = None) -> FoundDataset:
-    """What the dataset at `path` holds, read from it; an unreadable one carries its error instead."""
+def describe(
+    path: Path, fmt: str, roots: Iterable[Path], *, name: str | None = None, root: Path | None = None,
+    seconds: float = READ_SECONDS,
+) -> FoundDataset:
+    """What the dataset at `path` holds, read from it within `seconds`; an unreadable one carries its error
+    instead (one that took too long too)."""
     roots = [Path(r).resolve() for r in roots]
     name = name if name is not None else str(path)
     try:
-        info = _cached_lmdb(path, roots, name) if fmt == LMDB else hdf5_info(path, [DATA_TOP], "", roots)
+        return _describe(path, fmt, roots, name, root, seconds)
     except NetError as error:
         return FoundDataset(name, str(path), str(root or ""), fmt, error=error.message)
-    except ImportError as error:  # pragma: no cover - lmdb and h5py are install requirements
-        return FoundDataset(name, str(path), str(root or ""), fmt, error=f"cannot read {fmt} datasets: {error}")
+
+
+def _describe(path: Path, fmt: str, roots: list[Path], name: str, root: Path | None, seconds: float) -> FoundDataset:
+    """`describe`, raising the ReadTimedOut of a read cut short (the scan ends then)."""
+    try:
+        info = (
+            _cached_lmdb(path, roots, name, seconds) if fmt == LMDB
+            else hdf5_info(path, [DATA_TOP], "", roots, name=name, seconds=seconds)
+        )
+    except ReadTimedOut:
+        raise
+    except NetError as error:
+        return FoundDataset(name, str(path), str(root or ""), fmt, error=error.message)
     spec = info.specs.get(DATA_TOP)
     return FoundDataset(
         name, str(path), str(root or ""), fmt, shape=tuple(spec.shape) if spec else None, entries=info.entries,
@@ -210,33 +251,46 @@ def describe(path: Path, fmt: str, roots: Iterable[Path], *, name: str | None = 
     )
 
 
-_CACHE: dict[tuple[str, int, int, int, int], DatasetInfo] = {}
+_CacheKey = tuple[str, str, tuple[str, ...], int, int, int, int]
+_CACHE: dict[_CacheKey, DatasetInfo | NetError] = {}
 _CACHE_LOCK = threading.Lock()
 MAX_CACHED = 512
 
 
-def _cached_lmdb(path: Path, roots: list[Path], name: str) -> DatasetInfo:
+def _cached_lmdb(path: Path, roots: list[Path], name: str, seconds: float) -> DatasetInfo:
     """LMDB facts by their data file's identity and change time: the page lists the same datasets at every load,
-    and a write to an LMDB changes its data file's mtime."""
+    and a write to an LMDB changes its data file's mtime. A refusal is kept too (a crafted file that ends its
+    reader is not read again at every load), but not a read cut short by time."""
     try:
         facts = os.stat(path / LMDB_DATA_FILE)
-        key: tuple[str, int, int, int, int] | None = (
-            os.path.realpath(path / LMDB_DATA_FILE), facts.st_dev, facts.st_ino, facts.st_mtime_ns, facts.st_size
+        key: _CacheKey | None = (
+            os.path.realpath(path / LMDB_DATA_FILE), name, tuple(map(str, roots)), facts.st_dev, facts.st_ino,
+            facts.st_mtime_ns, facts.st_size,
         )
-    except OSError:
+    except (OSError, ValueError):
         key = None
     if key is not None:
         with _CACHE_LOCK:
             cached = _CACHE.get(key)
+        if isinstance(cached, NetError):
+            raise cached
         if cached is not None:
             return cached
-    info = lmdb_info(path, "", roots, name=name)
+    result: DatasetInfo | NetError
+    try:
+        result = lmdb_info(path, "", roots, name=name, seconds=seconds)
+    except ReadTimedOut:
+        raise
+    except NetError as error:
+        result = error
     if key is not None:
         with _CACHE_LOCK:
             if len(_CACHE) >= MAX_CACHED:
                 _CACHE.clear()
-            _CACHE[key] = info
-    return info
+            _CACHE[key] = result
+    if isinstance(result, NetError):
+        raise result
+    return result
 
 
 def locate(value: str, fmt: str, roots: Iterable[Path]) -> Path | None:

@@ -8,16 +8,28 @@ An LMDB is a folder, but what LMDB opens are the files in it: `data.mdb`, and `l
 Each file is checked, not only the folder: the data file must be a regular file inside the roots (a link out of
 them, a FIFO, a device is refused), and it is opened through files.open_regular, which never opens anything
 else; LMDB then maps that very file (/proc/self/fd) with no lock file at all, so `lock.mdb` is never opened here.
+LMDB's map must not reach past the file's end (a page there is a SIGBUS): the file's size is checked against the
+pages its meta page says it holds before it is mapped, and a shorter file (a truncated copy) is refused.
+
+An HDF5 file can make the library open other files: an external link (to a file, or to a FIFO that blocks the
+reader), a dataset whose values lie in external files (`external=`), a virtual dataset. Links are followed here
+one at a time, only inside the file (hard and soft links); the others, and such datasets, are refused without
+being followed, before the dataset's shape is asked for (the library opens a virtual dataset's sources then).
+
+The reads run in a reader process (dataset_reader.py): what the checks cannot see (a file truncated between the
+check and the read, a crafted file) ends that process, never the server, and every read has a deadline.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import stat
-import threading
-from collections.abc import Iterable
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +38,30 @@ from google.protobuf.message import DecodeError
 from .core.errors import NetError
 from .core.layers.data import DataSpec
 from .core.proto import caffe_pb2
+from .dataset_reader import ReaderCrashed, ReadTimedOut
+from .dataset_reader import read as read_in_reader
 from .files import file_kind, inside, open_regular, read_regular
+from .inputs import shown
 
 LMDB_DATA_FILE = "data.mdb"
 """The data file of an LMDB folder (Caffe opens LMDBs as folders, never as single files)."""
 MAX_LIST_BYTES = 64 * 1024 * 1024
 """Largest HDF5 list file read."""
+READ_SECONDS = 20.0
+"""How long one dataset may take to read where the caller sets no bound (a job's submission, an estimate, the
+form's source); the scan of the dataset roots gives its own."""
+MAX_SOFT_LINKS = 16
+"""Soft links followed to reach one HDF5 dataset (HDF5's own default limit)."""
+
+
+def nul_refusal(value: str) -> str:
+    """What is wrong with a path holding a NUL (pathlib raises ValueError on one: it was a 500)."""
+    return f"{shown(value)!r} contains a NUL character, which no file name can hold"
+
+
+def _no_nul(value: str, **where: Any) -> None:
+    if "\x00" in value:
+        raise NetError(nul_refusal(value), **where)
 
 
 def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str) -> Path:
@@ -47,6 +77,7 @@ def lmdb_data_file(folder: Path, roots: Iterable[Path] | None, *, name: str, **w
     """The real path of the data file of the LMDB `folder` (links resolved), checked without opening anything: a
     regular file inside `roots` (resolved). `name` is how messages show the folder (the path a user gave)."""
     shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
+    _no_nul(str(folder), **where)
     real = Path(os.path.realpath(folder / LMDB_DATA_FILE))
     if roots is not None and not inside(real, roots):
         raise NetError(f"{shown} is outside the dataset folders this server may read", **where)
@@ -61,11 +92,6 @@ def lmdb_data_file(folder: Path, roots: Iterable[Path] | None, *, name: str, **w
     return real
 
 
-_LMDB_OPEN = threading.Lock()
-"""LMDB refuses to open one environment twice in a process ("already open in this process"): two submissions
-reading the same dataset at once (a threaded host app) took turns failing before this lock."""
-
-
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What a dataset holds: its items' specs by top, how many items, and the bytes its files take on disk."""
@@ -75,6 +101,33 @@ class DatasetInfo:
     """Records of an LMDB, rows of every file of an HDF5 list together: the most items one pass can hold."""
     disk_bytes: int
 
+    def to_json(self) -> dict[str, Any]:
+        specs = {top: {"shape": list(spec.shape), "rows": spec.rows, "itemsize": spec.stored_itemsize}
+                 for top, spec in self.specs.items()}
+        return {"specs": specs, "entries": self.entries, "disk_bytes": self.disk_bytes}
+
+    @classmethod
+    def from_json(cls, document: Any) -> DatasetInfo:
+        """The reader's answer, checked (it read hostile files): ValueError when it is not what to_json writes."""
+
+        def count(value: Any) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{value!r} is not a count")
+            return value
+
+        if not isinstance(document, dict) or not isinstance(document.get("specs"), dict):
+            raise ValueError("not a dataset's facts")
+        specs = {}
+        for top, spec in document["specs"].items():
+            if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) or len(spec["shape"]) > 32:
+                raise ValueError(f"no shape for {top!r}")
+            rows = spec.get("rows")
+            specs[str(top)] = DataSpec(
+                tuple(count(d) for d in spec["shape"]), rows=None if rows is None else count(rows),
+                stored_itemsize=count(spec.get("itemsize")),
+            )
+        return cls(specs, count(document.get("entries")), count(document.get("disk_bytes")))
+
 
 def lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None) -> DataSpec:
     """The first Datum of an LMDB: its stored shape, and whether it holds bytes or floats. With `allowed`, its data
@@ -82,41 +135,121 @@ def lmdb_item(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, 
     return lmdb_info(path, layer, allowed, name=name).specs["data"]
 
 
-def lmdb_info(path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None) -> DatasetInfo:
+def lmdb_info(
+    path: Path, layer: str, allowed: Iterable[Path] | None = None, *, name: str | None = None,
+    seconds: float = READ_SECONDS,
+) -> DatasetInfo:
     """`lmdb_item`, with the LMDB's record count (its stat: nothing is read past the first record) and the size its
-    data file takes on disk (an LMDB's file is sparse up to its map size: its blocks, not its length)."""
-    with _LMDB_OPEN:
-        return _lmdb_info(path, layer, allowed, name or str(path))
+    data file takes on disk (an LMDB's file is sparse up to its map size: its blocks, not its length). Read in a
+    reader process within `seconds` (ReadTimedOut past them)."""
+    name = name or str(path)
+    shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
+    where: dict[str, Any] = {"layer": layer, "layer_type": "Data", "field": "data_param.source"}
+    _no_nul(str(path), **where)
+    arguments = {"path": os.path.abspath(path), "layer": layer, "name": name, "roots": _roots_json(allowed)}
+    try:
+        answer = read_in_reader("lmdb", arguments, seconds=seconds)
+    except ReaderCrashed as crash:
+        why = (
+            "LMDB read past the end of the file (it was cut while it was read, or it is damaged)"
+            if crash.ended == "SIGBUS" else "the file may be damaged"
+        )
+        raise _crashed(crash, f"LMDB {shown}", why, where) from None
+    except ReadTimedOut as error:
+        raise ReadTimedOut(f"LMDB {shown}: {error.message}", **where) from None
+    return _facts(answer, f"LMDB {shown}", where)
 
 
-def _lmdb_info(path: Path, layer: str, allowed: Iterable[Path] | None, name: str) -> DatasetInfo:
+def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> dict[str, DataSpec]:
+    """Shapes of each top's dataset in the HDF5 files a list file names (relative names from the list's folder);
+    rows of the largest file. Every file, the list included, is opened only if it is a regular file (inside
+    `allowed`): a FIFO named there would otherwise stop the reader until someone writes to it."""
+    return hdf5_info(listing, tops, layer, allowed).specs
+
+
+def hdf5_info(
+    listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None, *, name: str | None = None,
+    seconds: float = READ_SECONDS,
+) -> DatasetInfo:
+    """`hdf5_items`, with the rows of all the files together and the bytes they take on disk; `name` is how
+    messages show the list (default: `listing`). Read in a reader process within `seconds`: a list naming more
+    files than that allows is a ReadTimedOut saying how far it got."""
+    where: dict[str, Any] = {"layer": layer, "layer_type": "HDF5Data", "field": "hdf5_data_param.source"}
+    _no_nul(str(listing), **where)
+    name = name or str(listing)
+    arguments = {"listing": os.path.abspath(listing), "shown": name, "tops": list(tops), "layer": layer,
+                 "roots": _roots_json(allowed)}
+    try:
+        answer = read_in_reader("hdf5", arguments, seconds=seconds)
+    except ReaderCrashed as crash:
+        raise _crashed(crash, f"HDF5 list file {name}", "one of its files may be damaged", where) from None
+    except ReadTimedOut as error:
+        if error.field is not None:  # the reader's own words: they name the list already
+            raise
+        raise ReadTimedOut(f"HDF5 list file {name}: {error.message}", **where) from None
+    return _facts(answer, f"HDF5 list file {name}", where)
+
+
+def _crashed(crash: ReaderCrashed, what: str, why: str, where: Mapping[str, Any]) -> NetError:
+    if not crash.ended:  # no reader could be started
+        return NetError(f"cannot read {what}: {crash.message}", **where)
+    return NetError(f"reading {what} ended the reader process ({crash.ended}): {why}; not read", **where)
+
+
+def _roots_json(allowed: Iterable[Path] | None) -> list[str] | None:
+    return None if allowed is None else [str(Path(root).resolve()) for root in allowed]
+
+
+def _facts(answer: Any, what: str, where: Mapping[str, Any]) -> DatasetInfo:
+    try:
+        return DatasetInfo.from_json(answer)
+    except ValueError as error:
+        raise NetError(f"reading {what}: the reader answered nonsense ({error})", **where) from None
+
+
+# --- in the reader process ----------------------------------------------------------------------------------------
+
+
+def _lmdb_task(path: str, layer: str, name: str, roots: list[str] | None, seconds: float) -> dict[str, Any]:
+    return _read_lmdb(Path(path), layer, None if roots is None else [Path(root) for root in roots], name).to_json()
+
+
+def _read_lmdb(path: Path, layer: str, roots: list[Path] | None, name: str) -> DatasetInfo:
     import lmdb
 
     field = "data_param.source"
     where: dict[str, Any] = {"layer": layer, "layer_type": "Data", "field": field}
+    shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
     if not path.is_dir():
         raise NetError(f"LMDB {name} does not exist (an LMDB is a folder)", **where)
-    roots = None if allowed is None else [Path(root).resolve() for root in allowed]
-    fd = open_regular(path / LMDB_DATA_FILE, name=f"{name.rstrip('/')}/{LMDB_DATA_FILE}", roots=roots, **where)
-    try:
-        # The checked file itself, as a single-file environment with no lock file (nothing else is opened).
-        env = lmdb.open(f"/proc/self/fd/{fd}", subdir=False, readonly=True, lock=False, readahead=False)
-    except lmdb.Error as error:
-        os.close(fd)
-        raise NetError(f"cannot open LMDB {name.rstrip('/')}/{LMDB_DATA_FILE}: {_lmdb_reason(error)}", **where) from None
+    fd = open_regular(path / LMDB_DATA_FILE, name=shown, roots=roots, **where)
     try:
         facts = os.fstat(fd)
-        disk_bytes = min(facts.st_size, facts.st_blocks * 512)
-        entries = int(env.stat()["entries"])
-        with env.begin() as txn:
-            cursor = txn.cursor()
-            if not cursor.first():
-                raise NetError(f"LMDB {name} is empty", **where)
-            value = cursor.value()
-    except lmdb.Error as error:
-        raise NetError(f"cannot read LMDB {name.rstrip('/')}/{LMDB_DATA_FILE}: {_lmdb_reason(error)}", **where) from None
+        end = _lmdb_pages_end(fd)
+        if end is not None and facts.st_size < end:
+            raise NetError(
+                f"{shown} is truncated: it holds {facts.st_size} bytes but its pages run to {end} bytes (a copy that has "
+                "not finished?); not read",
+                **where,
+            )
+        try:
+            # The checked file itself, as a single-file environment with no lock file (nothing else is opened).
+            env = lmdb.open(f"/proc/self/fd/{fd}", subdir=False, readonly=True, lock=False, readahead=False)
+        except lmdb.Error as error:
+            raise NetError(f"cannot open LMDB {shown}: {_lmdb_reason(error)}", **where) from None
+        try:
+            disk_bytes = min(facts.st_size, facts.st_blocks * 512)
+            entries = int(env.stat()["entries"])
+            with env.begin() as txn:
+                cursor = txn.cursor()
+                if not cursor.first():
+                    raise NetError(f"LMDB {name} is empty", **where)
+                value = cursor.value()
+        except lmdb.Error as error:
+            raise NetError(f"cannot read LMDB {shown}: {_lmdb_reason(error)}", **where) from None
+        finally:
+            env.close()
     finally:
-        env.close()
         os.close(fd)
     datum = caffe_pb2.Datum()
     try:
@@ -136,64 +269,189 @@ def _lmdb_info(path: Path, layer: str, allowed: Iterable[Path] | None, name: str
     return DatasetInfo({"data": DataSpec(shape, stored_itemsize=itemsize)}, entries, disk_bytes)
 
 
-def hdf5_items(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> dict[str, DataSpec]:
-    """Shapes of each top's dataset in the HDF5 files a list file names (relative names from the list's folder);
-    rows of the largest file. Every file, the list included, is opened only if it is a regular file (inside
-    `allowed`): a FIFO named there would otherwise stop the reader until someone writes to it."""
-    return hdf5_info(listing, tops, layer, allowed).specs
+# LMDB's file format (mdb.c, as the lmdb package builds it for this machine): each meta page is a page header
+# (pgno, pad, flags, lower, upper) followed by MDB_meta (magic, version, address, mapsize, the free and main
+# MDB_db records (pad = the page size in the free one, flags, depth, branch/leaf/overflow pages, entries, root),
+# last_pg, txnid). The two meta pages are pages 0 and 1.
+_PAGE_HEADER = struct.Struct("@NHHHH")
+_META = struct.Struct("@IIPN" + "IHHNNNNN" * 2 + "NN")
+_P_META = 0x08
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_VERSION = 1
 
 
-def hdf5_info(listing: Path, tops: list[str], layer: str, allowed: Iterable[Path] | None) -> DatasetInfo:
-    """`hdf5_items`, with the rows of all the files together and the bytes they take on disk."""
-    import h5py
+def _lmdb_meta(data: bytes) -> tuple[int, int, int] | None:
+    """(page size, last page, txnid) of one meta page, or None when it is not a valid one."""
+    if len(data) < _PAGE_HEADER.size + _META.size:
+        return None
+    flags = _PAGE_HEADER.unpack_from(data)[2]
+    meta = _META.unpack_from(data, _PAGE_HEADER.size)
+    if not flags & _P_META or meta[0] != _LMDB_MAGIC or meta[1] != _LMDB_VERSION:
+        return None
+    return meta[4], meta[-2], meta[-1]
 
+
+def _lmdb_pages_end(fd: int) -> int | None:
+    """The bytes LMDB's pages take, (last page + 1) x page size, from the meta page LMDB reads by (the one with the
+    larger txnid, as mdb_env_pick_meta picks it); a file at least this long is mapped no further than its end.
+    None when the header is not LMDB's: LMDB refuses such a file itself (MDB_INVALID), reading it with pread."""
+    size = _PAGE_HEADER.size + _META.size
+    first = _lmdb_meta(os.pread(fd, size, 0))
+    if first is None:
+        return None
+    page_size = first[0]
+    if not 512 <= page_size <= 1 << 16 or page_size & (page_size - 1):
+        return None
+    second = _lmdb_meta(os.pread(fd, size, page_size))
+    if second is None:
+        return 2 * page_size if os.fstat(fd).st_size < page_size + size else None
+    last_page = second[1] if second[2] > first[2] else first[1]
+    return (last_page + 1) * page_size
+
+
+def _hdf5_task(
+    listing: str, shown: str, tops: list[str], layer: str, roots: list[str] | None, seconds: float
+) -> dict[str, Any]:
+    allowed = None if roots is None else [Path(root) for root in roots]
+    return _read_hdf5(Path(listing), shown, tops, layer, allowed, time.monotonic() + seconds).to_json()
+
+
+def _read_hdf5(
+    listing: Path, shown: str, tops: list[str], layer: str, roots: list[Path] | None, deadline: float
+) -> DatasetInfo:
+    """The facts of the files `listing` names. A file named again (or spelled otherwise) is read once, and counted
+    again: Caffe reads each line in turn. Stops with ReadTimedOut at `deadline`."""
     field = "hdf5_data_param.source"
     where: dict[str, Any] = {"layer": layer, "layer_type": "HDF5Data", "field": field}
-    roots = None if allowed is None else [Path(root).resolve() for root in allowed]
     if not listing.is_file():
-        raise NetError(f"HDF5 list file {listing} does not exist", **where)
-    data = read_regular(listing, MAX_LIST_BYTES, name=f"HDF5 list file {listing}", roots=roots, **where)
+        raise NetError(f"HDF5 list file {shown} does not exist", **where)
+    data = read_regular(listing, MAX_LIST_BYTES, name=f"HDF5 list file {shown}", roots=roots, **where)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise NetError(f"HDF5 list file {listing} is not UTF-8 text", **where) from None
+        raise NetError(f"HDF5 list file {shown} is not UTF-8 text", **where) from None
     files = [line.strip() for line in text.splitlines() if line.strip()]
     if not files:
-        raise NetError(f"HDF5 list file {listing} names no file", **where)
+        raise NetError(f"HDF5 list file {shown} names no file", **where)
+    started = time.monotonic()
     shapes: dict[str, tuple[int, ...]] = {}
     rows = 0
     total_rows = 0
     disk_bytes = len(data)
-    for file in files:
-        fd = open_regular(listing.parent / file, name=file, roots=roots, **where)
-        try:
-            facts = os.fstat(fd)
-            disk_bytes += min(facts.st_size, facts.st_blocks * 512)
-            file_rows = 0
-            with h5py.File(f"/proc/self/fd/{fd}", "r") as h5:
-                for top in tops:
-                    if top not in h5:
-                        raise NetError(f"{file} has no dataset {top!r}", layer=layer, layer_type="HDF5Data", field=field)
-                    shape = tuple(int(d) for d in h5[top].shape)
-                    if not shape:
-                        raise NetError(f"dataset {top!r} in {file} has no rows", layer=layer, field=field)
-                    if top in shapes and shapes[top] != shape[1:]:
-                        raise NetError(
-                            f"dataset {top!r} has items of shape {list(shape[1:])} in {file} but "
-                            f"{list(shapes[top])} in an earlier file",
-                            layer=layer,
-                            field=field,
-                        )
-                    shapes[top] = shape[1:]
-                    rows = max(rows, shape[0])
-                    file_rows = max(file_rows, shape[0])
-            total_rows += file_rows
-        except OSError as error:
-            raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", layer=layer, field=field) from None
-        finally:
-            os.close(fd)
+    by_name: dict[str, tuple[int, int, int, int]] = {}
+    by_identity: dict[tuple[int, int, int, int], dict[str, tuple[int, ...]]] = {}
+    for index, file in enumerate(files):
+        if time.monotonic() > deadline:
+            raise ReadTimedOut(
+                f"HDF5 list file {shown} names {len(files)} files, more than could be read in the "
+                f"{time.monotonic() - started:.1f} s there was time for ({index} were); not read in full", **where,
+            )
+        identity = by_name.get(file)
+        if identity is None:
+            _no_nul(file, **where)
+            fd = open_regular(listing.parent / file, name=file, roots=roots, **where)
+            try:
+                facts = os.fstat(fd)
+                identity = by_name[file] = (facts.st_dev, facts.st_ino, facts.st_mtime_ns, facts.st_size)
+                if identity not in by_identity:
+                    by_identity[identity] = _hdf5_shapes(fd, file, tops, where)
+                    disk_bytes += min(facts.st_size, facts.st_blocks * 512)
+            finally:
+                os.close(fd)
+        file_shapes = by_identity[identity]
+        for top, shape in file_shapes.items():
+            if top in shapes and shapes[top] != shape[1:]:
+                raise NetError(
+                    f"dataset {top!r} has items of shape {list(shape[1:])} in {file} but {list(shapes[top])} in "
+                    "an earlier file",
+                    **where,
+                )
+            shapes[top] = shape[1:]
+        file_rows = max((shape[0] for shape in file_shapes.values()), default=0)
+        rows = max(rows, file_rows)
+        total_rows += file_rows
     specs = {top: DataSpec(shape, rows=rows, stored_itemsize=4) for top, shape in shapes.items()}
     return DatasetInfo(specs, total_rows, disk_bytes)
+
+
+def _hdf5_shapes(fd: int, file: str, tops: list[str], where: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each top's dataset shape in the open HDF5 file `fd`, reached without leaving the file."""
+    import h5py
+
+    try:
+        with h5py.File(f"/proc/self/fd/{fd}", "r") as h5:
+            shapes = {}
+            for top in tops:
+                shape = tuple(int(d) for d in _hdf5_dataset(h5, top, file, where).shape)
+                if not shape:
+                    raise NetError(f"dataset {top!r} in {file} has no rows", **where)
+                shapes[top] = shape
+            return shapes
+    except NetError:
+        raise
+    except OSError as error:
+        raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", **where) from None
+    except Exception as error:  # noqa: BLE001 - h5py raises KeyError, RuntimeError, ValueError... for damaged files
+        raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", **where) from None
+
+
+def _hdf5_dataset(h5: Any, top: str, file: str, where: Mapping[str, Any]) -> Any:
+    """The dataset `top` names in `h5`, reached one link at a time: hard links, and soft links (paths inside this
+    file). An external or user-defined link is refused, not followed; so are datasets whose values lie in other
+    files (external storage, virtual datasets), before their shape is asked for (which opens a virtual dataset's
+    sources)."""
+    import h5py
+    from h5py import h5d, h5l
+
+    parts = [part for part in top.split("/") if part not in ("", ".")]
+    current = h5
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if not isinstance(current, h5py.Group):
+            raise NetError(f"{file} has no dataset {top!r} ({current.name} is not a group)", **where)
+        try:
+            link = current.id.links.get_info(part.encode())
+        except (KeyError, RuntimeError):
+            raise NetError(f"{file} has no dataset {top!r}", **where) from None
+        if link.type == h5l.TYPE_HARD:
+            current = current.get(part)
+        elif link.type == h5l.TYPE_SOFT:
+            hops += 1
+            if hops > MAX_SOFT_LINKS:
+                raise NetError(f"{file}: {top!r} goes through more than {MAX_SOFT_LINKS} soft links; not read", **where)
+            target = current.id.links.get_val(part.encode()).decode("utf-8", "replace")
+            if target.startswith("/"):
+                current = h5
+            parts = [piece for piece in target.split("/") if piece not in ("", ".")] + parts
+        else:
+            kind = "an external link" if link.type == h5l.TYPE_EXTERNAL else "a user-defined link"
+            raise NetError(
+                f"{file}: {top!r} is reached through {kind}, to another file; the server opens no file through a "
+                "link (put the data itself in the file)",
+                **where,
+            )
+    if isinstance(current, h5py.Group):
+        raise NetError(f"{file}: {top!r} is a group, not a dataset", **where)
+    if not isinstance(current, h5py.Dataset):
+        raise NetError(f"{file}: {top!r} is not a dataset", **where)
+    plist = current.id.get_create_plist()
+    if plist.get_layout() == h5d.VIRTUAL:
+        raise NetError(f"{file}: {top!r} is a virtual dataset, whose values are in other files; not read", **where)
+    if plist.get_external_count():
+        raise NetError(f"{file}: {top!r} keeps its values in external files (external storage); not read", **where)
+    return current
+
+
+def _reader_imports() -> None:
+    """What the tasks import, imported before the reader is confined (its filter lets no extension module load)."""
+    for module in ("h5py", "h5py.h5d", "h5py.h5l", "lmdb"):
+        importlib.import_module(module)
+
+
+READER_TASKS: dict[str, Callable[..., dict[str, Any]]] = {"lmdb": _lmdb_task, "hdf5": _hdf5_task}
+"""What dataset_reader's processes run, by name."""
+READER_IMPORTS = _reader_imports
 
 
 def shapes_from_sources(
@@ -212,10 +470,13 @@ def shapes_from_sources(
             if layer.type == "Data" and layer.data_param.source and layer.top:
                 if layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
                     continue
+                _no_nul(layer.data_param.source, layer=layer.name, layer_type=layer.type, field="data_param.source")
                 path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source")
                 if path.is_dir():
                     found[layer.top[0]] = lmdb_item(path, layer.name, allowed, name=layer.data_param.source)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
+                _no_nul(layer.hdf5_data_param.source, layer=layer.name, layer_type=layer.type,
+                        field="hdf5_data_param.source")
                 listing = _confined(
                     base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source"
                 )
@@ -234,7 +495,7 @@ def _lmdb_reason(error: Exception) -> str:
     return re.sub(r"/proc/self/fd/\d+:\s*", "", str(error)) or type(error).__name__
 
 
-def _h5_reason(error: OSError) -> str:
+def _h5_reason(error: Exception) -> str:
     """HDF5's reason without the descriptor path it was opened through."""
     return re.sub(r"\s*\(?(file )?name = '/proc/self/fd/\d+'[^)]*\)?", "", str(error)) or "not an HDF5 file"
 

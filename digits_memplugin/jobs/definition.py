@@ -42,7 +42,7 @@ from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
 from ..dataset_scan import HDF5, LMDB, describe
-from ..datasets import LMDB_DATA_FILE, lmdb_data_file, shapes_from_sources
+from ..datasets import LMDB_DATA_FILE, lmdb_data_file, nul_refusal, shapes_from_sources
 from ..files import file_kind, inside, read_regular
 from ..inputs import shown
 
@@ -376,6 +376,8 @@ class _Confiner:
     def read(self, value: str, where: Mapping[str, Any], *, want: str, base: Path | None = None) -> Path:
         """The path `value` names, resolved inside a dataset root; relative paths are tried against each root
         (or against `base`, the folder of the list file naming them)."""
+        if "\x00" in value:  # pathlib raises ValueError on it (a 500), and no file name holds one
+            raise NetError(nul_refusal(value), **where)
         path = Path(value)
         if not self.roots:
             raise NetError("no dataset folders are configured (MEMPLUGIN_DATASET_ROOTS): jobs cannot read data", **where)
