@@ -49,6 +49,9 @@ SETTING = "MEMPLUGIN_CAFFE_ROOT"
 ENVIRONMENT = ("CAFFE_ROOT", "CAFFE_HOME")
 """Read as DIGITS reads them, in this order, when the setting is not given."""
 BUNDLED = "bundled"
+BUNDLED_BINARY_ROOT = Path(sys.prefix) / "share" / "digits-memplugin" / "caffe" / "cpu"
+"""Where `make install` puts the bundled Caffe's binary build: a Caffe root (build/tools/caffe) without python/ (its
+pycaffe is this Python's own), so that naming it trains jobs through the binary."""
 PROBE_SECONDS = 30.0
 """Each look at a build (its version, its pycaffe, its devices, its libraries) may take this long; loading a CUDA
 build's libraries takes seconds, a build that hangs is refused."""
@@ -123,12 +126,12 @@ def caffe_root(setting: str | os.PathLike[str] | None, environ: Mapping[str, str
     """(the Caffe root, what named it): the setting, else CAFFE_ROOT, else CAFFE_HOME (quotes and spaces around a
     value dropped, as DIGITS drops them); (None, "bundled") when none is given."""
     if setting is not None and str(setting).strip():
-        return Path(str(setting).strip()).expanduser(), SETTING
+        return Path(str(setting).strip()).expanduser().absolute(), SETTING
     environ = os.environ if environ is None else environ
     for name in ENVIRONMENT:
         value = environ.get(name, "").strip().strip("\"' ")
         if value:
-            return Path(value).expanduser(), name
+            return Path(value).expanduser().absolute(), name
     return None, BUNDLED
 
 
@@ -316,6 +319,6 @@ def _last_line(text: str) -> str:
 
 
 __all__ = [
-    "BINARY", "BUNDLED", "BVLC", "NVCAFFE", "PYCAFFE", "SETTING", "CaffeBuild", "CaffeBuildError", "bundled",
+    "BINARY", "BUNDLED", "BUNDLED_BINARY_ROOT", "BVLC", "NVCAFFE", "PYCAFFE", "SETTING", "CaffeBuild", "CaffeBuildError", "bundled",
     "caffe_root", "devices_document", "find_caffe", "flavour_of_version", "linked_libraries", "probe_root",
 ]

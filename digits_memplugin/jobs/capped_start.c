@@ -50,7 +50,7 @@ enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 #define GEMV_SIZE 1024
 #define VECTOR_SIZE (1 << 20)
 #define MAX_ROUNDS 4
-#define ANSWER_THREAD_STACK (64 * 1024)
+#define ANSWER_THREAD_STACK (256 * 1024)
 #define EXIT_NOT_CAPPED 70
 
 typedef void (*sgemm_t)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
@@ -136,7 +136,10 @@ static void json_string(char *out, size_t size, const char *text) {
 static void *answer_queries(void *unused) {
     (void)unused;
     char request;
-    while (read(query_fd, &request, 1) == 1) {
+    for (;;) {
+        ssize_t got = read(query_fd, &request, 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got != 1) break;
         char line[32];
         int length = snprintf(line, sizeof line, "%lld\n", heap_bytes());
         if (write(answer_fd, line, (size_t)length) != length) break;
@@ -214,12 +217,14 @@ static void prepare(void) {
     if (query_fd >= 0 && answer_fd >= 0) {
         pthread_attr_t attr;
         pthread_t thread;
+        /* A small stack of its own; where the libraries' thread-local storage needs more, the default one. */
         if (pthread_attr_init(&attr) == 0) {
-            pthread_attr_setstacksize(&attr, ANSWER_THREAD_STACK);
-            answering = pthread_create(&thread, &attr, answer_queries, NULL) == 0;
-            if (answering) pthread_detach(thread);
+            if (pthread_attr_setstacksize(&attr, ANSWER_THREAD_STACK) == 0)
+                answering = pthread_create(&thread, &attr, answer_queries, NULL) == 0;
             pthread_attr_destroy(&attr);
         }
+        if (!answering) answering = pthread_create(&thread, NULL, answer_queries, NULL) == 0;
+        if (answering) pthread_detach(thread);
     }
 
     long long baseline = data_bytes(), heap = heap_bytes();
