@@ -32,9 +32,9 @@ NET = 'name: "mnist"'.join(_FIRST) + 'name: "mnist_val"' + _SECOND
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 
 
-def make_app(data: Path, datasets: Path, **config: Any) -> Flask:
+def make_app(data: Path, roots: Path, **config: Any) -> Flask:
     return create_app({"MEMPLUGIN_DATA_DIR": data, "MEMPLUGIN_ASYNC_MODE": "threading",
-                       "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True,
+                       "MEMPLUGIN_DATASET_ROOTS": [str(roots)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True,
                        **config})
 
 
