@@ -282,3 +282,41 @@ def test_the_memory_cap_is_not_applied_to_a_caffe_that_cannot_take_it(tmp_path: 
 
 
 __all__ = ["lenet_request"]
+
+
+@pytest.mark.slow
+def test_caffe_dies_with_the_child_that_runs_it(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG through the chain: the child killed alone (not its group), the caffe it runs dies too."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_jobs_fixtures import pid_alive, wait_for
+
+    root = caffe_root(tmp_path / "root", version="1.0.0", cuda=True, log=BVLC_LOG, end="hang")
+    job = tmp_path / "job"
+    spec_file = spec_for(job, root / "build" / "tools" / "caffe",
+                         device=AttemptDevice("gpu", "GPU-aaaaaaaa-1111-2222-3333-444444444444", 0))
+    child = subprocess.Popen([sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file], cwd=job,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert child.stdout is not None
+        started = json.loads(child.stdout.readline())
+        assert started["event"] == "started" and started["runner_pid"] == child.pid
+        caffe = started["pid"]
+        log = job / "attempts" / "1" / "caffe.log"
+        # Once it has printed everything it sleeps: no write of its own can end it.
+        wait_for(lambda: "Optimization Done." in log.read_text() and
+                 Path(f"/proc/{caffe}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S",
+                 timeout=30, what="the scripted caffe to sleep")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        wait_for(lambda: not pid_alive(caffe), timeout=10, what="caffe to die with the child")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()

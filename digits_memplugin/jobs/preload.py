@@ -51,15 +51,17 @@ def ensure_library(cache: Path | None = None, timeout: float = BUILD_SECONDS) ->
     compiler's own message when it cannot be. A cache folder that cannot be written falls back to one under the
     system's temporary folder."""
     target = library_path(cache)
-    if target.is_file():
-        return target
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
         if cache is not None:
             raise
         fallback = Path(tempfile.gettempdir()) / f"digits-memplugin-{os.getuid()}"
         return ensure_library(fallback, timeout)
+    _check_own(target.parent)
+    if target.is_file():
+        _check_own(target)
+        return target
     compiler = next((found for name in COMPILERS if (found := shutil.which(name))), None)
     if compiler is None:
         raise PreloadError(
@@ -82,6 +84,17 @@ def ensure_library(cache: Path | None = None, timeout: float = BUILD_SECONDS) ->
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
     return target
+
+
+def _check_own(path: Path) -> None:
+    """The library runs inside every capped caffe: a file or folder someone else owns or may write (a planted one in
+    a shared temporary folder) is refused, never loaded."""
+    info = path.lstat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022 or path.is_symlink():
+        raise PreloadError(
+            f"{path} is not this user's own (owned by uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}): the "
+            "capped-start library is not loaded from there; set DIGITS_MEMPLUGIN_CACHE to a folder of your own"
+        )
 
 
 __all__ = ["LIBRARY_NAME", "SOURCE", "PreloadError", "cache_folder", "ensure_library", "library_path"]
