@@ -29,6 +29,8 @@ setup(
         "digits_memplugin.static": ["**/*"],
         "digits_memplugin": ["py.typed"],
         "digits_memplugin.networks": ["*.prototxt"],
+        # The capped-start library the binary runner preloads into `caffe`, built on the machine (jobs/preload.py).
+        "digits_memplugin.jobs": ["capped_start.c"],
         "digits_memplugin.web": ["openapi.json"],  # served at <prefix>/api/openapi.json
     },
     include_package_data=False,

@@ -13,10 +13,12 @@ from typing import Any
 from flask import Flask
 from flask_socketio import SocketIO
 
+from .caffe_build import BINARY, CaffeBuild, CaffeBuildError, devices_document, find_caffe
 from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
 from .estimate_pool import EstimatePool, default_workers
 from .jobs.backend import LOCAL, Backend, LocalBackend
 from .jobs.manager import JobManager, ManagerConfig
+from .jobs.preload import PreloadError, ensure_library
 from .jobs.throttle import ClientRateLimiter, EventThrottle
 from .settings import ConfigError, Settings
 from .web.access import SESSION_SAMESITE, Authorizer, protect_session_cookie
@@ -39,6 +41,8 @@ class MemPlugin:
     """Reads the devices; under gevent through its threadpool, so NVML never blocks the hub."""
     device_pusher: DevicePusher
     """Pushes the `devices` event to the socketio clients that subscribed, while there are any."""
+    caffe: CaffeBuild
+    """The Caffe that trains (caffe_build.py), read at start-up."""
     jobs: JobManager
     """Training jobs of this app. Started at its first use (`started_jobs`), so an app that never trains runs
     nothing in the background; `close` stops it and the training children with it."""
@@ -98,11 +102,13 @@ def init_app(
         )
     )
 
+    caffe, preload = _caffe(settings)
     if settings.simulate_gpus is not None:
         simulate_gpus(settings.simulate_gpus)
     reader = DeviceReader(gevent_threadpool_runner() if socketio.async_mode == "gevent" else run_inline)
     pusher = DevicePusher(
-        socketio, settings.socketio_namespace, settings.devices_poll_seconds, lambda: plugin.devices.read().to_json()
+        socketio, settings.socketio_namespace, settings.devices_poll_seconds,
+        lambda: devices_document(plugin.devices.read(), caffe),
     )
 
     throttle = EventThrottle(
@@ -113,7 +119,8 @@ def init_app(
     )
     backend = _backend(settings)
     jobs = JobManager(
-        ManagerConfig.from_settings(settings), reader, on_event=throttle, spawn=socketio.start_background_task,
+        ManagerConfig.from_settings(settings, caffe, preload), reader, on_event=throttle,
+        spawn=socketio.start_background_task,
         oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None, backend=backend,
     )
     reader = jobs.devices  # the panel, the form and the planner see what jobs may be placed on (every host's)
@@ -124,11 +131,28 @@ def init_app(
         inline_bytes=settings.estimate_inline_bytes, fallback=settings.pycaffe_fallback,
     )
     plugin = MemPlugin(
-        settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, jobs=jobs, authorize=authorize,
-        estimates=estimates,
+        settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, caffe=caffe, jobs=jobs,
+        authorize=authorize, estimates=estimates,
     )
     app.extensions[EXTENSION_KEY] = plugin
     return plugin
+
+
+def _caffe(settings: Settings) -> tuple[CaffeBuild, str | None]:
+    """The Caffe that trains, read now: one that cannot train stops the start with the reason. A Caffe trained
+    through its binary needs the capped-start library (jobs/preload.py): built now too, not at the first job."""
+    try:
+        caffe = find_caffe(settings.caffe_root)
+    except CaffeBuildError as error:
+        raise ConfigError(f"the Caffe that would train cannot be used: {error}") from None
+    preload = None
+    if caffe.runner == BINARY:
+        try:
+            preload = str(ensure_library())
+        except PreloadError as error:
+            raise ConfigError(f"{caffe.label} trains through its binary, but {error}") from None
+    log.info("training with %s: %s, %s runner", caffe.label, caffe.abilities, caffe.runner)
+    return caffe, preload
 
 
 def _backend(settings: Settings) -> Backend:

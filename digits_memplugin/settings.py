@@ -76,8 +76,14 @@ class Settings:
     None: 3% on the CPU, where the estimate is held to what Caffe allocates, 5% on GPUs."""
     job_max_attempts: int = 5
     """Attempts a training job gets before out-of-memory failures end it."""
-    gpu_engine: str = "gpu-cudnn"
-    """How GPU jobs are estimated: "gpu-cudnn" (Caffe built with cuDNN) or "gpu"."""
+    caffe_root: Path | None = None
+    """The Caffe build that trains (its build/tools/caffe and, where it has one, its python/), as DIGITS' CAFFE_ROOT;
+    None: CAFFE_ROOT, else CAFFE_HOME from the environment, else the bundled pycaffe (caffe_build.py). Read at
+    start-up: one that cannot run stops the server with the reason."""
+    gpu_engine: str | None = None
+    """How GPU jobs are estimated: "gpu-cudnn" (Caffe built with cuDNN) or "gpu"; None: what the Caffe that trains
+    has (cuDNN, or CUDA without it; a Caffe without CUDA trains no GPU job, and its GPU estimates are those of a
+    CUDA + cuDNN build)."""
     job_events_per_second: float = 4.0
     """At most this many `job_progress` and `job_log` events per second per job reach socketio clients."""
     max_queued_jobs: int = 100
@@ -239,9 +245,15 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
             raise ConfigError(f"{key} must be a fraction in [0, 1), got {value!r}")
         return float(value)
     if field.name == "gpu_engine":
-        if value not in ("gpu", "gpu-cudnn"):
-            raise ConfigError(f"{key} must be 'gpu' or 'gpu-cudnn', got {value!r}")
+        if value not in (None, "gpu", "gpu-cudnn"):
+            raise ConfigError(f"{key} must be 'gpu' or 'gpu-cudnn' (or None: the Caffe that trains decides), got {value!r}")
         return value
+    if field.name == "caffe_root":
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{key} must be the path of a Caffe build's root folder, got {value!r}")
+        return Path(value).expanduser().absolute()
     if field.name in ("job_events_per_second", "client_events_per_second"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{key} must be a number greater than 0, got {value!r}")

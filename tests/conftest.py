@@ -25,7 +25,8 @@ __all__ = ["REPO", "ZOO"]  # test modules import these from here; zoo_cases know
 @pytest.fixture(autouse=True)
 def _scrub_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the developer's environment out of the tests."""
-    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "FLASK_APP", "FLASK_DEBUG"):
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "FLASK_APP", "FLASK_DEBUG", "MEMPLUGIN_CAFFE_ROOT",
+                 "CAFFE_ROOT", "CAFFE_HOME"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -8,6 +8,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from digits_memplugin import devices
+from digits_memplugin.caffe_build import bundled, devices_document
 from digits_memplugin.fake_nvml import FakeNvml
 
 
@@ -18,7 +19,7 @@ def test_lists_the_fake_gpus_and_the_cpu(
     assert response.status_code == 200
     assert response.mimetype == "application/json"
     body = response.get_json()
-    assert body == devices.read_devices().to_json()
+    assert body == devices_document(devices.read_devices(), bundled())
     assert body["gpu_count"] == 2 and body["simulated"] is True
     assert [row["key"] for row in body["devices"]] == [gpu.uuid for gpu in fake_gpus.gpus] + ["cpu"]
     assert body["devices"][0]["memory_free"] == fake_gpus.gpus[0].free

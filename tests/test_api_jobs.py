@@ -95,7 +95,8 @@ def test_validation_errors_are_400_with_every_field(api: FlaskClient) -> None:
          "net", "Python layers"),
         ({"solver": SHORT_SOLVER.replace('"inv"', '"cosine"')}, "solver", "unknown learning rate policy"),
         # DIGITS' Caffe (NVcaffe) nets are estimated, not trained, on this BVLC server (core/flavour.py).
-        ({"net": "default_forward_type: FLOAT16\n" + LENET}, "net", "this server trains with BVLC Caffe; this net needs NVcaffe"),
+        ({"net": "default_forward_type: FLOAT16\n" + LENET}, "net",
+         "this server trains with BVLC Caffe 1.0.0 (the bundled pycaffe); this net needs NVcaffe"),
         ({"solver": SHORT_SOLVER + "\nsolver_data_type: FLOAT16\n"}, "solver", "this net needs NVcaffe"),
         ({"device": "GPU-0000"}, "device", "no GPU has UUID"),
         ({"memory_cap": "1GiB", "device": "GPU-0000"}, "device", "no GPU"),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from digits_memplugin import create_app, devices
+from digits_memplugin.caffe_build import bundled, devices_document
 from digits_memplugin.cli import main
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
@@ -66,7 +67,7 @@ def test_table_shows_a_lost_gpu_as_an_error(fake_gpus: FakeNvml, capsys: pytest.
 def test_json_is_the_device_document(
     fake_gpus: FakeNvml, fixed_host: devices.HostPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert json.loads(run_cli(capsys, "--json")) == devices.read_devices().to_json()
+    assert json.loads(run_cli(capsys, "--json")) == devices_document(devices.read_devices(), bundled())
 
 
 def test_simulate_gpus_lists_fake_gpus_of_those_sizes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,7 +115,7 @@ def test_the_console_script_prints_the_same_gpus() -> None:
     )
     document = json.loads(result.stdout)
     devices.simulate_gpus(SPEC)
-    here = devices.read_devices().to_json()
+    here = devices_document(devices.read_devices(), bundled())
     # Another process reads the CPU at another moment: its free memory may differ; the GPUs may not.
     assert document["devices"][:-1] == here["devices"][:-1]
     assert {k: v for k, v in document.items() if k != "devices"} == {k: v for k, v in here.items() if k != "devices"}

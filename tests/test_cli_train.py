@@ -109,3 +109,25 @@ def test_errors_are_one_line_without_traceback(files: list[str], tmp_path: Path)
         assert stall.returncode == 2 and "--stall-seconds" in stall.stderr and "Traceback" not in stall.stderr
     failing = train(*files, "--memory-cap", "8MiB")  # not even the test net fits
     assert failing.returncode == 1 and "does not fit even when nothing else runs" in failing.stdout
+
+
+def test_caffe_root_trains_through_the_named_caffes_binary(files: list[str]) -> None:
+    """`--caffe-root` names the Caffe that trains: the bundled Caffe's binary build (no pycaffe) trains the job with
+    `caffe train`, out-of-memory fallback included, and says so first."""
+    from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
+
+    result = train(*files, "--batch", "512", "--memory-cap", "64MiB", "--start", "wanted", "--max-iter", "3",
+                   "--caffe-root", str(BUNDLED_BINARY_ROOT))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"training with BVLC Caffe 1.0.0 (at {BUNDLED_BINARY_ROOT}, MEMPLUGIN_CAFFE_ROOT): CPU only, "
+                        "binary runner")
+    assert any(line.startswith("attempt 1 on cpu: batch 512 x iter_size 1 = 512: out_of_memory: host memory ran out")
+               for line in lines)
+    assert lines[-1] == "done: training finished at iteration 3"
+
+
+def test_a_caffe_root_that_cannot_train_is_one_line_without_traceback(files: list[str], tmp_path: Path) -> None:
+    result = train(*files, "--caffe-root", str(tmp_path / "nowhere"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"MEMPLUGIN_CAFFE_ROOT names {tmp_path / 'nowhere'}, which is not a folder" in result.stderr

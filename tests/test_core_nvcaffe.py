@@ -7,6 +7,7 @@ Each rule's expected shapes are worked out from NVcaffe 0.17.3's C++ (mirror NEW
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from digits_memplugin.core.net import Net, build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.core.training import training_definition
-from digits_memplugin.jobs.definition import NVCAFFE_REFUSAL, load_definition
+from digits_memplugin.jobs.definition import NVCAFFE_REFUSAL, Trainer, load_definition
 
 NV = "default_forward_type: FLOAT\n"
 """A net-level field only NVcaffe's schema has: the text is then read as an NVcaffe net."""
@@ -432,9 +433,10 @@ def test_an_nvcaffe_net_gets_no_pycaffe_fallback() -> None:
 
 def test_a_job_for_an_nvcaffe_net_is_refused_before_it_starts(tmp_path: Path) -> None:
     net = NV + input_layer("x", 1, 3, 8, 8)
-    with pytest.raises(NetError, match=NVCAFFE_REFUSAL):
+    refusal = re.escape(NVCAFFE_REFUSAL.format(caffe=Trainer().label))
+    with pytest.raises(NetError, match=refusal):
         load_definition(net, "base_lr: 0.01 max_iter: 10", folder=tmp_path, roots=[tmp_path])
-    with pytest.raises(NetError, match=f"{NVCAFFE_REFUSAL} \\(its solver"):
+    with pytest.raises(NetError, match=f"{refusal} \\(its solver"):
         load_definition(input_layer("x", 1, 3, 8, 8), "base_lr: 0.01 max_iter: 10 solver_data_type: FLOAT",
                         folder=tmp_path, roots=[tmp_path])
 

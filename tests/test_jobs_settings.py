@@ -17,7 +17,8 @@ def test_job_defaults() -> None:
     settings = Settings.from_config({"MEMPLUGIN_DATA_DIR": "/srv/memplugin"})
     assert (settings.jobs_per_gpu, settings.jobs_per_cpu, settings.job_max_attempts) == (1, 1, 5)
     assert settings.dataset_roots is None and settings.cpu_memory_cap is None and settings.job_safety_margin is None
-    assert settings.gpu_engine == "gpu-cudnn" and settings.job_events_per_second == 4.0
+    assert settings.gpu_engine is None and settings.job_events_per_second == 4.0  # None: the Caffe that trains says
+    assert settings.caffe_root is None
     config = ManagerConfig.from_settings(settings)
     assert config.dataset_roots == (Path("/srv/memplugin/datasets"),)
     assert (config.cpu_safety_margin, config.gpu_safety_margin) == (0.03, 0.05)

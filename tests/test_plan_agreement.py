@@ -1,7 +1,9 @@
 """One planning path (issue 15): the same job asked for through the New model form (its preview), `POST
 /api/estimate`, `digits-memplugin estimate` and a real job on the CPU gets the same batch_size, iter_size and test
 batch, because all four plan with core.job_plan.plan_job under the server's one policy. Under a 64 MiB CPU cap
-LeNet's batch 512 does not fit in one pass, so the agreement covers iter_size too; the job trains for real."""
+LeNet's batch 512 does not fit in one pass, so the agreement covers iter_size too; the job trains for real. A fifth
+way (issue 24): the same job on a server whose Caffe root is the bundled Caffe's binary build trains through the
+`caffe` binary with the same attempts and records."""
 
 from __future__ import annotations
 
@@ -17,21 +19,38 @@ from flask import Flask
 from test_jobs_fixtures import LENET, SHORT_SOLVER, datasets, wait_for  # noqa: F401 - datasets is a fixture
 
 from digits_memplugin.app import create_app
+from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
 
 pytestmark = pytest.mark.slow
 
 CAP = 64 * 1024 * 1024
-SOLVER = SHORT_SOLVER.replace("max_iter: 10000", "max_iter: 2")
+SOLVER = "random_seed: 7\n" + SHORT_SOLVER.replace("max_iter: 10000", "max_iter: 2")
+"""Seeded: the pycaffe and the binary job start from the same weights (the fifth way compares their records)."""
 _FIRST, _SECOND = LENET.split('name: "mnist"', 2)[:2], LENET.split('name: "mnist"', 2)[2]
 NET = 'name: "mnist"'.join(_FIRST) + 'name: "mnist_val"' + _SECOND
 """Caffe's LeNet with its TEST data layer named apart from the TRAIN one, as a form's two datasets need."""
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 
 
+def make_app(data: Path, roots: Path, **config: Any) -> Flask:
+    return create_app({"MEMPLUGIN_DATA_DIR": data, "MEMPLUGIN_ASYNC_MODE": "threading",
+                       "MEMPLUGIN_DATASET_ROOTS": [str(roots)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True,
+                       **config})
+
+
 @pytest.fixture
 def app(tmp_path: Path, datasets: Path) -> Iterator[Flask]:  # noqa: F811 - the fixture above
-    app = create_app({"MEMPLUGIN_DATA_DIR": tmp_path / "data", "MEMPLUGIN_ASYNC_MODE": "threading",
-                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True})
+    app = make_app(tmp_path / "data", datasets)
+    yield app
+    app.extensions["memplugin"].close()
+
+
+@pytest.fixture
+def binary_app(tmp_path: Path, datasets: Path) -> Iterator[Flask]:  # noqa: F811 - the fixture above
+    """The same server with the bundled Caffe's binary build as its Caffe root: jobs train through `caffe`."""
+    if not (BUNDLED_BINARY_ROOT / "build" / "tools" / "caffe").is_file():
+        pytest.fail(f"the bundled Caffe's binary build is missing at {BUNDLED_BINARY_ROOT}: run `make install`")
+    app = make_app(tmp_path / "binary-data", datasets, MEMPLUGIN_CAFFE_ROOT=str(BUNDLED_BINARY_ROOT))
     yield app
     app.extensions["memplugin"].close()
 
@@ -48,7 +67,35 @@ def triple(plan: dict[str, Any], test_plan: dict[str, Any] | None, own_test_batc
     return plan["batch_size"], plan["iter_size"], (test_plan or {}).get("batch_size", own_test_batch)
 
 
-def test_the_form_the_rest_estimate_the_cli_and_a_job_plan_alike(app: Flask, tmp_path: Path) -> None:
+def attempts_and_records(client: Any, job_url: str, folder: Path) -> tuple[list[Any], list[Any]]:
+    """A job's attempts (what planned and how each ended) and its records, without times, pids and memory figures
+    (they differ between two runs, and between a Python process and `caffe`)."""
+    job = client.get(job_url).get_json()
+    attempts = [(a["batch_size"], a["iter_size"], a["test_batch_size"], a["test_iter"], a["status"],
+                 a["end_iteration"]) for a in job["attempts"]]
+    skip = {"time", "seconds", "pid", "runner_pid", "memory_bytes", "allocated_bytes", "baseline_bytes", "blas",
+            "caffe"}
+    records = []
+    for number in range(1, len(job["attempts"]) + 1):
+        for line in (folder / "attempts" / str(number) / "progress.jsonl").read_text().splitlines():
+            records.append({key: value for key, value in json.loads(line).items() if key not in skip})
+    return attempts, records
+
+
+def approx(value: Any) -> Any:
+    """Caffe's log prints 6 significant digits; the pycaffe runner reads float32 values."""
+    if isinstance(value, float):
+        return pytest.approx(value, rel=2e-5, abs=1e-6)
+    if isinstance(value, dict):
+        return {key: approx(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [approx(item) for item in value]
+    return value
+
+
+def test_the_form_the_rest_estimate_the_cli_and_a_job_plan_alike(
+    app: Flask, binary_app: Flask, tmp_path: Path,
+) -> None:
     client = app.test_client()
     prefix = app.extensions["memplugin"].settings.url_prefix
 
@@ -97,3 +144,21 @@ def test_the_form_the_rest_estimate_the_cli_and_a_job_plan_alike(app: Flask, tmp
     ended = wait_for(lambda: (doc := client.get(job_url).get_json())["status"] in ("done", "failed") and doc,
                      timeout=180, what="the job to end")
     assert ended["status"] == "done", ended
+
+    # 5. The same job on the server whose Caffe is the bundled binary build: `caffe train` under the same cap.
+    other = binary_app.test_client()
+    plugin = binary_app.extensions["memplugin"]
+    assert plugin.caffe.runner == "binary"
+    made = other.post(f"{prefix}/models.json", json=form())
+    assert made.status_code == 201, made.get_json()
+    binary_url = f"{prefix}/api/jobs/{made.get_json()['id']}"
+    finished = wait_for(lambda: (doc := other.get(binary_url).get_json())["status"] in ("done", "failed") and doc,
+                        timeout=180, what="the binary's job to end")
+    assert finished["status"] == "done", finished
+    by_pycaffe = attempts_and_records(client, job_url, app.extensions["memplugin"].jobs.folder(ended["id"]))
+    by_binary = attempts_and_records(other, binary_url, plugin.jobs.folder(finished["id"]))
+    assert by_binary[0] == by_pycaffe[0], {"pycaffe": by_pycaffe[0], "binary": by_binary[0]}
+    assert [r["event"] for r in by_binary[1]] == [r["event"] for r in by_pycaffe[1]]
+    assert by_binary[1] == approx(by_pycaffe[1])
+    spec = json.loads((plugin.jobs.folder(finished["id"]) / "attempts" / "1" / "attempt.json").read_text())
+    assert spec["runner"] == "binary" and spec["memory_cap"] is not None

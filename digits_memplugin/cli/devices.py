@@ -24,6 +24,11 @@ def add_parser(subparsers: Any) -> None:
         type=gpu_spec,
         help="list fake GPUs of these sizes instead of the driver's, e.g. '2x24GiB' or '24GiB,16GiB'",
     )
+    parser.add_argument(
+        "--caffe-root", metavar="DIR",
+        help="the Caffe build that would train (default: MEMPLUGIN_CAFFE_ROOT, then CAFFE_ROOT and CAFFE_HOME in the "
+        "environment, else the bundled pycaffe)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -40,12 +45,19 @@ def gpu_spec(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
 
     from .. import devices
+    from ..caffe_build import CaffeBuildError, devices_document, find_caffe
+    from . import CommandError
 
+    try:
+        caffe = find_caffe(args.caffe_root or os.environ.get("MEMPLUGIN_CAFFE_ROOT"))
+    except CaffeBuildError as error:
+        raise CommandError(str(error)) from None
     if args.simulate_gpus:
         devices.simulate_gpus(args.simulate_gpus)
-    document = devices.read_devices().to_json()
+    document = devices_document(devices.read_devices(), caffe)
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
@@ -96,7 +108,18 @@ def format_table(document: dict[str, Any]) -> str:
         lines.append("The GPUs are simulated (--simulate-gpus): not this machine's hardware.")
     if document["driver_version"]:
         lines.append(f"NVIDIA driver {document['driver_version']}")
+    caffe = document.get("caffe")
+    if caffe:
+        lines.append(caffe_line(caffe))
+        notes.extend(f"caffe: {note}" for note in caffe["notes"])
     return "\n".join(lines + notes)
+
+
+def caffe_line(caffe: dict[str, Any]) -> str:
+    """"Training with BVLC Caffe 1.0.0 (the bundled pycaffe): CPU only, through pycaffe"."""
+    abilities = "CPU only" if not caffe["cuda"] else "CUDA and cuDNN" if caffe["cudnn"] else "CUDA without cuDNN"
+    through = "pycaffe" if caffe["runner"] == "pycaffe" else f"its caffe binary ({caffe['binary']})"
+    return f"Training with {caffe['label']}: {abilities}, through {through}"
 
 
 def _na(value: int | None, unit: str) -> str:

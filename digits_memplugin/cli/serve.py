@@ -64,6 +64,12 @@ def add_parser(subparsers: Any) -> None:
         "pauses this long (default: 30)",
     )
     parser.add_argument(
+        "--caffe-root", type=Path, metavar="DIR",
+        help="the Caffe build that trains: its build/tools/caffe and, where it has one, its python/ (DIGITS' "
+        "CAFFE_ROOT); also MEMPLUGIN_CAFFE_ROOT, then CAFFE_ROOT and CAFFE_HOME in the environment (default: the "
+        "bundled pycaffe)",
+    )
+    parser.add_argument(
         "--backend", choices=JOB_BACKENDS, default=None,
         help="where training runs: 'local' (children of this server, the default) or 'ray' (a Ray cluster's "
         "hosts; docs/scale-out.md); also MEMPLUGIN_JOB_BACKEND in the environment",
@@ -158,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
             config[f"MEMPLUGIN_{key}"] = value
     if args.read_timeout is not None:
         config["MEMPLUGIN_READ_TIMEOUT_SECONDS"] = args.read_timeout
+    caffe_root = args.caffe_root or os.environ.get("MEMPLUGIN_CAFFE_ROOT")
+    if caffe_root:
+        config["MEMPLUGIN_CAFFE_ROOT"] = caffe_root
     if args.host in WILDCARD_ADDRESSES:
         import socket
 

@@ -9,6 +9,7 @@ the job failed or was cancelled.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,11 @@ def add_parser(subparsers: Any) -> None:
         "--stall-seconds", type=positive_seconds, default=600.0, metavar="S",
         help="end an attempt that writes no progress and no log line for this long (default: %(default)g)",
     )
+    parser.add_argument(
+        "--caffe-root", type=Path, metavar="DIR",
+        help="the Caffe build that trains (its build/tools/caffe, and its python/ where it has one); also "
+        "MEMPLUGIN_CAFFE_ROOT, then CAFFE_ROOT and CAFFE_HOME in the environment (default: the bundled pycaffe)",
+    )
     parser.add_argument("--json", action="store_true", help="print the job document (with attempts) at the end")
     parser.set_defaults(run=run)
 
@@ -90,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..core import nonfinite
     from ..devices import DeviceReader
+    from ..jobs.config import gpu_engine_for
     from ..jobs.errors import DataFolderInUse, JobValidationError
     from ..jobs.manager import JobManager, ManagerConfig
     from ..jobs.request import parse_job_request
@@ -123,9 +130,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(_errors(errors))
 
     roots = tuple(root.absolute() for root in args.dataset_root) or (Path.cwd(),)
+    caffe, preload = _caffe(args.caffe_root or os.environ.get("MEMPLUGIN_CAFFE_ROOT"))
+    print(f"training with {caffe.label}: {caffe.abilities}, {caffe.runner} runner", flush=True)
     printer = Printer()
     manager = JobManager(
-        ManagerConfig(data_dir=args.data_dir.absolute(), dataset_roots=roots, stall_seconds=args.stall_seconds),
+        ManagerConfig(data_dir=args.data_dir.absolute(), dataset_roots=roots, stall_seconds=args.stall_seconds,
+                      caffe=caffe, preload=preload, gpu_engine=gpu_engine_for(caffe)),
         DeviceReader(),
         on_event=EventThrottle(printer, 2.0),
     )
@@ -195,6 +205,19 @@ class Printer:
         if name == "job" and payload.get("status") in ("queued",) and payload.get("message"):
             return f"{payload['message']}"
         return None
+
+
+def _caffe(root: Path | str | None) -> tuple[Any, str | None]:
+    """The Caffe that trains (and, for its binary, the capped-start library), or the command's error saying why not."""
+    from ..caffe_build import BINARY, CaffeBuildError, find_caffe
+    from ..jobs.preload import PreloadError, ensure_library
+    from . import CommandError
+
+    try:
+        caffe = find_caffe(root)
+        return caffe, str(ensure_library()) if caffe.runner == BINARY else None
+    except (CaffeBuildError, PreloadError) as error:
+        raise CommandError(str(error)) from None
 
 
 def _read(path: Path) -> str:

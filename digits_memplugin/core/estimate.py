@@ -217,7 +217,7 @@ def _estimate(
         solver_type=_solver_type(definition),
         l1_regularization=definition.l1_regularization,
         cuda_context_bytes=request.cuda_context_bytes,
-        flavour=definition.flavour,
+        flavour=request.policy.flavour_for(definition.flavour),
         history_itemsize=solver_storage(definition.solver),
     )
     # NVcaffe's figures are a model no GPU has checked yet: plan with a wider margin (flavour.NVCAFFE_SAFETY_MARGIN).

@@ -27,6 +27,7 @@ from .fallback import (
     Policy,
     decide,
 )
+from .flavour import BVLC, FLAVOURS, NVCAFFE
 from .layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
 from .planner import BatchPlan, auto_batch_limit, usable_bytes
 
@@ -48,10 +49,15 @@ class PlanningPolicy:
     gpu_safety_margin: float = GPU_SAFETY_MARGIN
     growth: float = DEFAULT_GROWTH
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    flavour: str = BVLC
+    """The flavour of the Caffe that trains: a net both schemas read is estimated as that Caffe trains it (a net
+    only NVcaffe's schema reads is NVcaffe's whatever trains)."""
 
     def __post_init__(self) -> None:
         if self.gpu_engine not in ENGINES or self.gpu_engine == ENGINE_CPU:
             raise ValueError(f"gpu_engine must be a GPU engine, got {self.gpu_engine!r}")
+        if self.flavour not in FLAVOURS:
+            raise ValueError(f"flavour must be one of {', '.join(FLAVOURS)}, got {self.flavour!r}")
         for name in ("cpu_safety_margin", "gpu_safety_margin"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -63,6 +69,10 @@ class PlanningPolicy:
     def safety_margin(self, engine: str) -> float:
         """The fraction of free memory kept back on a device trained with this engine."""
         return self.cpu_safety_margin if engine == ENGINE_CPU else self.gpu_safety_margin
+
+    def flavour_for(self, needed: str) -> str:
+        """The flavour a definition is estimated as: NVcaffe's when it needs NVcaffe's schema, else the trainer's."""
+        return NVCAFFE if needed == NVCAFFE else self.flavour
 
 
 @dataclasses.dataclass(frozen=True)

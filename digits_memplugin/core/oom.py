@@ -400,10 +400,19 @@ def find_out_of_memory(lines: Sequence[str]) -> OutOfMemory | None:
     fatal = fatal_line(lines)
     ordered = ([fatal] if fatal is not None else []) + [line for line in reversed(lines) if line != fatal]
     for line in ordered:
-        for predicate in PREDICATES:
-            found = predicate(line)
-            if found is not None:
-                return found
+        found = out_of_memory_in(line)
+        if found is not None:
+            return found
+    return None
+
+
+def out_of_memory_in(line: str) -> OutOfMemory | None:
+    """The signature one failure line carries, for a log followed as it is written (jobs/caffe_log.py): every
+    predicate, in the classifier's order; None for a line that shows none."""
+    for predicate in PREDICATES:
+        found = predicate(line)
+        if found is not None:
+            return found
     return None
 
 

@@ -115,10 +115,15 @@ class AttemptProcess:
         self._oom_kills: int | None = None
         self._activity = False
         self._stall: Stall | None = None
+        self._trainer: int | None = None
 
     @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        """The process that trains: the child's own, or the `caffe` it runs (its `started` record names it), whose
+        GPU memory NVML lists and whom the watchdog looks at."""
+        if self.process is None:
+            return None
+        return self._trainer or self.process.pid
 
     @property
     def handle(self) -> str:
@@ -190,6 +195,8 @@ class AttemptProcess:
         reader.start()
         watchdog = None if self.stall_seconds is None else Watchdog(process.pid, self.stall_seconds)
         while process.poll() is None:
+            if watchdog is not None and self._trainer is not None and watchdog.pid != self._trainer:
+                watchdog.follow(self._trainer)
             if self._follow_log() or self._activity:
                 self._activity = False
                 if watchdog is not None:
@@ -249,6 +256,8 @@ class AttemptProcess:
         self._records += 1
         self._activity = True
         event = record.get("event")
+        if event == "started" and isinstance(record.get("pid"), int) and record["pid"] != process_pid(self):
+            self._trainer = record["pid"]
         if event == "finished":
             self._finished = True
         elif event == "error":
@@ -297,6 +306,10 @@ class AttemptProcess:
                 return log.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
+
+
+def process_pid(attempt: AttemptProcess) -> int | None:
+    return None if attempt.process is None else attempt.process.pid
 
 
 def oom_kill_count(vmstat: Path = VMSTAT) -> int | None:

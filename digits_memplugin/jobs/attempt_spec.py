@@ -20,6 +20,8 @@ from ..core.divergence import DEFAULT_POLICY, POLICIES
 CPU = "cpu"
 GPU = "gpu"
 SNAPSHOT_FORMATS = ("HDF5", "BINARYPROTO")
+PYCAFFE_RUNNER, BINARY_RUNNER = "pycaffe", "binary"
+RUNNERS = (PYCAFFE_RUNNER, BINARY_RUNNER)
 
 
 class AttemptSpecError(ValueError):
@@ -89,6 +91,13 @@ class AttemptSpec:
     divergence: str = DEFAULT_POLICY
     """What a non-finite net output does (core.divergence): "stop" the attempt (jobs.attempt watches the records),
     or "continue" training."""
+    runner: str = PYCAFFE_RUNNER
+    """"pycaffe": the runner drives pycaffe's solver; "binary": it runs `caffe train` and reads its log
+    (jobs/binary_runner.py; the generated solver then has Caffe's own testing, snapshots and display on)."""
+    caffe: str | None = None
+    """The `caffe` binary the binary runner runs."""
+    preload: str | None = None
+    """The capped-start library the binary runner preloads into caffe (jobs/preload.py); None: built by the child."""
 
     def to_json(self) -> dict[str, Any]:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -110,6 +119,12 @@ class AttemptSpec:
         snapshot_format = _field(data, "snapshot_format", str)
         if snapshot_format not in SNAPSHOT_FORMATS:
             raise AttemptSpecError(f"snapshot_format must be one of {SNAPSHOT_FORMATS}, not {snapshot_format!r}")
+        runner = _field(data, "runner", str) if "runner" in data else PYCAFFE_RUNNER
+        if runner not in RUNNERS:
+            raise AttemptSpecError(f"runner must be one of {RUNNERS}, not {runner!r}")
+        caffe = _field(data, "caffe", str, nullable=True) if "caffe" in data else None
+        if runner == BINARY_RUNNER and not caffe:
+            raise AttemptSpecError("caffe is missing: the binary runner needs the caffe binary to run")
         return cls(
             job_id=_field(data, "job_id", str),
             attempt=_field(data, "attempt", int),
@@ -132,6 +147,9 @@ class AttemptSpec:
             schedule=_field(data, "schedule", dict),
             nice=_field(data, "nice", int) if "nice" in data else 0,
             divergence=_divergence(data),
+            runner=runner,
+            caffe=caffe,
+            preload=_field(data, "preload", str, nullable=True) if "preload" in data else None,
         )
 
     def write(self, path: Path) -> None:
@@ -175,4 +193,4 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-__all__ = ["AttemptDevice", "AttemptSpec", "AttemptSpecError"]
+__all__ = ["BINARY_RUNNER", "PYCAFFE_RUNNER", "RUNNERS", "AttemptDevice", "AttemptSpec", "AttemptSpecError"]

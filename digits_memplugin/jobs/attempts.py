@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..caffe_build import BINARY
 from ..core.divergence import DEFAULT_POLICY
 from ..core.fallback import Decision, Failure
+from ..core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
 from ..core.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
 from ..core.layers.base import ENGINE_CPU
 from ..core.net import ShapeOracle
@@ -29,7 +32,7 @@ from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
 from .attempt import AttemptResult
-from .attempt_spec import AttemptDevice, AttemptSpec
+from .attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, AttemptSpec
 from .backend import Backend, Launch, LocalBackend
 from .config import ManagerConfig
 from .definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
@@ -70,8 +73,12 @@ def plan_for(
     def footprint(batch: int, test_batch: int | None) -> int:
         return estimator.report(batch, test_batch)[0].total_bytes
 
+    ask = job_ask(spec, definition, effective_batch=effective_batch, iteration=iteration)
+    if definition.flavour == NVCAFFE and ask.safety_margin is None:
+        # NVcaffe's figures are a model no GPU has checked yet: the estimate's wider margin (core.flavour).
+        ask = dataclasses.replace(ask, safety_margin=max(policy.safety_margin(engine), NVCAFFE_SAFETY_MARGIN))
     return plan_job(
-        footprint, job_ask(spec, definition, effective_batch=effective_batch, iteration=iteration), engine=engine,
+        footprint, ask, engine=engine,
         limit_bytes=limit_bytes, policy=policy, failures=failures, attempts_made=attempts_made, placing=placing,
     )
 
@@ -250,9 +257,13 @@ class AttemptLoop:
             device = AttemptDevice("gpu", entry.device, child.cuda_index[entry.device])
         else:
             environment["CUDA_VISIBLE_DEVICES"] = ""
+        caffe = self.config.caffe
+        binary = caffe.runner == BINARY
+        if caffe.pycaffe and not binary:  # a Caffe root's own pycaffe, before this Python's
+            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [caffe.pycaffe, os.environ.get("PYTHONPATH")]))
         files = write_attempt(
             definition, folder, attempt_dir, batch_size=plan.batch_size, iter_size=plan.iter_size,
-            test_batch=test_batch, gpu=device.cuda_index,
+            test_batch=test_batch, gpu=device.cuda_index, caffe_runs=binary,
         )
         resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
         solver = definition.solver
@@ -278,6 +289,9 @@ class AttemptLoop:
             schedule=definition.schedule.to_dict(),
             nice=self.config.job_nice,
             divergence=job.spec.get("divergence") or DEFAULT_POLICY,
+            runner=BINARY_RUNNER if binary else PYCAFFE_RUNNER,
+            caffe=caffe.binary if binary else None,
+            preload=self.config.preload if binary else None,
         )
         spec.write(folder / attempt_dir / "attempt.json")
         return spec, environment

@@ -6,9 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..caffe_build import CaffeBuild, bundled
 from ..core.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
 from ..core.job_plan import PlanningPolicy
-from ..core.layers.base import ENGINE_CUDNN
+from ..core.layers.base import ENGINE_CUDNN, ENGINE_GPU
 from .store import BUSY_SECONDS
 
 MAX_QUEUED_JOBS = 100
@@ -52,6 +53,12 @@ class ManagerConfig:
     """Bytes the jobs' folders may hold; a submission while they hold more is refused until some are deleted."""
     jobs_dir: Path | None = None
     """Where the job folders are (a folder every node sees, with the Ray backend); None: <data_dir>/jobs."""
+    caffe: CaffeBuild = dataclasses.field(default_factory=bundled)
+    """The Caffe that trains (caffe_build.py): its flavour decides which nets may train and how they are estimated,
+    its pycaffe or its binary which runner trains them."""
+    preload: str | None = None
+    """The capped-start library the binary runner preloads into `caffe` (jobs/preload.py), built at start-up; None:
+    the training child builds it if it needs it."""
     shared_store: bool = False
     """Several web workers share the data folder (a message queue carries their events): a manager that finds the
     folder held starts as a follower instead of failing, and the leader reads the queue and the cancel requests
@@ -62,11 +69,13 @@ class ManagerConfig:
         """How this server plans jobs: the form, the REST estimate and the command line plan with the same."""
         return PlanningPolicy(
             gpu_engine=self.gpu_engine, cpu_safety_margin=self.cpu_safety_margin,
-            gpu_safety_margin=self.gpu_safety_margin, max_attempts=self.max_attempts,
+            gpu_safety_margin=self.gpu_safety_margin, max_attempts=self.max_attempts, flavour=self.caffe.flavour,
         )
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ManagerConfig:
+    def from_settings(cls, settings: Any, caffe: CaffeBuild | None = None, preload: str | None = None) -> ManagerConfig:
+        """The manager's settings, with the Caffe that trains (read at start-up; default: the bundled pycaffe)."""
+        caffe = caffe or bundled()
         roots = settings.dataset_roots or (settings.data_dir / "datasets",)
         return cls(
             data_dir=settings.data_dir,
@@ -77,7 +86,9 @@ class ManagerConfig:
             cpu_safety_margin=_first(settings.job_safety_margin, CPU_SAFETY_MARGIN),
             gpu_safety_margin=_first(settings.job_safety_margin, GPU_SAFETY_MARGIN),
             max_attempts=settings.job_max_attempts,
-            gpu_engine=settings.gpu_engine,
+            gpu_engine=settings.gpu_engine or gpu_engine_for(caffe),
+            caffe=caffe,
+            preload=preload,
             max_queued_jobs=settings.max_queued_jobs,
             store_busy_seconds=settings.store_busy_seconds,
             job_nice=settings.job_nice,
@@ -88,6 +99,12 @@ class ManagerConfig:
             jobs_dir=None if settings.shared_dir is None else settings.shared_dir / "jobs",
             shared_store=settings.message_queue is not None,
         )
+
+
+def gpu_engine_for(caffe: CaffeBuild) -> str:
+    """How GPU jobs are estimated when the settings do not say: with cuDNN, unless the Caffe that trains has CUDA
+    without cuDNN (a Caffe without CUDA trains no GPU job; its GPU estimates are those of a CUDA + cuDNN build)."""
+    return ENGINE_GPU if caffe.cuda and not caffe.cudnn else ENGINE_CUDNN
 
 
 def _first(value: float | None, default: float) -> float:

@@ -33,7 +33,7 @@ from google.protobuf import text_format
 
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
-from ..core.flavour import NVCAFFE, flavour_of
+from ..core.flavour import BVLC, NVCAFFE, flavour_of, solver_storage
 from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ..core.layers.data import DataSpec
 from ..core.memory import SOLVER_STATE_BLOBS, MemoryOptions
@@ -118,6 +118,8 @@ class JobDefinition:
     train_items: int | None = None
     """Items in the training net's dataset (the smallest, where several layers read): "auto" plans no batch past
     it. None when unknown (an ImageData list, a LevelDB)."""
+    flavour: str = BVLC
+    """The Caffe it is estimated as: NVcaffe's when it needs NVcaffe's schema or NVcaffe trains it."""
 
     @property
     def test_batch(self) -> int | None:
@@ -137,6 +139,8 @@ class JobDefinition:
             engine=engine,
             solver_type=self.training.solver_type,
             l1_regularization=self.training.l1_regularization,
+            flavour=self.flavour,
+            history_itemsize=solver_storage(self.solver),
         )
 
     def estimator(self, engine: str, oracle: ShapeOracle | None = None) -> Estimator:
@@ -154,12 +158,14 @@ def load_definition(
     classes: int | None = None,
     max_iter: int | None = None,
     oracle: ShapeOracle | None = None,
+    trainer: Trainer | None = None,
 ) -> JobDefinition:
     """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
-    _refuse_nvcaffe(training)
+    trainer = trainer or Trainer()
+    _refuse_nvcaffe(training, trainer)
     solver = training.solver
     if solver is None:  # pragma: no cover - training_definition always has the solver when its text is given
         raise NetError("give a solver", source=SOLVER_SOURCE)
@@ -197,6 +203,7 @@ def load_definition(
     definition = JobDefinition(
         training, shapes, schedule, None, [], iterations, roots=tuple(resolved_roots),
         train_items=_train_items([training.train.param], [*resolved_roots, (folder / "data").resolve()]),
+        flavour=NVCAFFE if NVCAFFE in (training.flavour, trainer.flavour) else BVLC,
     )
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
     _, train, tests = definition.estimator("cpu", oracle).report(None, None)
@@ -229,18 +236,29 @@ def _train_items(params: list[Any], roots: list[Path]) -> int | None:
     return min(counts) if counts else None
 
 
-NVCAFFE_REFUSAL = "this server trains with BVLC Caffe; this net needs NVcaffe"
+NVCAFFE_REFUSAL = "this server trains with {caffe}; this net needs NVcaffe"
+CHANGE_CAFFE = "MEMPLUGIN_CAFFE_ROOT, serve --caffe-root or train --caffe-root"
+"""The setting that names the Caffe that trains (caffe_build.py)."""
 
 
-def _refuse_nvcaffe(training: TrainingDefinition) -> None:
-    """A definition only NVIDIA's Caffe fork reads (core/flavour.py) is refused here, before a job exists: BVLC's
-    pycaffe would abort on its first NVcaffe field. It can still be estimated."""
-    if training.flavour != NVCAFFE:
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """What load_definition needs to know of the Caffe that trains: its flavour, and how to name it to people."""
+
+    flavour: str = BVLC
+    label: str = "BVLC Caffe (the bundled pycaffe)"
+
+
+def _refuse_nvcaffe(training: TrainingDefinition, trainer: Trainer) -> None:
+    """A definition only NVIDIA's Caffe fork reads (core/flavour.py) is refused here, before a job exists, unless
+    NVcaffe trains: BVLC's Caffe would abort on its first NVcaffe field. It can still be estimated."""
+    if training.flavour != NVCAFFE or trainer.flavour == NVCAFFE:
         return
     net_needs_it = flavour_of(training.train.param) == NVCAFFE
     raise NetError(
-        f"{NVCAFFE_REFUSAL} (its {'net' if net_needs_it else 'solver'} uses fields only NVcaffe has; the estimate "
-        "still works, training needs a server with NVcaffe)",
+        f"{NVCAFFE_REFUSAL.format(caffe=trainer.label)} (its {'net' if net_needs_it else 'solver'} uses fields only "
+        f"NVcaffe has): name an NVcaffe build with {CHANGE_CAFFE} (CAFFE_ROOT as DIGITS reads it) to train it; "
+        "the estimate works as it is",
         source=NET_SOURCE if net_needs_it else SOLVER_SOURCE,
     )
 
@@ -668,11 +686,15 @@ def write_attempt(
     iter_size: int,
     test_batch: int | None,
     gpu: int | None,
+    caffe_runs: bool = False,
 ) -> AttemptFiles:
     """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
-    nets at `test_batch` (None: their own), the solver with `iter_size`, Caffe's own testing and snapshots off (the
-    runner does both), the snapshot prefix in the job's folder, CPU or GPU `gpu` (CUDA's number in the child).
-    The job's data is checked again first (`confirm_data`): a NetError then, and nothing is written."""
+    nets at `test_batch` (None: their own), the solver with `iter_size`, the snapshot prefix in the job's folder,
+    CPU or GPU `gpu` (CUDA's number in the child). Caffe's own testing and snapshots are off (the pycaffe runner
+    does both), or, with `caffe_runs` (`caffe train` trains: the binary runner), on as the job's solver has them,
+    with `display: 1`, so that its log says every test, update and snapshot. Each message is written with its own
+    schema (NVcaffe's for an NVcaffe net). The job's data is checked again first (`confirm_data`): a NetError then,
+    and nothing is written."""
     training = definition.training
     handed = confirm_data(definition, folder)
     (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
@@ -680,7 +702,7 @@ def write_attempt(
     nets = []
 
     def write(net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
-        copy = caffe_pb2.NetParameter()
+        copy = type(net.param)()
         copy.CopyFrom(net.param)
         for layer in copy.layer:
             if layer.HasField("data_param") and layer.data_param.source in handed:
@@ -692,8 +714,9 @@ def write_attempt(
         nets.append(relative)
         return relative
 
-    solver = caffe_pb2.SolverParameter()
-    solver.CopyFrom(training.solver)
+    own = definition.solver  # training_definition always has the solver of a job
+    solver = type(own)()
+    solver.CopyFrom(own)
     for field in ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "test_state"):
         solver.ClearField(field)
     solver.train_net = write(training.train, PHASE_TRAIN, training.train.state, batch_size, "train.prototxt")
@@ -709,17 +732,23 @@ def write_attempt(
             solver.test_state.add()  # an empty state merges nothing, as if none were given
     solver.iter_size = iter_size
     solver.max_iter = definition.max_iter
-    solver.test_interval = 2**31 - 1  # never: the runner tests, so results are reported (Caffe needs > 0)
-    solver.test_initialization = False
-    solver.snapshot = 0  # the runner snapshots, so that each one is reported
-    solver.snapshot_after_train = False
+    if caffe_runs:  # as the job's solver says, and every update displayed: the log is what the records are read from
+        solver.display = 1
+        if training.tests and not own.test_interval:
+            solver.test_interval = 2**31 - 1  # test nets and no interval: Caffe needs one, the runner never tests
+            solver.test_initialization = False
+    else:
+        solver.test_interval = 2**31 - 1  # never: the runner tests, so results are reported (Caffe needs > 0)
+        solver.test_initialization = False
+        solver.snapshot = 0  # the runner snapshots, so that each one is reported
+        solver.snapshot_after_train = False
     prefix = snapshot_prefix(training.solver)
     solver.snapshot_prefix = prefix
     if gpu is None:
-        solver.solver_mode = caffe_pb2.SolverParameter.CPU
+        solver.solver_mode = solver.CPU
         solver.ClearField("device_id")
     else:
-        solver.solver_mode = caffe_pb2.SolverParameter.GPU
+        solver.solver_mode = solver.GPU
         solver.device_id = gpu
     relative = f"{attempt_dir}/solver.prototxt"
     (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")

@@ -34,6 +34,7 @@ from .attempts import INTERRUPTED_MESSAGE, AttemptLoop
 from .backend import Backend, LocalBackend
 from .config import ManagerConfig
 from .datafolder import take_folder
+from .definition import Trainer
 from .disk import folder_bytes
 from .dispatcher import Dispatcher, Spawn
 from .errors import (
@@ -145,7 +146,9 @@ class JobManager:
             poll_seconds=config.poll_seconds, store_progress_seconds=config.store_progress_seconds,
         )
         self.quota = Quota(config, lambda: self.store, self.jobs_root, self._lock)
-        self.definitions = Definitions(config.dataset_roots, oracle, self.jobs_root)
+        self.definitions = Definitions(
+            config.dataset_roots, oracle, self.jobs_root, Trainer(config.caffe.flavour, config.caffe.label)
+        )
         attempts = AttemptLoop(
             config, self.devices, self.progress, self._lock, self._running, jobs_root=self.jobs_root, oracle=oracle,
             definition=self.definitions.get, measure=self.quota.measure, stopping=lambda: self._stopping,

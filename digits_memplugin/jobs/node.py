@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
         process.cancel()
     threading.Thread(target=watch_cancel, daemon=True).start()
     emit("started", {"host": node_name(), "pid": process.pid})
-    peak = _GpuPeak(process.pid) if data.get("device", {}).get("kind") == "gpu" else None
+    peak = _GpuPeak(lambda: process.pid) if data.get("device", {}).get("kind") == "gpu" else None
     if peak is not None:
         threading.Thread(target=peak.follow, args=(done,), daemon=True).start()
     result = process.wait()
@@ -126,15 +127,16 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
 class _GpuPeak:
     """The child's GPU memory at its largest, from NVML's process list on this host (CUDA cannot tell the child)."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: Callable[[], int | None]) -> None:
         self.pid = pid
+        """The process that trains (the child, or the caffe it runs once it has said so)."""
         self.bytes: int | None = None
 
     def follow(self, done: threading.Event, seconds: float = 1.0) -> None:
         while not done.wait(seconds):
             for gpu in read_devices().gpus:
                 for process in gpu.processes or ():
-                    if process.pid == self.pid and process.used_memory is not None:
+                    if process.pid == self.pid() and process.used_memory is not None:
                         self.bytes = max(self.bytes or 0, process.used_memory)
 
 

@@ -2,6 +2,10 @@
 
 Usage: ``python -m digits_memplugin.jobs.runner ATTEMPT_JSON`` with the job's folder as working directory.
 
+A Caffe without a pycaffe trains through its `caffe` binary instead (the spec's runner "binary"): this child then
+runs `caffe train` and turns its log into the same records (jobs/binary_runner.py); all said below of the child
+itself (its log, its death with the server, its priority, its records, its full disk) holds for both.
+
 The server never runs Caffe itself: Caffe aborts the whole process on out-of-memory. Here the runner
 
 * sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
@@ -52,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..core import nonfinite
 from ..core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
 from ..measure.process_memory import data_bytes, heap_bytes
-from .attempt_spec import AttemptSpec, AttemptSpecError
+from .attempt_spec import BINARY_RUNNER, AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
 
 if TYPE_CHECKING:
@@ -350,6 +354,10 @@ def main(argv: list[str]) -> int:
     report = Reporter(sys.stdout, Path(spec.progress), spec.divergence)
     # Every way out goes through _end while the solver is still referenced (here, or by the traceback being handled).
     try:
+        if spec.runner == BINARY_RUNNER:
+            from .binary_runner import train_with_binary
+
+            return _end(report, train_with_binary(spec, report, stack_bytes=THREAD_STACK_BYTES))
         solver = train(spec, report)
     except MemoryError as error:
         # pycaffe turns std::bad_alloc into MemoryError; the manager classifies this record as out-of-memory.

@@ -18,7 +18,7 @@ from ..core.net import ShapeOracle
 from ..devices import Device
 from .attempts import plan_for, stacks
 from .config import ManagerConfig
-from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, load_definition
+from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
 from .disk import disk_full, free_note
 from .errors import DiskFull, JobValidationError
 from .records import QUEUED, Job
@@ -31,10 +31,14 @@ NET_FILE = "net.prototxt"
 class Definitions:
     """The jobs' definitions, loaded from their folders once and kept (by job id) until the job is deleted."""
 
-    def __init__(self, roots: tuple[Path, ...], oracle: ShapeOracle | None, jobs_root: Path) -> None:
+    def __init__(
+        self, roots: tuple[Path, ...], oracle: ShapeOracle | None, jobs_root: Path, trainer: Trainer | None = None
+    ) -> None:
         self.roots = roots
         self.oracle = oracle
         self.jobs_root = jobs_root
+        self.trainer = trainer or Trainer()
+        """The Caffe that trains, as definitions need it: NVcaffe nets are accepted only when it is NVcaffe."""
         self._loaded: dict[str, JobDefinition] = {}
         self._lock = threading.Lock()
 
@@ -57,6 +61,7 @@ class Definitions:
             classes=spec.get("classes"),
             max_iter=spec.get("max_iter"),
             oracle=self.oracle,
+            trainer=self.trainer,
         )
 
     def keep(self, job_id: str, definition: JobDefinition) -> None:

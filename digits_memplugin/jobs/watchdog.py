@@ -97,6 +97,11 @@ class Watchdog:
         self._cpu_at_start: tuple[float, float, str] | None = None
         self._fresh = True
 
+    def follow(self, pid: int) -> None:
+        """Look at another process from now on: the one that really trains (the `caffe` a binary runner runs)."""
+        self.pid = pid
+        self._fresh = True
+
     def activity(self) -> None:
         """The child sent a record or wrote to its log."""
         self._since = self._clock()

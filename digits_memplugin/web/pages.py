@@ -39,7 +39,8 @@ def home() -> str:
 
 def devices_page() -> str:
     """The device table as the server sees it now; the live panel of the model form pushes the same over socketio."""
-    return render_template("memplugin/devices.html", devices=_read_devices(), version=__version__)
+    caffe = current_app.extensions["memplugin"].caffe
+    return render_template("memplugin/devices.html", devices=_read_devices(), caffe=caffe, version=__version__)
 
 
 def _page_context() -> dict[str, Any]:
