@@ -71,8 +71,9 @@ class PlanningPolicy:
         return self.cpu_safety_margin if engine == ENGINE_CPU else self.gpu_safety_margin
 
     def flavour_for(self, needed: str) -> str:
-        """The flavour a definition is estimated as: NVcaffe's when it needs NVcaffe's schema, else the trainer's."""
-        return NVCAFFE if needed == NVCAFFE else self.flavour
+        """The flavour a definition is estimated as: NVcaffe's when it needs NVcaffe's schema or NVcaffe trains it;
+        else the one it needs (SSD Caffe's layers on BVLC's memory semantics are "ssd", the rest "bvlc")."""
+        return NVCAFFE if NVCAFFE in (needed, self.flavour) else needed
 
 
 @dataclasses.dataclass(frozen=True)
