@@ -84,10 +84,19 @@ class AttemptSpec:
     """core.schedule.LearningRate's fields (LearningRate.to_dict): the learning rate the records report."""
     nice: int = 0
     """The child's nice value (0: the server's own)."""
+    read_paths: tuple[str, ...] = ()
+    """The dataset paths the attempt may read (real absolute paths of files and folders, checked when the attempt
+    was written), besides the job's folder: what the child's confinement grants (jobs.confinement)."""
+    write_paths: tuple[str, ...] = ()
+    """The folders, relative to the job's folder, the attempt may write beneath (its outputs, snapshots, its own
+    folder, its LMDB lock folders); nothing else is writable."""
 
     def to_json(self) -> dict[str, Any]:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        document.update(device=self.device.to_json(), test_iter=list(self.test_iter), schedule=dict(self.schedule))
+        document.update(
+            device=self.device.to_json(), test_iter=list(self.test_iter), schedule=dict(self.schedule),
+            read_paths=list(self.read_paths), write_paths=list(self.write_paths),
+        )
         return document
 
     @classmethod
@@ -126,6 +135,8 @@ class AttemptSpec:
             snapshot_format=snapshot_format,
             schedule=_field(data, "schedule", dict),
             nice=_field(data, "nice", int) if "nice" in data else 0,
+            read_paths=_paths(data, "read_paths"),
+            write_paths=_paths(data, "write_paths"),
         )
 
     def write(self, path: Path) -> None:
@@ -153,6 +164,15 @@ def _field(data: Mapping[str, Any], name: str, kind: type, label: str | None = N
         wanted = kind.__name__ + (" or null" if nullable else "")
         raise AttemptSpecError(f"{label} must be {wanted}, not {_kind(value)} ({value!r:.80})")
     return value
+
+
+def _paths(data: Mapping[str, Any], name: str) -> tuple[str, ...]:
+    """A list of paths; required, so that a spec that does not say what the child may touch is refused rather than
+    read as "nothing"."""
+    paths = _field(data, name, list)
+    if not all(isinstance(path, str) and path and "\0" not in path for path in paths):
+        raise AttemptSpecError(f"{name} must be a list of paths, not {paths!r:.80}")
+    return tuple(paths)
 
 
 def _kind(value: Any) -> str:

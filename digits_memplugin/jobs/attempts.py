@@ -272,6 +272,8 @@ class AttemptLoop:
             snapshot_format="HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
             schedule=definition.schedule.to_dict(),
             nice=self.config.job_nice,
+            read_paths=files.reads,
+            write_paths=files.writes,
         )
         spec.write(folder / attempt_dir / "attempt.json")
         return spec, environment

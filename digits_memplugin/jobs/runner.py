@@ -5,6 +5,10 @@ Usage: ``python -m digits_memplugin.jobs.runner ATTEMPT_JSON`` with the job's fo
 The server never runs Caffe itself: Caffe aborts the whole process on out-of-memory. Here the runner
 
 * sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
+* confines itself, before pycaffe is loaded and while it has one thread, to reading the job's folder, the dataset
+  paths the spec names and the runtime's files, and to writing beneath the spec's write folders
+  (jobs.confinement, Landlock); where the kernel has no Landlock it trains unconfined and says so in its
+  "started" record;
 * dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
 * lowers its own CPU priority (the attempt's "nice", 10 by default) before Caffe starts its threads, which inherit
   it: on a machine whose cores the training takes, the server's pages, API and events still come first;
@@ -47,6 +51,7 @@ from typing import Any, TextIO
 from ..measure.process_memory import data_bytes, heap_bytes
 from .attempt_spec import AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
+from .confinement import confine_attempt, describe
 
 THREAD_STACK_BYTES = 512 * 1024
 """Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
@@ -244,7 +249,12 @@ def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> None:
 
 
 def train(spec: AttemptSpec, report: Reporter) -> None:
-    """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would."""
+    """Confine this process to the job's files (before Caffe is loaded, while it has one thread), construct the
+    solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would."""
+    confinement = confine_attempt(
+        Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu"
+    )
+    print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
     from ..core.schedule import LearningRate
 
     schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
@@ -265,7 +275,7 @@ def train(spec: AttemptSpec, report: Reporter) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     report(
         "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.resume,
-        blas=blas.to_dict(),
+        blas=blas.to_dict(), confinement=confinement.to_dict(),
     )
 
     solver = caffe.get_solver(spec.solver)
