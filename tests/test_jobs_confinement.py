@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,7 +43,9 @@ if spec.get("thread"):
     threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
 result = {}
 try:
-    result["confinement"] = confine_attempt(spec["folder"], spec["reads"], spec["writes"]).to_dict()
+    result["confinement"] = confine_attempt(
+        spec["folder"], spec["reads"], spec["writes"], executables=spec.get("executables", ())
+    ).to_dict()
 except ConfinementError as error:
     result["refused"] = str(error)
     print(json.dumps(result))
@@ -71,7 +74,8 @@ def run(command):
 
 actions = {"read": read, "write": write, "create": create, "truncate": truncate, "list": os.listdir,
            "mkdir": os.mkdir, "symlink": lambda path: os.symlink("/etc", path), "remove": os.unlink,
-           "exec_cat": lambda path: run(["cat", path]), "import": __import__}
+           "exec_cat": lambda path: run(["cat", path]), "exec_path": lambda path: run([path, "/dev/null"]),
+           "import": __import__}
 for name, action, path in spec["tries"]:
     try:
         actions[action](path)
@@ -134,13 +138,14 @@ WRITES = ["outputs", "snapshots", "data/lmdb", "attempts/1"]
 
 
 def confined(layout: dict[str, Path], tries: list[tuple[str, str, str]], *, reads: list[str] | None = None,
-             writes: list[str] | None = None, thread: bool = False, wrapper: str | None = None) -> dict[str, Any]:
+             writes: list[str] | None = None, thread: bool = False, wrapper: str | None = None,
+             executables: list[str] | None = None) -> dict[str, Any]:
     """Run CHILD (confined as asked, then trying each action) and return what it reported."""
     root = layout["root"]
     spec = {
         "folder": str(layout["job"]), "thread": thread, "tries": tries,
         "reads": reads if reads is not None else [str(root / "victim_lmdb" / "data.mdb"), str(root / "granted.h5")],
-        "writes": writes if writes is not None else WRITES,
+        "writes": writes if writes is not None else WRITES, "executables": executables or [],
     }
     command = [sys.executable, "-c", CHILD, json.dumps(spec)]
     if wrapper:
@@ -239,6 +244,17 @@ def test_what_an_attempt_execs_is_confined_as_well(layout: dict[str, Path]) -> N
     ])
     assert result["cat a granted file"] == "ok", result
     assert result["cat outside"] == result["cat passwd"] == "EACCES", result
+
+
+@needs_landlock
+def test_a_program_outside_the_system_folders_runs_only_when_granted(layout: dict[str, Path], tmp_path: Path) -> None:
+    """A `caffe` binary in a build folder: denied unless the runner names it in `executables`."""
+    program = tmp_path / "build" / "tools" / "cat"
+    program.parent.mkdir(parents=True)
+    shutil.copy2(shutil.which("cat") or "/bin/cat", program)
+    tries = [("run it", "exec_path", str(program))]
+    assert confined(layout, tries)["run it"] == "EACCES"
+    assert confined(layout, tries, executables=[str(program.parent)])["run it"] == "ok"
 
 
 @needs_landlock

@@ -112,7 +112,8 @@ def confine_attempt(
     ConfinementError, never a grant on its target. A missing one is skipped (nothing can be created in its place).
     `read_roots` are absolute real paths (files or folders), opened the same way from /: a path that became a link
     is a ConfinementError; a missing one is skipped (Caffe says what it could not open). `gpu` grants the NVIDIA
-    device nodes; `executables` read and execute on those files (a runner that execs `caffe`).
+    device nodes. `executables` are what a runner that execs `caffe` adds: the binary and the folders of its own
+    libraries, read and executed, links followed (the server's own paths, never a job's).
 
     Returns what was done; `confined` is False, with the reason, where the kernel has no Landlock. Raises
     ConfinementError where Landlock is there but the confinement cannot be made as asked."""
@@ -129,7 +130,7 @@ def confine_attempt(
     try:
         with Ruleset() as rules:
             _runtime(rules, gpu, folder)
-            rules.allow_all(executables, READ_FILE | EXECUTE)
+            rules.allow_all(executables, READ | EXECUTE)
             folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 rules.allow_fd(folder_fd, READ, is_dir=True)
