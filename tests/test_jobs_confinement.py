@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 import pytest
 from test_hardening_paths import Watch
-from test_jobs_fixtures import ManagerFactory, lenet_request, write_lmdb
+from test_jobs_fixtures import ManagerFactory, lenet_request, wait_for, write_lmdb
 
 from digits_memplugin import landlock
 from digits_memplugin.jobs import definition as job_definition
@@ -377,3 +377,61 @@ def test_on_a_kernel_without_landlock_the_runner_trains_and_says_it_is_not_confi
     assert records[-1]["event"] == "finished"
     log = (folder / "attempts/1/caffe.log").read_text()
     assert "this attempt is not confined: this kernel has no Landlock" in log
+
+
+H5_NET = """name: "h5"
+layer { name: "data" type: "HDF5Data" top: "data" top: "label" hdf5_data_param { source: "h5/list.txt" batch_size: 4 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+DUMP_OUTPUT = ('layer { name: "dump" type: "HDF5Output" bottom: "data" bottom: "label" '
+               'hdf5_output_param { file_name: "sub/dump.h5" } }\n')
+H5_SOLVER = 'base_lr: 0.01\nlr_policy: "fixed"\nsnapshot: 20\nsnapshot_prefix: "h5"\nsnapshot_format: HDF5\n'
+
+
+def confinement_of(manager: Any, job_id: str, attempt: int = 1) -> dict[str, Any]:
+    path = manager.folder(job_id) / "attempts" / str(attempt) / "progress.jsonl"
+    return dict(json.loads(path.read_text().splitlines()[0])["confinement"])
+
+
+@pytest.mark.slow
+@needs_landlock
+def test_what_training_opens_later_is_within_the_confinement(make_manager: ManagerFactory, datasets: Path) -> None:
+    """Confined, training still does everything it opens files for after the start: HDF5Data opening each file of
+    its list again as it cycles through them, HDF5 snapshots, resuming from an HDF5 solver state, an HDF5Output
+    writing into outputs/ (one forward: this Caffe's HDF5Output cannot write a second batch to its file)."""
+    (datasets / "h5").mkdir()
+    for name in ("a", "b"):
+        with h5py.File(datasets / "h5" / f"{name}.h5", "w") as h5:
+            h5["data"] = np.random.default_rng(0).random((8, 4), dtype=np.float32)
+            h5["label"] = np.zeros((8,), dtype=np.float32)
+    (datasets / "h5" / "list.txt").write_text("a.h5\nb.h5\n")
+    manager = make_manager()
+    dumped = manager.wait(manager.submit(lenet_request(
+        net=H5_NET + DUMP_OUTPUT, solver=H5_SOLVER, data={}, max_iter=1, fallback={"max_attempts": 1})).id, timeout=120)
+    assert dumped.status == "done", dumped
+    assert (manager.folder(dumped.id) / "outputs" / "sub" / "dump.h5").is_file()
+    assert confinement_of(manager, dumped.id)["writes"] == ["outputs", "snapshots", "data/lmdb", "attempts/1"]
+
+    job = manager.submit(lenet_request(net=H5_NET, solver=H5_SOLVER, data={}, max_iter=1_000_000))
+    snapshot = wait_for(lambda: manager.get(job.id).snapshot, timeout=120, what="an HDF5 snapshot")
+    assert snapshot["state"].endswith(".solverstate.h5") and snapshot["iteration"] >= 20  # 10 passes over a.h5, b.h5
+    manager.wait(manager.cancel(job.id).id, timeout=60)
+    manager.resume(job.id)
+    resumed = manager.folder(job.id) / "attempts" / "2" / "progress.jsonl"
+
+    def trained_past_two_files() -> bool:
+        attempts = manager.attempts(job.id)
+        if len(attempts) < 2 or not resumed.is_file():
+            return False
+        records = [json.loads(line) for line in resumed.read_text().splitlines()]
+        start = attempts[1].start_iteration
+        return any(r["event"] == "iteration" and r["iteration"] > start + 8 for r in records)
+
+    wait_for(trained_past_two_files, timeout=120, what="the resumed attempt to train past two files")
+    manager.wait(manager.cancel(job.id).id, timeout=60)
+    second = manager.attempts(job.id)[1]
+    assert second.resumed_from is not None and second.resumed_from.endswith(".solverstate.h5")
+    assert confinement_of(manager, job.id, 2)["confined"] is True
+    assert confinement_of(manager, job.id, 2)["reads"] == 2  # a.h5 and b.h5
