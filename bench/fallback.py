@@ -128,7 +128,7 @@ class Case:
             test_iter=tuple(1 for _ in test_iters(self.definition, test_batch)),  # one pass holds all the memory
             test_initialization=True, snapshot=0, snapshot_after_train=False,
             snapshot_prefix=files.snapshot_prefix, snapshot_format="BINARYPROTO",
-            schedule=self.definition.schedule.to_dict(),
+            schedule=self.definition.schedule.to_dict(), read_paths=files.reads, write_paths=files.writes,
         )
         spec.write(self.folder / attempt / "attempt.json")
         log = f"{attempt}/caffe.log"

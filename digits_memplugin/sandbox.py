@@ -19,7 +19,8 @@ What works for any user, root included, with no privilege and no kernel option b
   ``O_TRUNC`` nor creating an empty file, and truncating a file is what the issue's probe did with HDF5Output.
 * RLIMIT_CORE 0: a Caffe CHECK failure (SIGABRT) leaves no core file.
 
-Not used: Landlock (an allow-list of paths; needs Linux 5.13+ with its LSM enabled, not the case on every host),
+Not used: Landlock (an allow-list of paths; needs Linux 5.13+ with its LSM enabled, not the case on every host;
+the training child uses it where it is there, jobs.confinement, since it must write),
 a mount namespace or chroot (need CAP_SYS_ADMIN or CAP_SYS_CHROOT, which a server need not have). Only x86_64 and
 aarch64 have a syscall table here; elsewhere `confine` raises, and the child refuses to build the net.
 """

@@ -256,3 +256,98 @@ def test_a_dataset_swapped_for_a_link_after_submission_fails_the_job_naming_it_a
         assert watch.events() == []
     finally:
         watch.close()
+
+
+# ============================================================================ issue 23, finding 6: files opened while training
+
+SECRET = np.array([1234.5, 2718.25, 3141.5, 1618.0], dtype=np.float32)
+"""What the outside file holds: values no training output would give by chance."""
+LEAK_NET = """name: "leak"
+layer { name: "data" type: "HDF5Data" top: "data" top: "label" top: "secret"
+  hdf5_data_param { source: "leak/list.txt" batch_size: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+"""A net whose "secret" top is left unconsumed: a net output of 4 values, which the progress records list one by
+one (GET /jobs/<id>/progress). HDF5Data opens each file of its list again when it moves on to it."""
+LEAK_SOLVER = 'base_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 1000000\nsnapshot: 0\n'
+
+
+def leak_h5(path: Path, external: Path | None = None) -> None:
+    """An HDF5 file of 4 rows; its "secret" dataset zeros, or stored in `external` (HDF5's external storage)."""
+    with h5py.File(path, "w") as h5:
+        h5["data"] = np.ones((4, 4), dtype=np.float32)
+        h5["label"] = np.zeros((4,), dtype=np.float32)
+        if external is None:
+            h5["secret"] = np.zeros((4, 4), dtype=np.float32)
+        else:
+            h5.create_dataset("secret", (4, 4), np.float32, external=[(str(external), 0, SECRET.nbytes * 4)])
+
+
+def rewrite_in_place(path: Path, content: bytes) -> None:
+    """The file's bytes replaced in one write, keeping its inode (as a program rewriting its dataset would)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, content, 0)
+        os.ftruncate(fd, len(content))
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swap", ["external storage written in place", "a link out"])
+def test_a_list_files_h5_changed_while_training_cannot_open_or_leak_a_file_outside(
+    api: FlaskClient, linked: Path, outside: Path, swap: str
+) -> None:
+    """After iteration 1 the list's second file becomes (a) an HDF5 file whose "secret" dataset is stored in an
+    outside file, rewritten in place (same inode: the path is still the checked regular file), or (b) a link to an
+    outside HDF5 file holding the secret. The training child opens it when HDF5Data moves on to it: the kernel
+    refuses the outside file (the child is confined to the job's folder and the files it was checked to read), so
+    the attempt fails, the secret never reaches GET /jobs/<id>/progress, and inotify sees nothing opened outside."""
+    (linked / "leak").mkdir()
+    leak_h5(linked / "leak" / "a.h5")
+    leak_h5(linked / "leak" / "b.h5")
+    (linked / "leak" / "list.txt").write_text("a.h5\nb.h5\n")
+    (outside / "secret.bin").write_bytes(np.tile(SECRET, 4).tobytes())
+    leak_h5(outside / "secret.h5")
+    with h5py.File(outside / "secret.h5", "a") as h5:
+        h5["secret"][...] = np.tile(SECRET, (4, 1))
+    leak_h5(linked / "staged.h5", external=outside / "secret.bin")
+    staged = (linked / "staged.h5").read_bytes()
+
+    response = api.post(f"{API}/jobs", json={"net": LEAK_NET, "solver": LEAK_SOLVER, "device": "cpu",
+                                             "fallback": {"max_attempts": 1}})
+    assert response.status_code == 201, response.get_json()
+    job_id = response.get_json()["id"]
+
+    def progress() -> list[dict[str, Any]]:
+        return api.get(f"{API}/jobs/{job_id}/progress").get_json()["records"]
+
+    wait_for(lambda: any(r["event"] == "iteration" for r in progress()), timeout=60, what="iteration 1")
+    watch = Watch(outside)
+    try:
+        inode = os.stat(linked / "leak" / "b.h5").st_ino
+        if swap == "a link out":
+            (linked / "leak" / "b.h5").unlink()
+            (linked / "leak" / "b.h5").symlink_to(outside / "secret.h5")
+        else:
+            rewrite_in_place(linked / "leak" / "b.h5", staged)
+            assert os.stat(linked / "leak" / "b.h5").st_ino == inode
+        def ended_or_leaked() -> bool:
+            leaked = "1234.5" in api.get(f"{API}/jobs/{job_id}/progress").get_data(as_text=True)
+            return leaked or api.get(f"{API}/jobs/{job_id}").get_json()["status"] not in ("queued", "running")
+
+        wait_for(ended_or_leaked, timeout=30, what="the attempt to stop on the changed file")
+        events = watch.events()
+    finally:
+        watch.close()
+        if api.get(f"{API}/jobs/{job_id}").get_json()["status"] == "running":
+            api.post(f"{API}/jobs/{job_id}/cancel")
+    text = api.get(f"{API}/jobs/{job_id}/progress").get_data(as_text=True)
+    assert "1234.5" not in text and "2718.25" not in text  # the outside file's values never came back
+    assert events == [], events  # nothing outside was opened or read
+    ended = api.get(f"{API}/jobs/{job_id}").get_json()
+    assert ended["status"] == "failed", ended
+    # Caffe's own words: "Failed opening HDF5 file: .../b.h5", "Failed to read float dataset secret".
+    assert "Failed opening HDF5 file" in ended["message"] or "Failed to read float dataset secret" in ended["message"]

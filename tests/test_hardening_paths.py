@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import io
 import os
 import shutil
@@ -27,6 +28,7 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, ManagerFactory, 
 from digits_memplugin import create_app
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.extension import get_plugin
+from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -234,9 +236,14 @@ HOSTILE_NETS: dict[str, tuple[dict[str, Any], str, str, str]] = {
         f'image_data_param {{ source: "images_up.txt" root_folder: "{OUT}" batch_size: 64 }}', "ImageData"))},
         "net", "image_data_param.root_folder", "outside the dataset folders"),
     "output-absolute": ({"net": lenet_with(extra=output(f"{OUT}/stolen.h5"))}, "net", "hdf5_output_param.file_name",
-                        "outside the job's folder"),
+                        "outside the job's outputs folder"),
     "output-dotdot": ({"net": lenet_with(extra=output("../../../../outside/stolen.h5"))}, "net",
-                      "hdf5_output_param.file_name", "outside the job's folder"),
+                      "hdf5_output_param.file_name", "outside the job's outputs folder"),
+    # Inside the job's folder but not its outputs: where each attempt links a dataset's data file, and snapshots.
+    "output-into-the-jobs-lmdb-links": ({"net": lenet_with(extra=output("../data/lmdb/1-mnist_test_lmdb/data.mdb"))},
+                                        "net", "hdf5_output_param.file_name", "outside the job's outputs folder"),
+    "output-into-snapshots": ({"net": lenet_with(extra=output("sub/../../snapshots/lenet_iter_2.caffemodel"))}, "net",
+                              "hdf5_output_param.file_name", "outside the job's outputs folder"),
     "python-layer": ({"net": lenet_with(extra=(
         'layer { name: "py" type: "Python" bottom: "data" top: "py" '
         f'python_param {{ module: "{OUT}/evil" layer: "Evil" }} }}\n'))}, "net", "type", "Python layers"),
@@ -332,6 +339,47 @@ def test_snapshot_prefix_and_solver_nets_are_replaced_and_training_stays_inside(
     untouched(watch)
     for place in (Path("/tmp"), data_dir, data_dir.parent, folder.parent, folder.parent.parent):
         assert not list(place.glob(f"{name}*")), place
+
+
+# ============================================================================ issue 23, finding 1
+
+
+DIGITS_SOLVER = SHORT_SOLVER + 'train_state { stage: "train" }\ntest_state { stage: "val" }\n'
+ISSUE_DUMP = ('layer{name:"dump" type:"HDF5Output" bottom:"data" bottom:"label" include{stage:"train"} '
+              'hdf5_output_param{file_name:"../data/lmdb/1-victim_lmdb/data.mdb"}}\n')
+
+
+def test_the_issues_hdf5output_onto_a_datasets_data_mdb_is_refused_and_the_dataset_keeps_its_bytes(
+    api: FlaskClient, roots: Path, data_dir: Path
+) -> None:
+    """The issue's request: DIGITS' LeNet with an HDF5Output whose file_name leads, from outputs/, to where each
+    attempt links the test dataset's data file (data/lmdb/1-victim_lmdb/data.mdb). That folder did not exist when
+    the path was checked after resolving links, and the child wrote the dataset through the link (MDB_INVALID, a
+    96-byte HDF5 file). Output paths are now taken by their letters, inside outputs/: a 400 naming the layer and
+    the field. Had a job been made, it would be waited for: the dataset's checksum is the evidence."""
+    write_lmdb(roots / "digits_train_lmdb")
+    write_lmdb(roots / "victim_lmdb", records=8)
+    victim = roots / "victim_lmdb" / "data.mdb"
+    before = (hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_mtime_ns)
+    watch = Watch(roots)
+    try:
+        response = api.post(API, json={
+            "net": standard_network("lenet").text + ISSUE_DUMP, "solver": DIGITS_SOLVER, "device": "cpu",
+            "classes": 10, "max_iter": 2, "data": {"train": "digits_train_lmdb", "test": "victim_lmdb"},
+        })
+        if response.status_code == 201:  # as before the fix: the job trains, and its child writes the dataset
+            job_id = response.get_json()["id"]
+            wait_for(lambda: api.get(f"{API}/{job_id}").get_json()["status"] in ("done", "failed"), timeout=120)
+        written = [event for event in watch.events() if event.split()[0] in ("write", "create", "moved", "delete")]
+    finally:
+        watch.close()
+    assert (hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_mtime_ns) == before
+    assert written == []
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["errors"]["net"]
+    assert (error["layer"], error["field"]) == ("dump", "hdf5_output_param.file_name"), error
+    assert "outside the job's outputs folder" in error["message"]
+    assert not any((data_dir / "jobs").iterdir())
 
 
 # ============================================================================ links in the job's own folder

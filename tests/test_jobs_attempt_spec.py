@@ -23,6 +23,8 @@ def spec(**changes: Any) -> AttemptSpec:
         iter_size=2, resume="snapshots/x_iter_100.solverstate", memory_cap=None, max_iter=1000, test_interval=500,
         test_iter=(100, 20), test_initialization=True, snapshot=0, snapshot_after_train=True,
         snapshot_prefix="snapshots/x", snapshot_format="BINARYPROTO", schedule=SCHEDULE, nice=10,
+        read_paths=("/srv/datasets/mnist_lmdb/data.mdb", "/srv/datasets/h5/train.h5"),
+        write_paths=("outputs", "snapshots", "data/lmdb", "attempts/2"),
     )
     return dataclasses.replace(base, **changes)
 
@@ -42,6 +44,7 @@ def test_the_file_keeps_the_layout_the_runner_has_always_read(tmp_path: Path) ->
     document = json.loads(json.dumps(spec().to_json()))
     assert document["device"] == {"kind": "gpu", "uuid": "GPU-aaaa", "cuda_index": 0}
     assert document["test_iter"] == [100, 20] and document["schedule"] == SCHEDULE
+    assert document["write_paths"] == ["outputs", "snapshots", "data/lmdb", "attempts/2"]
     assert spec(device=AttemptDevice("cpu")).to_json()["device"] == {"kind": "cpu"}
 
 
@@ -57,6 +60,12 @@ def test_the_file_keeps_the_layout_the_runner_has_always_read(tmp_path: Path) ->
         (lambda d: d.update(device={"kind": "gpu", "uuid": "GPU-aaaa"}), "device.cuda_index is missing"),
         (lambda d: d.update(snapshot_format="LMDB"), "snapshot_format must be one of"),
         (lambda d: d.update(extra=1), "unknown field(s): 'extra'"),
+        # What the child may open is never left to a default: a spec that does not say is refused.
+        (lambda d: d.pop("read_paths"), "read_paths is missing"),
+        (lambda d: d.pop("write_paths"), "write_paths is missing"),
+        (lambda d: d.update(write_paths="outputs"), "write_paths must be list, not str"),
+        (lambda d: d.update(read_paths=["/a", 3]), "read_paths must be a list of paths"),
+        (lambda d: d.update(read_paths=["/a\0b"]), "read_paths must be a list of paths"),
     ],
 )
 def test_a_malformed_spec_names_its_field(change: Any, message: str) -> None:

@@ -16,7 +16,8 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
-from digits_memplugin.jobs.definition import JobDefinition, load_definition, set_batch, write_attempt
+from digits_memplugin.jobs import definition as job_definition
+from digits_memplugin.jobs.definition import JobDefinition, check_job_folder, load_definition, set_batch, write_attempt
 from digits_memplugin.networks import standard_network
 from digits_memplugin.pycaffe_shapes import pycaffe_oracle
 
@@ -101,16 +102,46 @@ def test_layers_that_run_code_or_read_elsewhere_are_refused(
     assert error.field == field and expected in error.message
 
 
-def test_outputs_are_kept_in_the_job_folder(tmp_path: Path, datasets: Path) -> None:
-    writer = 'layer { name: "out" type: "HDF5Output" bottom: "ip2" bottom: "label" hdf5_output_param { file_name: "%s" } }'
+WRITER = 'layer { name: "out" type: "HDF5Output" bottom: "ip2" bottom: "label" hdf5_output_param { file_name: "%s" } }'
+
+
+def test_outputs_are_kept_in_the_job_folders_outputs(tmp_path: Path, datasets: Path) -> None:
     folder = tmp_path / "job"
     # HDF5Output has no estimator rule: pycaffe gives its shapes, as in the server (MEMPLUGIN_PYCAFFE_FALLBACK).
-    definition = load(folder, [datasets], LENET + writer % "preds.h5", data=LENET_DATA, oracle=pycaffe_oracle)
+    definition = load(folder, [datasets], LENET + WRITER % "preds.h5", data=LENET_DATA, oracle=pycaffe_oracle)
     out = next(layer for layer in definition.training.train.param.layer if layer.type == "HDF5Output")
     assert out.hdf5_output_param.file_name == str((folder / "outputs" / "preds.h5").resolve())
-    for escaping in ("../../escape.h5", "/tmp/escape.h5"):  # outputs/../.. is the job folder's parent
-        error = error_of(folder, [datasets], LENET + writer % escaping, data=LENET_DATA)
-        assert "outside the job's folder" in error.message
+    # outputs/../.. is the job folder's parent; ../data/lmdb/ is where each attempt links its datasets' data files
+    # (issue 23: it did not exist yet when the path was resolved, so the old check let it through); snapshots/ is
+    # the job's too, but not a layer's to write.
+    for escaping in ("../../escape.h5", "/tmp/escape.h5", "../data/lmdb/0-mnist_train_lmdb/data.mdb",
+                     "x/../../snapshots/lenet_iter_2.caffemodel", ".", str(folder / "net.prototxt")):
+        error = error_of(folder, [datasets], LENET + WRITER % escaping, data=LENET_DATA)
+        assert "outside the job's outputs folder" in error.message, (escaping, error.message)
+        assert (error.layer, error.field) == ("out", "hdf5_output_param.file_name")
+    error = error_of(folder, [datasets], LENET + WRITER % "a\\000b.h5", data=LENET_DATA)
+    assert "NUL byte" in error.message and error.field == "hdf5_output_param.file_name"
+
+
+@pytest.mark.parametrize("planted", ["outputs/sub", "outputs/sub/preds.h5", "outputs"])
+def test_outputs_are_checked_again_at_each_attempt(tmp_path: Path, datasets: Path, planted: str) -> None:
+    """A link planted on an output's way while the job waited (by someone with access to the data folder) is
+    refused when the attempt's files are written, naming it, and nothing is written through it."""
+    folder = tmp_path / "job"
+    definition = load(folder, [datasets], LENET + WRITER % "sub/preds.h5", data=LENET_DATA, oracle=pycaffe_oracle)
+    write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    path = folder / planted
+    if path.is_dir():
+        path.rename(path.with_name(path.name + ".old"))
+    path.symlink_to(target if planted != "outputs/sub/preds.h5" else target / "preds.h5")
+    with pytest.raises(NetError) as raised:
+        write_attempt(definition, folder, "attempts/2", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    assert f"{planted} in the job's folder is a link" in raised.value.message, raised.value.message
+    assert (raised.value.layer, raised.value.field) == ("out", "hdf5_output_param.file_name")
+    assert not (folder / "attempts" / "2" / "solver.prototxt").exists()
+    assert list(target.iterdir()) == []
 
 
 def test_hdf5_list_files_are_rewritten_with_each_file_checked(tmp_path: Path) -> None:
@@ -308,8 +339,46 @@ def test_the_child_is_handed_the_real_paths_and_its_own_lmdb_lock(tmp_path: Path
         assert sorted(os.listdir(handed)) == ["data.mdb"]  # the child's lock.mdb will be made here
         assert os.readlink(handed / "data.mdb") == str((datasets / dataset / "data.mdb").resolve())
     assert data[0].transform_param.mean_file == str((datasets / "mean.binaryproto").resolve())
+    # What the child's confinement grants: the data files it was checked to read, and its write folders.
+    assert sorted(files.reads) == sorted([
+        str((datasets / "mean.binaryproto").resolve()), str((datasets / "mnist_train_lmdb" / "data.mdb").resolve()),
+        str((datasets / "mnist_test_lmdb" / "data.mdb").resolve()),
+    ])
+    assert files.writes == ("outputs", "snapshots", "data/lmdb", "attempts/1")
     # The same dataset in the test net's file is handed the same folder (Caffe keys its readers by source).
     test = parse_net((folder / files.nets[1]).read_text())
     assert {layer.data_param.source for layer in test.layer if layer.type == "Data"} == {
         layer.data_param.source for layer in train.layer if layer.type == "Data"
     }
+
+
+def test_a_hard_link_in_a_written_folder_is_refused(tmp_path: Path, datasets: Path) -> None:
+    """A hard link is the dataset's own file under a name in the job's folder: Caffe would truncate and rewrite it
+    as a snapshot or an output (and the child's confinement allows that name). Refused before the attempt."""
+    folder = tmp_path / "jobs" / "job"
+    folder.parent.mkdir()
+    definition = load(folder, [datasets], LENET + WRITER % "preds.h5", data=LENET_DATA, oracle=pycaffe_oracle)
+    write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    victim = datasets / "mnist_test_lmdb" / "data.mdb"
+    os.link(victim, folder / "outputs" / "preds.h5")
+    with pytest.raises(NetError, match=r"outputs/preds.h5 in the job's folder has other names \(a hard link\)"):
+        write_attempt(definition, folder, "attempts/2", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    (folder / "outputs" / "preds.h5").unlink()
+    os.link(victim, folder / "snapshots" / "lenet_iter_2.caffemodel")
+    with pytest.raises(NetError, match=r"snapshots/lenet_iter_2.caffemodel in the job's folder has other names"):
+        check_job_folder(folder.parent, folder)
+    assert victim.stat().st_nlink == 2  # left alone: only refused
+
+
+def test_past_the_rule_limit_the_child_reads_the_roots_holding_its_files(
+    tmp_path: Path, datasets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Landlock rule per file pins each inode in the kernel: past MAX_READ_RULES files (a list of a million
+    images), the child is granted the dataset roots that hold them instead."""
+    folder = tmp_path / "job"
+    definition = load(folder, [datasets], data=LENET_DATA)
+    assert len(write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None,
+                             gpu=None).reads) == 2
+    monkeypatch.setattr(job_definition, "MAX_READ_RULES", 1)
+    files = write_attempt(definition, folder, "attempts/2", batch_size=8, iter_size=1, test_batch=None, gpu=None)
+    assert files.reads == (str(datasets.resolve()),)

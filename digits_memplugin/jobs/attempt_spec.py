@@ -98,10 +98,19 @@ class AttemptSpec:
     """The `caffe` binary the binary runner runs."""
     preload: str | None = None
     """The capped-start library the binary runner preloads into caffe (jobs/preload.py); None: built by the child."""
+    read_paths: tuple[str, ...] = ()
+    """The dataset paths the attempt may read (real absolute paths of files and folders, checked when the attempt
+    was written), besides the job's folder: what the child's confinement grants (jobs.confinement)."""
+    write_paths: tuple[str, ...] = ()
+    """The folders, relative to the job's folder, the attempt may write beneath (its outputs, snapshots, its own
+    folder, its LMDB lock folders); nothing else is writable."""
 
     def to_json(self) -> dict[str, Any]:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        document.update(device=self.device.to_json(), test_iter=list(self.test_iter), schedule=dict(self.schedule))
+        document.update(
+            device=self.device.to_json(), test_iter=list(self.test_iter), schedule=dict(self.schedule),
+            read_paths=list(self.read_paths), write_paths=list(self.write_paths),
+        )
         return document
 
     @classmethod
@@ -150,6 +159,8 @@ class AttemptSpec:
             runner=runner,
             caffe=caffe,
             preload=_field(data, "preload", str, nullable=True) if "preload" in data else None,
+            read_paths=_paths(data, "read_paths"),
+            write_paths=_paths(data, "write_paths"),
         )
 
     def write(self, path: Path) -> None:
@@ -187,6 +198,15 @@ def _divergence(data: Mapping[str, Any]) -> str:
     if value not in POLICIES:
         raise AttemptSpecError(f"divergence must be one of {POLICIES}, not {value!r:.80}")
     return str(value)
+
+
+def _paths(data: Mapping[str, Any], name: str) -> tuple[str, ...]:
+    """A list of paths; required, so that a spec that does not say what the child may touch is refused rather than
+    read as "nothing"."""
+    paths = _field(data, name, list)
+    if not all(isinstance(path, str) and path and "\0" not in path for path in paths):
+        raise AttemptSpecError(f"{name} must be a list of paths, not {paths!r:.80}")
+    return tuple(paths)
 
 
 def _kind(value: Any) -> str:

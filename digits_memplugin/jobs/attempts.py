@@ -292,6 +292,8 @@ class AttemptLoop:
             runner=BINARY_RUNNER if binary else PYCAFFE_RUNNER,
             caffe=caffe.binary if binary else None,
             preload=self.config.preload if binary else None,
+            read_paths=files.reads,
+            write_paths=files.writes,
         )
         spec.write(folder / attempt_dir / "attempt.json")
         return spec, environment

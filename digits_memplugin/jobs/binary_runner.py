@@ -39,15 +39,18 @@ import resource
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..caffe_build import linked_libraries
 from ..core.oom import GLOG_LINE, SYSTEM_SHARE_OF_A_RETRY
 from ..core.schedule import LearningRate
 from ..measure.process_memory import data_bytes
 from .attempt_spec import AttemptSpec
 from .caffe_log import TrainingLog
+from .confinement import Confinement, confine_attempt, describe
 from .preload import PreloadError, ensure_library
 from .watchdog import cpu_times
 
@@ -121,8 +124,7 @@ class _Caffe:
             "MEMPLUGIN_THREAD_STACK": str(stack_bytes),
             "MEMPLUGIN_PTRACER": str(os.getppid()),
         }
-        # Confinement: the training child's rules (landlock, applied in this process before Caffe starts) belong
-        # here, just before caffe is spawned; they are inherited across fork and exec, so caffe is confined too.
+        # The confinement (train_with_binary's _confine) is already in force here: caffe inherits it.
         self.process = subprocess.Popen(
             command_line(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=environment, pass_fds=(report_write, query_read, answer_write),
@@ -337,9 +339,10 @@ def train_with_binary(spec: AttemptSpec, report: Any, *, stack_bytes: int) -> in
             library = ensure_library()
         except PreloadError as error:
             raise BinaryRunnerError(f"the capped-start library cannot be built: {error}") from None
+    confinement = _confine(spec, library)
     caffe = _Caffe(spec, library, stack_bytes)
     try:
-        return _follow(spec, caffe, report)
+        return _follow(spec, caffe, report, confinement)
     finally:
         if caffe.process.poll() is None:
             caffe.kill()
@@ -348,7 +351,26 @@ def train_with_binary(spec: AttemptSpec, report: Any, *, stack_bytes: int) -> in
         caffe.close()
 
 
-def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any) -> int:
+def _confine(spec: AttemptSpec, library: Path) -> Confinement:
+    """The attempt's confinement (jobs.confinement), applied to this process before caffe is spawned and inherited by
+    it across fork and exec: besides what the pycaffe runner is granted, caffe's own Caffe root (its binary and
+    libcaffe), the folders of the libraries it links (as ldd resolves them, read before the confinement) and the
+    capped-start library are read and executed."""
+    if spec.caffe is None:
+        raise BinaryRunnerError("the attempt names no caffe binary")
+    binary = Path(spec.caffe).resolve()
+    root = binary.parents[2] if binary.parent.parts[-2:] == ("build", "tools") else binary.parent
+    linked, _ = linked_libraries(binary)
+    folders = {str(Path(path).parent) for path in linked.values() if path.startswith("/")}
+    executables = [str(root), str(library), *sorted(folders)]
+    confinement = confine_attempt(
+        Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu", executables=executables
+    )
+    print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
+    return confinement
+
+
+def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any, confinement: Confinement) -> int:
     early: list[bytes] = []
     found = _read_report(caffe, early)
     if found is not None and found.get("error"):
@@ -367,7 +389,7 @@ def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any) -> int:
     heap = found.get("heap_bytes") if found else None
     report(
         "started", pid=caffe.pid, runner_pid=os.getpid(), baseline_bytes=baseline, memory_cap=spec.memory_cap,
-        resumed_from=spec.resume, blas=_blas(found), caffe=spec.caffe,
+        resumed_from=spec.resume, blas=_blas(found), caffe=spec.caffe, confinement=confinement.to_dict(),
     )
     follower = _Follower(spec, caffe, report, baseline if isinstance(baseline, int) else None,
                          heap if isinstance(heap, int) else None)

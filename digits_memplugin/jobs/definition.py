@@ -5,7 +5,9 @@ Caffe opens whatever paths a prototxt names. A server that trains uploaded defin
 dataset folders it was given, nor write outside the job's folder. So every string field of every layer that
 names a file is examined before anything runs (by name, so fork-only layers are covered too): known readers
 (LMDB sources, HDF5 and image list files, mean files, label maps) must resolve inside a dataset root; known
-writers (HDF5Output, detection outputs) are redirected into ``<job>/outputs``; any other path-like field, and
+writers (HDF5Output, detection outputs) must lie inside ``<job>/outputs`` by their letters (never after resolving
+links: a folder the path names may not exist yet, and the attempt's LMDB links are made later), with real folders
+on the way, checked again at each attempt (`confirm_outputs`); any other path-like field, and
 Python layers (which import code), are refused with a clear error. List files are rewritten into the job's folder
 with every entry checked. The solver's own paths (net files, snapshot_prefix) are replaced.
 
@@ -15,6 +17,8 @@ the job reads is checked again: each must still be the real path checked at subm
 the same kind. The child is handed those real paths; for an LMDB, a folder of the job's own whose data.mdb links
 to the dataset's data file, because Caffe opens LMDBs read-only but still opens (creates, writes) the folder's
 lock.mdb, and a prototxt cannot ask it not to: its lock table is written in the job's folder, never the dataset's.
+The attempt's files say what its child may then open (`AttemptFiles.reads`, `.writes`), which the child's
+confinement (jobs.confinement) holds it to while Caffe opens files all through training.
 """
 
 from __future__ import annotations
@@ -471,14 +475,64 @@ class _Confiner:
         return str(path)
 
     def output(self, value: str, where: Mapping[str, Any], *, folder: bool) -> Path:
-        """A path a layer writes to: inside ``<job>/outputs``; an absolute path must already be inside the job."""
-        outputs = (self.folder / "outputs").resolve()
-        path = Path(value)
-        target = (path if path.is_absolute() else outputs / path).resolve()
-        if not target.is_relative_to(self.folder.resolve()):
-            raise NetError(f"{value} is outside the job's folder; layers may only write inside it", **where)
-        (target if folder else target.parent).mkdir(parents=True, exist_ok=True)
+        """A path a layer writes to: lexically inside ``<job>/outputs`` (a relative path is taken from there), with
+        no link on the way; its folders are made now (and checked again at each attempt: `confirm_outputs`)."""
+        target = output_path(self.folder, value, where)
+        make_output_folders(self.folder, target, where, folder=folder)
         return target
+
+
+OUTPUTS = "outputs"
+"""The job folder's subfolder layers write into (HDF5Output's files): the only place a net's own paths may write."""
+
+
+def output_path(folder: Path, value: str, where: Mapping[str, Any]) -> Path:
+    """`value` (a layer's output path) inside the job's outputs folder, by its letters alone: `..` is taken
+    against the path, never against what a link there points to, so ``../data/lmdb/...`` is outside (it was
+    checked after resolving links, when the folder it names did not exist yet). NetError when it is outside."""
+    if "\0" in value:
+        raise NetError(f"{shown(value)} holds a NUL byte, which no file name can", **where)
+    outputs = Path(os.path.normpath(folder.resolve() / OUTPUTS))
+    target = Path(os.path.normpath(value if os.path.isabs(value) else outputs / value))
+    if target == outputs or not target.is_relative_to(outputs):
+        raise NetError(
+            f"{value} is outside the job's outputs folder; layers may only write inside outputs/ (give a name "
+            "such as \"features.h5\")", **where,
+        )
+    return target
+
+
+def make_output_folders(job: Path, target: Path, where: Mapping[str, Any], *, folder: bool) -> None:
+    """The folders on the way to an output `target` (and `target` itself when the layer writes a folder), made
+    where missing, one at a time from the job's folder: each must be a real folder, never a link; an output file
+    that exists already must be a regular file. NetError naming the component otherwise, and nothing written."""
+    job = job.resolve()
+    parts = target.relative_to(job).parts
+    folders = parts if folder else parts[:-1]
+    current = job
+    for part in folders:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            current.mkdir()
+            continue
+        if not stat.S_ISDIR(mode):
+            what = "a link" if stat.S_ISLNK(mode) else file_kind(mode)
+            raise NetError(f"{current.relative_to(job)} in the job's folder is {what}, not a folder; not written "
+                           "through", **where)
+    if folder:
+        return
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        what = "a link" if stat.S_ISLNK(mode) else file_kind(mode)
+        raise NetError(f"{target.relative_to(job)} in the job's folder is {what}; not written through", **where)
+    if os.lstat(target).st_nlink > 1:
+        raise NetError(f"{target.relative_to(job)} in the job's folder has other names (a hard link); not written "
+                       "through", **where)
 
 
 def _refuse_shared_readers(training: TrainingDefinition) -> None:
@@ -525,14 +579,22 @@ def check_job_folder(jobs_root: Path, folder: Path) -> None:
         if name == "data":
             continue  # list files the server wrote at submission; the child only reads them
         for path in sub.rglob("*") if sub.is_dir() else ():
-            if path.is_symlink():
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
                 raise NetError(f"{path.relative_to(folder)} in the job's folder is a link; not written through")
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                # A hard link is the same file under another name, perhaps a dataset's: Caffe truncates and
+                # rewrites snapshots and outputs by name, and the child's confinement allows that path.
+                raise NetError(f"{path.relative_to(folder)} in the job's folder has other names (a hard link); not "
+                               "written through")
 
 
 LMDB_FOLDER = "data/lmdb"
 """Under the job's folder: one folder per LMDB the job reads, made again for each attempt, whose data.mdb links
 to the dataset's data file; the child's LMDB writes its lock.mdb there."""
 CHANGED = "changed since the job was submitted"
+MAX_READ_RULES = 4096
+"""Dataset paths granted one by one to the training child (jobs.confinement); beyond, the roots holding them."""
 
 
 class _Recheck:
@@ -542,6 +604,8 @@ class _Recheck:
     def __init__(self, roots: Sequence[Path]) -> None:
         self.roots = roots
         self._folders: dict[str, bool] = {}
+        self.reads: dict[str, None] = {}
+        """What the child may read, in the order checked: each file, or the folder of each image."""
 
     def _real_folder(self, folder: str) -> bool:
         real = self._folders.get(folder)
@@ -570,6 +634,16 @@ class _Recheck:
         if want == "file" and not stat.S_ISREG(mode):
             raise NetError(f"{value} {CHANGED}: it is no longer a regular file ({file_kind(mode)}); not read", **where)
 
+    def grant(self, path: str | os.PathLike[str]) -> None:
+        self.reads.setdefault(os.path.normpath(path))
+
+    def granted(self) -> tuple[str, ...]:
+        """The paths the child's confinement lets it read; past MAX_READ_RULES, the dataset roots holding them (one
+        rule per image would pin a million inodes in the kernel)."""
+        if len(self.reads) <= MAX_READ_RULES:
+            return tuple(self.reads)
+        return tuple(str(root) for root in self.roots if any(inside(path, [root]) for path in self.reads))
+
 
 def _listed(list_file: str, folder: Path, where: Mapping[str, Any]) -> list[str]:
     """The lines of a list file the server wrote into the job's data folder at submission."""
@@ -578,10 +652,20 @@ def _listed(list_file: str, folder: Path, where: Mapping[str, Any]) -> list[str]
     return [line.strip() for line in text.decode("utf-8", "replace").splitlines() if line.strip()]
 
 
-def confirm_data(definition: JobDefinition, folder: Path) -> dict[str, str]:
+@dataclasses.dataclass(frozen=True)
+class ConfirmedData:
+    """What `confirm_data` found still as it was checked: what the child is handed and may read."""
+
+    lmdb: dict[str, str]
+    """For each LMDB source, the folder of the job's own the child is handed (see LMDB_FOLDER)."""
+    reads: tuple[str, ...]
+    """The dataset paths the child may read: each LMDB data file, read file and HDF5 file, each image's folder."""
+
+
+def confirm_data(definition: JobDefinition, folder: Path) -> ConfirmedData:
     """Just before an attempt's child starts: every path the job reads, checked again (the data may have changed
     while the job waited, or between attempts). A NetError names the path and what changed; nothing is written
-    then. Returns what the child is handed for each LMDB source: a folder of the job's own (see LMDB_FOLDER)."""
+    then."""
     check = _Recheck(definition.roots)
     lmdbs: dict[str, Path] = {}
     for param in _unique_params(definition.training):
@@ -594,6 +678,7 @@ def confirm_data(definition: JobDefinition, folder: Path) -> dict[str, str]:
                 where = {"layer": layer.name, "layer_type": layer.type, "field": dotted}
                 if kind == READ_FILE:
                     check.path(value, where, want="file")
+                    check.grant(value)
                 elif kind == READ_DB:
                     check.path(value, where, want="dir")
                     if message.backend == caffe_pb2.DataParameter.LMDB and value not in lmdbs:
@@ -601,14 +686,32 @@ def confirm_data(definition: JobDefinition, folder: Path) -> dict[str, str]:
                             lmdbs[value] = lmdb_data_file(Path(value), definition.roots, name=value, **where)
                         except NetError as error:
                             raise NetError(f"the data {CHANGED}: {error.message}", **where) from None
+                        check.grant(lmdbs[value])
                 elif kind == HDF5_LIST:
                     for entry in _listed(value, folder, where):
                         check.path(entry, where, want="file")
+                        check.grant(entry)
                 elif kind == IMAGE_LIST and field.name == "source":
                     for line in _listed(value, folder, where):
                         image, _, label = line.rpartition(" ")
                         check.path(image or label, where, want="file", missing_ok=True)  # Caffe says if one is missing
-    return _lmdb_folders(folder, lmdbs)
+                        check.grant(os.path.dirname(os.path.normpath(image or label)))
+    return ConfirmedData(_lmdb_folders(folder, lmdbs), check.granted())
+
+
+def confirm_outputs(definition: JobDefinition, folder: Path) -> None:
+    """Just before an attempt's child starts: every path a layer writes is still inside the job's outputs folder
+    by its letters, with real folders on the way (made where missing) and no link at its end (someone with access
+    to the data folder may have planted one while the job waited). NetError naming it; nothing written then."""
+    for param in _unique_params(definition.training):
+        for layer in param.layer:
+            for message, field, dotted in _string_fields(layer):
+                kind = HANDLED_FIELDS.get((message.DESCRIPTOR.name, field.name))
+                value = getattr(message, field.name)
+                if not value or kind not in (WRITE_FILE, WRITE_DIR):
+                    continue
+                where = {"layer": layer.name, "layer_type": layer.type, "field": dotted}
+                make_output_folders(folder, output_path(folder, value, where), where, folder=kind == WRITE_DIR)
 
 
 def _lmdb_folders(folder: Path, lmdbs: Mapping[str, Path]) -> dict[str, str]:
@@ -637,6 +740,16 @@ class AttemptFiles:
     solver: str
     nets: list[str]
     snapshot_prefix: str
+    reads: tuple[str, ...] = ()
+    """The dataset paths the child may read (`ConfirmedData.reads`)."""
+    writes: tuple[str, ...] = ()
+    """The folders the child may write beneath, relative to the job's folder (ATTEMPT_WRITES and its own)."""
+
+
+ATTEMPT_WRITES = (OUTPUTS, "snapshots", LMDB_FOLDER)
+"""What every attempt's child may write beneath, besides its own attempts/N folder (its log and records): layers'
+outputs, snapshots, and the LMDB folders where Caffe's LMDB writes its lock table. Never data/ (the list files),
+never the datasets."""
 
 
 def set_batch(net: Any, state: Any, source: str, batch: int) -> None:
@@ -693,10 +806,12 @@ def write_attempt(
     CPU or GPU `gpu` (CUDA's number in the child). Caffe's own testing and snapshots are off (the pycaffe runner
     does both), or, with `caffe_runs` (`caffe train` trains: the binary runner), on as the job's solver has them,
     with `display: 1`, so that its log says every test, update and snapshot. Each message is written with its own
-    schema (NVcaffe's for an NVcaffe net). The job's data is checked again first (`confirm_data`): a NetError then,
-    and nothing is written."""
+    schema (NVcaffe's for an NVcaffe net). The job's data and outputs are checked again first (`confirm_data`,
+    `confirm_outputs`): a NetError then, and nothing is written."""
     training = definition.training
-    handed = confirm_data(definition, folder)
+    confirm_outputs(definition, folder)
+    confirmed = confirm_data(definition, folder)
+    handed = confirmed.lmdb
     (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
     (folder / "snapshots").mkdir(exist_ok=True)
     nets = []
@@ -752,4 +867,4 @@ def write_attempt(
         solver.device_id = gpu
     relative = f"{attempt_dir}/solver.prototxt"
     (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
-    return AttemptFiles(relative, nets, prefix)
+    return AttemptFiles(relative, nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir))

@@ -9,6 +9,10 @@ itself (its log, its death with the server, its priority, its records, its full 
 The server never runs Caffe itself: Caffe aborts the whole process on out-of-memory. Here the runner
 
 * sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
+* confines itself, before pycaffe is loaded and while it has one thread, to reading the job's folder, the dataset
+  paths the spec names and the runtime's files, and to writing beneath the spec's write folders
+  (jobs.confinement, Landlock); where the kernel has no Landlock it trains unconfined and says so in its
+  "started" record;
 * dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
 * lowers its own CPU priority (the attempt's "nice", 10 by default) before Caffe starts its threads, which inherit
   it: on a machine whose cores the training takes, the server's pages, API and events still come first;
@@ -58,6 +62,7 @@ from ..core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
 from ..measure.process_memory import data_bytes, heap_bytes
 from .attempt_spec import BINARY_RUNNER, AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
+from .confinement import confine_attempt, describe
 
 if TYPE_CHECKING:
     from ..core.schedule import LearningRate
@@ -270,8 +275,13 @@ def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> None:
 
 
 def train(spec: AttemptSpec, report: Reporter) -> Any:
-    """Construct the solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would. The
-    solver is returned: when it is freed is the caller's decision (see `_end`)."""
+    """Confine this process to the job's files (before Caffe is loaded, while it has one thread), construct the
+    solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would. The solver is
+    returned: when it is freed is the caller's decision (see `_end`)."""
+    confinement = confine_attempt(
+        Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu"
+    )
+    print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
     from ..core.schedule import LearningRate
 
     schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
@@ -292,7 +302,7 @@ def train(spec: AttemptSpec, report: Reporter) -> Any:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     report(
         "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.resume,
-        blas=blas.to_dict(),
+        blas=blas.to_dict(), confinement=confinement.to_dict(),
     )
 
     solver = caffe.get_solver(spec.solver)
