@@ -36,6 +36,10 @@ def caffe_root(folder: Path, *, version: str, cuda: bool, log: Path | None = Non
     binary = tools / "caffe"
     binary.write_text(f"#!{sys.executable}\n" + Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
     binary.chmod(0o755)
+    if log is not None:  # inside the root, which a confined attempt may read (a Caffe's own files)
+        kept = tools / f"recorded-{log.name}"
+        kept.write_bytes(log.read_bytes())
+        log = kept
     settings = {"version": version, "cuda": cuda, "log": str(log) if log else None, "end": end,
                 "line_seconds": line_seconds}
     (tools / "scripted.json").write_text(json.dumps(settings), encoding="utf-8")

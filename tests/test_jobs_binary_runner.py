@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import BLAS_CORES, MIB, SHORT_SOLVER, ManagerFactory, lenet_request
+from test_jobs_fixtures import BLAS_CORES, MIB, SHORT_SOLVER, ManagerFactory, comparable_record, lenet_request
 
 from digits_memplugin.caffe_build import BINARY, BUNDLED_BINARY_ROOT, BVLC, CaffeBuild, find_caffe
 from digits_memplugin.jobs.manager import JobManager
@@ -49,13 +49,6 @@ def test_the_bundled_binary_build_is_read_as_a_cpu_only_bvlc_caffe_trained_throu
     assert binary_caffe.libraries == () and binary_caffe.pycaffe is None
 
 
-def comparable(record: dict[str, Any]) -> dict[str, Any]:
-    """A record without what differs between two runs of the same training: times, processes, memory figures."""
-    dropped = {"time", "seconds", "pid", "runner_pid", "memory_bytes", "allocated_bytes", "baseline_bytes", "blas",
-               "caffe"}
-    return {key: value for key, value in record.items() if key not in dropped}
-
-
 def approx(record: dict[str, Any]) -> dict[str, Any]:
     """Caffe's log prints 6 significant digits; the pycaffe runner reads float32 values."""
     def close(value: Any) -> Any:
@@ -67,7 +60,7 @@ def approx(record: dict[str, Any]) -> dict[str, Any]:
             return [close(item) for item in value]
         return value
 
-    return close(comparable(record))
+    return close(comparable_record(record))
 
 
 def test_the_binary_runner_sends_the_records_the_pycaffe_runner_sends_for_the_same_job(
@@ -83,9 +76,10 @@ def test_the_binary_runner_sends_the_records_the_pycaffe_runner_sends_for_the_sa
     assert first.status == second.status == "done", (first.message, second.message)
     ours, theirs = records(by_pycaffe, first.id, 1), records(by_binary, second.id, 1)
     assert [r["event"] for r in theirs] == [r["event"] for r in ours]
-    assert [comparable(r) for r in theirs] == [approx(r) for r in ours]
+    assert [comparable_record(r) for r in theirs] == [approx(r) for r in ours]
     started = theirs[0]
     assert started["caffe"] == binary_caffe.binary and started["pid"] != started["runner_pid"]
+    assert started["confinement"]["confined"] and started["confinement"]["rules"] > ours[0]["confinement"]["rules"]
     assert started["blas"]["settled"] and "openblas" in started["blas"]["library"]
     memory = [r["allocated_bytes"] for r in theirs if "allocated_bytes" in r]
     assert memory and 0 < memory[0] < max(memory)  # the first update allocates diffs and history, as in pycaffe

@@ -72,13 +72,14 @@ def head(log: Path) -> str:
 
 def spec_for(folder: Path, binary: Path, *, device: AttemptDevice) -> str:
     (folder / "attempts" / "1").mkdir(parents=True)
+    (folder / "snapshots").mkdir()
     schedule = LearningRate(policy="inv", base_lr=0.01, gamma=0.0001, power=0.75)
     spec = AttemptSpec(
         job_id="scripted", attempt=1, solver="attempts/1/solver.prototxt", log="attempts/1/caffe.log",
         progress="attempts/1/progress.jsonl", device=device, batch_size=64, iter_size=1, resume=None, memory_cap=None,
         max_iter=2, test_interval=500, test_iter=(2,), test_initialization=True, snapshot=2, snapshot_after_train=True,
         snapshot_prefix="snapshots/lenet", snapshot_format="BINARYPROTO", schedule=schedule.to_dict(),
-        runner="binary", caffe=str(binary),
+        runner="binary", caffe=str(binary), write_paths=("snapshots", "attempts/1"),
     )
     spec.write(folder / "attempts" / "1" / "attempt.json")
     return "attempts/1/attempt.json"

@@ -28,7 +28,9 @@ from test_hardening_paths import Watch
 from test_jobs_fixtures import ManagerFactory, lenet_request, wait_for, write_lmdb
 
 from digits_memplugin import landlock
+from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT, find_caffe
 from digits_memplugin.jobs import definition as job_definition
+from digits_memplugin.jobs.preload import ensure_library
 from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]
@@ -323,18 +325,25 @@ def permissive_output(self: Any, value: str, where: Any, *, folder: bool) -> Pat
 
 @pytest.mark.slow
 @needs_landlock
+@pytest.mark.parametrize("runner", ["pycaffe", "binary"])
 def test_the_issues_hdf5output_onto_a_datasets_data_mdb_is_stopped_by_the_kernel(
-    make_manager: ManagerFactory, datasets: Path, monkeypatch: pytest.MonkeyPatch
+    make_manager: ManagerFactory, datasets: Path, monkeypatch: pytest.MonkeyPatch, runner: str
 ) -> None:
     """With the server's output checks taken away (as if they missed a path), the attempt's child still cannot
     write the dataset: Landlock resolves the link in data/lmdb/ and finds the dataset's file, which is not
-    writable. The dataset's checksum is the evidence, with an inotify watch on the dataset root."""
+    writable. The dataset's checksum is the evidence, with an inotify watch on the dataset root. The same through
+    the `caffe` binary runner, whose caffe is confined in its own process before exec."""
     write_lmdb(datasets / "victim_lmdb", records=8)
     victim = datasets / "victim_lmdb" / "data.mdb"
     before = sha256(victim)
     monkeypatch.setattr(job_definition._Confiner, "output", permissive_output)
     monkeypatch.setattr(job_definition, "confirm_outputs", lambda definition, folder: None, raising=False)
-    manager = make_manager()
+    if runner == "binary":
+        if not (BUNDLED_BINARY_ROOT / "build" / "tools" / "caffe").is_file():
+            pytest.fail(f"the bundled Caffe's binary build is missing at {BUNDLED_BINARY_ROOT}: run `make install`")
+        manager = make_manager(caffe=find_caffe(BUNDLED_BINARY_ROOT), preload=str(ensure_library()))
+    else:
+        manager = make_manager()
     request = lenet_request(net=DIGITS_LENET + DUMP, solver=DIGITS_SOLVER, classes=10, max_iter=2,
                             data={"train": "mnist_train_lmdb", "test": "victim_lmdb"}, fallback={"max_attempts": 1})
     watch = Watch(datasets)

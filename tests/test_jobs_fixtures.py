@@ -125,6 +125,21 @@ def lenet_request(**fields: Any) -> JobRequest:
     return request
 
 
+RUN_SPECIFIC = {"time", "seconds", "pid", "runner_pid", "memory_bytes", "allocated_bytes", "baseline_bytes", "blas",
+                "caffe"}
+"""Record fields that differ between two runs of the same training (times, processes, memory figures) and between a
+Python process and `caffe`."""
+
+
+def comparable_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without what differs between two runs of the same training, the pycaffe runner's and the binary's:
+    the binary's confinement also grants its Caffe root and libraries, so only its number of rules differs."""
+    kept = {key: value for key, value in record.items() if key not in RUN_SPECIFIC}
+    if "confinement" in kept:
+        kept["confinement"] = {key: value for key, value in kept["confinement"].items() if key != "rules"}
+    return kept
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "the condition") -> Any:
     """Poll `predicate` until it returns something true; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

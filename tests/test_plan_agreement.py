@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from test_jobs_fixtures import LENET, SHORT_SOLVER, datasets, wait_for  # noqa: F401 - datasets is a fixture
+from test_jobs_fixtures import LENET, SHORT_SOLVER, comparable_record, datasets, wait_for  # noqa: F401 - datasets is a fixture
 
 from digits_memplugin.app import create_app
 from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
@@ -73,12 +73,10 @@ def attempts_and_records(client: Any, job_url: str, folder: Path) -> tuple[list[
     job = client.get(job_url).get_json()
     attempts = [(a["batch_size"], a["iter_size"], a["test_batch_size"], a["test_iter"], a["status"],
                  a["end_iteration"]) for a in job["attempts"]]
-    skip = {"time", "seconds", "pid", "runner_pid", "memory_bytes", "allocated_bytes", "baseline_bytes", "blas",
-            "caffe"}
     records = []
     for number in range(1, len(job["attempts"]) + 1):
         for line in (folder / "attempts" / str(number) / "progress.jsonl").read_text().splitlines():
-            records.append({key: value for key, value in json.loads(line).items() if key not in skip})
+            records.append(comparable_record(json.loads(line)))
     return attempts, records
 
 

@@ -50,7 +50,7 @@ from ..core.schedule import LearningRate
 from ..measure.process_memory import data_bytes
 from .attempt_spec import AttemptSpec
 from .caffe_log import TrainingLog
-from .confinement import Confinement, confine_attempt, describe
+from .confinement import Confinement, ConfinementError, confine_attempt, describe
 from .preload import PreloadError, ensure_library
 from .watchdog import cpu_times
 
@@ -66,6 +66,8 @@ EXIT_SECONDS = 30.0
 ALIVE_SECONDS = 10.0
 """During a test pass caffe logs nothing: a "testing" record this often while it uses the CPU as a computation does."""
 POLL_SECONDS = 1.0
+MAX_TOLD_BYTES = 64 * 1024
+"""What caffe's process may say of its confinement (a JSON object of a few fields)."""
 BUSY_SHARE = 0.25
 """A test pass using at least this share of a CPU, mostly outside the kernel, is making progress (a failed
 allocation retried for ever spends most of its time in the kernel: core.oom's SYSTEM_SHARE_OF_A_RETRY)."""
@@ -94,13 +96,23 @@ def start_iteration(spec: AttemptSpec) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _child_setup(parent: int) -> Any:  # pragma: no cover - runs in the child between fork and exec
+def _child_setup(parent: int, confine: Any, told: int) -> Any:  # pragma: no cover - in the child, fork to exec
     def setup() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the runner died before the request took effect
             os._exit(1)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core of a large caffe would fill the job's folder
+        # The confinement is made here, in caffe's own process (one thread, before exec): its /proc/<pid> is
+        # caffe's, which the capped-start library reads. What was done goes to the runner on its own pipe.
+        try:
+            said: dict[str, Any] = confine().to_dict()
+        except ConfinementError as error:
+            said = {"error": error.strerror or str(error)}
+        os.write(told, (json.dumps(said) + "\n").encode())
+        os.close(told)
+        if "error" in said:
+            os._exit(126)
 
     return setup
 
@@ -108,7 +120,8 @@ def _child_setup(parent: int) -> Any:  # pragma: no cover - runs in the child be
 class _Caffe:
     """The running caffe and the three pipes of its capped-start library."""
 
-    def __init__(self, spec: AttemptSpec, library: Path, stack_bytes: int) -> None:
+    def __init__(self, spec: AttemptSpec, library: Path, stack_bytes: int, confine: Any) -> None:
+        told_read, told_write = os.pipe()
         report_read, report_write = os.pipe()
         query_read, query_write = os.pipe()
         answer_read, answer_write = os.pipe()
@@ -124,14 +137,24 @@ class _Caffe:
             "MEMPLUGIN_THREAD_STACK": str(stack_bytes),
             "MEMPLUGIN_PTRACER": str(os.getppid()),
         }
-        # The confinement (train_with_binary's _confine) is already in force here: caffe inherits it.
         self.process = subprocess.Popen(
             command_line(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=environment, pass_fds=(report_write, query_read, answer_write),
-            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - this process starts no thread before it
+            preexec_fn=_child_setup(os.getpid(), confine, told_write),  # noqa: PLW1509 - this process starts no thread before it
         )
-        for fd in (report_write, query_read, answer_write):
+        for fd in (told_write, report_write, query_read, answer_write):
             os.close(fd)
+        with os.fdopen(told_read, "rb") as told:
+            line = told.readline(MAX_TOLD_BYTES)
+        try:
+            said = json.loads(line) if line else {"error": "caffe's process ended before it was confined"}
+        except ValueError:
+            said = {"error": f"caffe's process said {line[:200]!r} of its confinement"}
+        if "error" in said:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=EXIT_SECONDS)
+            raise BinaryRunnerError(f"the attempt could not be confined: {said['error']}")
+        self.confinement: dict[str, Any] = said
         self.report_fd, self.query_fd, self.answer_fd = report_read, query_write, answer_read
         assert self.process.stdout is not None
         self.output = self.process.stdout.fileno()
@@ -339,10 +362,11 @@ def train_with_binary(spec: AttemptSpec, report: Any, *, stack_bytes: int) -> in
             library = ensure_library()
         except PreloadError as error:
             raise BinaryRunnerError(f"the capped-start library cannot be built: {error}") from None
-    confinement = _confine(spec, library)
-    caffe = _Caffe(spec, library, stack_bytes)
+    caffe = _Caffe(spec, library, stack_bytes, _confinement(spec, library))
+    said = Confinement(**{**caffe.confinement, "writes": tuple(caffe.confinement.get("writes", ()))})
+    print(f"memplugin: caffe (pid {caffe.pid}) is {describe(said)}", file=sys.stderr, flush=True)
     try:
-        return _follow(spec, caffe, report, confinement)
+        return _follow(spec, caffe, report)
     finally:
         if caffe.process.poll() is None:
             caffe.kill()
@@ -351,11 +375,11 @@ def train_with_binary(spec: AttemptSpec, report: Any, *, stack_bytes: int) -> in
         caffe.close()
 
 
-def _confine(spec: AttemptSpec, library: Path) -> Confinement:
-    """The attempt's confinement (jobs.confinement), applied to this process before caffe is spawned and inherited by
-    it across fork and exec: besides what the pycaffe runner is granted, caffe's own Caffe root (its binary and
-    libcaffe), the folders of the libraries it links (as ldd resolves them, read before the confinement) and the
-    capped-start library are read and executed."""
+def _confinement(spec: AttemptSpec, library: Path) -> Any:
+    """The attempt's confinement (jobs.confinement) as a call made in caffe's process between fork and exec: besides
+    what the pycaffe runner is granted, caffe's own Caffe root (its binary and libcaffe), the folders of the libraries
+    it links (as ldd resolves them, here, before any confinement) and the capped-start library are read and
+    executed."""
     if spec.caffe is None:
         raise BinaryRunnerError("the attempt names no caffe binary")
     binary = Path(spec.caffe).resolve()
@@ -363,14 +387,17 @@ def _confine(spec: AttemptSpec, library: Path) -> Confinement:
     linked, _ = linked_libraries(binary)
     folders = {str(Path(path).parent) for path in linked.values() if path.startswith("/")}
     executables = [str(root), str(library), *sorted(folders)]
-    confinement = confine_attempt(
-        Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu", executables=executables
-    )
-    print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
-    return confinement
+    folder = Path.cwd()
+
+    def confine() -> Confinement:
+        return confine_attempt(
+            folder, spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu", executables=executables
+        )
+
+    return confine
 
 
-def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any, confinement: Confinement) -> int:
+def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any) -> int:
     early: list[bytes] = []
     found = _read_report(caffe, early)
     if found is not None and found.get("error"):
@@ -389,7 +416,7 @@ def _follow(spec: AttemptSpec, caffe: _Caffe, report: Any, confinement: Confinem
     heap = found.get("heap_bytes") if found else None
     report(
         "started", pid=caffe.pid, runner_pid=os.getpid(), baseline_bytes=baseline, memory_cap=spec.memory_cap,
-        resumed_from=spec.resume, blas=_blas(found), caffe=spec.caffe, confinement=confinement.to_dict(),
+        resumed_from=spec.resume, blas=_blas(found), caffe=spec.caffe, confinement=caffe.confinement,
     )
     follower = _Follower(spec, caffe, report, baseline if isinstance(baseline, int) else None,
                          heap if isinstance(heap, int) else None)
