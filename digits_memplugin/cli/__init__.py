@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from .._version import __version__
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("serve", "estimate", "train", "devices", "sample-dataset")
+COMMANDS = ("serve", "estimate", "train", "devices", "networks", "sample-dataset")
 
 
 def build_parser() -> argparse.ArgumentParser:
