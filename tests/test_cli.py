@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import re
@@ -35,6 +36,22 @@ def test_unknown_subcommand_is_a_usage_error() -> None:
     result = subprocess.run([SCRIPT, "frobnicate"], check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "invalid choice: 'frobnicate'" in result.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback() -> None:
+    # `digits-memplugin devices --json | head -1`: head closes the pipe after its line. The pipe holds one page,
+    # far less than the document, so the command is still writing when its reader goes.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, 4096)
+    process = subprocess.Popen(
+        [SCRIPT, "devices", "--json", "--simulate-gpus", "64x24GiB"], stdout=write_end, stderr=subprocess.PIPE
+    )
+    os.close(write_end)
+    assert os.read(read_end, 1) == b"{"
+    os.close(read_end)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 141, err
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
 
 
 def test_module_entry_point_matches_the_script() -> None:

@@ -13,6 +13,7 @@ import pytest
 from digits_memplugin import create_app, devices
 from digits_memplugin.caffe_build import bundled, devices_document
 from digits_memplugin.cli import main
+from digits_memplugin.cli.devices import format_table
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
 
@@ -125,3 +126,14 @@ def test_the_console_script_prints_the_same_gpus() -> None:
 def test_help_documents_the_flags() -> None:
     result = subprocess.run([SCRIPT, "devices", "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "--json" in result.stdout and "--simulate-gpus" in result.stdout
+
+
+
+def test_simulated_gpus_have_no_driver_version_made_up(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = run_cli(capsys, "--simulate-gpus", SPEC).splitlines()
+    assert "NVIDIA driver: simulated (no driver is behind the simulated GPUs)" in lines
+    assert not [line for line in lines if line.startswith("NVIDIA driver ") or "550." in line]
+    # The fake library reports a version as a driver would; a table of real GPUs shows it as it is.
+    document = devices.read_devices().to_json()
+    assert document["simulated"] and document["driver_version"] == "550.54.15"
+    assert format_table({**document, "simulated": False}).splitlines()[-1] == "NVIDIA driver 550.54.15"

@@ -119,6 +119,36 @@ def test_unreadable_file_and_bad_arguments() -> None:
     assert bad_shape.returncode == 2 and "is not a shape" in bad_shape.stderr
 
 
+def test_a_size_without_a_unit_below_a_mib_is_refused_with_the_unit_asked_for() -> None:
+    # `--free-bytes 8` is someone meaning 8 GiB: 8 bytes fit no net, and saying "does not fit" would hide the slip.
+    for text in ("8", "512", "24576", "1048575"):
+        refused = run(LENET, "--data-shape", "data=1,28,28", "--free-bytes", text)
+        assert refused.returncode == 2 and not refused.stdout
+        assert f"argument --free-bytes: {text} has no unit: write one, e.g. {text}GiB or {text}MiB" in refused.stderr
+    # A unit says what is meant, however small; a byte count from 1 MiB is taken as bytes (as the REST API's
+    # integers are), the same as its size with a unit.
+    tiny = run(LENET, "--data-shape", "data=1,28,28", "--free-bytes", "8B", "--json", "--no-pycaffe")
+    assert tiny.returncode == 0 and json.loads(tiny.stdout)["free_bytes"] == 8
+    documents = [
+        json.loads(run(LENET, "--data-shape", "data=1,28,28", "--free-bytes", text, "--json", "--no-pycaffe").stdout)
+        for text in ("1048576", "1MiB", str(8 << 30), "8GiB")
+    ]
+    assert documents[0] == documents[1] and documents[2] == documents[3]
+    assert documents[0]["free_bytes"] == 1 << 20 and documents[2]["free_bytes"] == 8 << 30
+
+
+def test_a_digits_network_without_classes_is_told_about_classes() -> None:
+    bundled = Path(__file__).resolve().parent.parent / "digits_memplugin" / "networks" / "lenet.prototxt"
+    result = run(bundled, "--data-shape", "data=1,28,28", "--no-pycaffe")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"digits-memplugin estimate: error: {bundled}:100: layer 'scores' (InnerProduct): "
+        "inner_product_param.num_output: must be positive, got 0; DIGITS networks leave num_output unset for the "
+        "dataset's number of classes: give it with --classes N"
+    )
+    assert run(bundled, "--data-shape", "data=1,28,28", "--classes", "10", "--no-pycaffe").returncode == 0
+
+
 def test_broken_prototxt_reports_line_and_column(tmp_path: Path) -> None:
     net = tmp_path / "broken.prototxt"
     net.write_text('name: "x"\nlayer {\n  name: "a"\n  type: "Input"\n  top: "a"\n  input_param { shape { dim: 1 }\n')

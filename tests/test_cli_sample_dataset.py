@@ -3,6 +3,7 @@ validation LMDBs that the New model page lists and that LeNet really trains on, 
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,23 @@ def test_it_writes_real_digits_that_lenet_trains_on(tmp_path: Path) -> None:
     losses = [float(line.split("loss ")[1].split(",")[0]) for line in trained.stdout.splitlines()
               if line.startswith("  iteration ") and "loss " in line]
     assert losses and losses[-1] < losses[0], trained.stdout
+
+
+def test_the_command_line_it_prints_trains_the_bundled_lenet(tmp_path: Path) -> None:
+    """What a new user without the web page does: run the two commands `sample-dataset` prints, as printed."""
+    written = subprocess.run([SCRIPT, "sample-dataset", "digits"], capture_output=True, text=True, timeout=300,
+                             check=False, cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    (line,) = [line for line in written.stdout.splitlines() if line.startswith("on the command line: ")]
+    commands = [shlex.split(part) for part in line.removeprefix("on the command line: ").split(" && ")]
+    assert [command[:2] for command in commands] == [["digits-memplugin", "networks"], ["digits-memplugin", "train"]]
+    for command in commands:
+        extra = ["--max-iter", "20", "--device", "cpu", "--data-dir", "var"] if command[1] == "train" else []
+        result = subprocess.run([SCRIPT, *command[1:], *extra], capture_output=True, text=True, timeout=300,
+                                check=False, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "done: training finished at iteration 20"
+    assert "  iteration 20 of 20: loss " in result.stdout
 
 
 def test_it_refuses_to_overwrite_without_force(tmp_path: Path) -> None:

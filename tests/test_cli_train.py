@@ -3,14 +3,19 @@ fallback for real, Ctrl-C cancelling, and clear errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from test_jobs_fixtures import LENET, SHORT_SOLVER, wait_for
+
+from digits_memplugin.jobs.manager import STORE_FILE
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]
@@ -131,3 +136,140 @@ def test_a_caffe_root_that_cannot_train_is_one_line_without_traceback(files: lis
     result = train(*files, "--caffe-root", str(tmp_path / "nowhere"))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"MEMPLUGIN_CAFFE_ROOT names {tmp_path / 'nowhere'}, which is not a folder" in result.stderr
+
+
+# --- a new user's first hour: the bundled LeNet, the sample digits, and what `train` says ----------------------
+
+
+@pytest.fixture
+def bundled(tmp_path: Path) -> Path:
+    """The folder a new user works in: the bundled LeNet and its solver as `networks --write` gives them, and the
+    sample digits as `sample-dataset` writes them."""
+    for command in (["networks", "--write", str(tmp_path), "lenet"], ["sample-dataset", str(tmp_path / "datasets")]):
+        written = subprocess.run([SCRIPT, *command], capture_output=True, text=True, timeout=120, check=False)
+        assert written.returncode == 0, written.stderr
+    return tmp_path
+
+
+def in_folder(folder: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`train` run from `folder` with relative paths, as a user types it."""
+    return subprocess.run(
+        [SCRIPT, "train", *args, "--data-dir", "var", "--device", "cpu"], capture_output=True, text=True,
+        timeout=timeout, check=False, cwd=folder,
+    )
+
+
+def test_a_net_without_data_is_pointed_at_data_in_the_users_file(bundled: Path) -> None:
+    nothing = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", "--classes", "10")
+    assert nothing.returncode == 2 and "Traceback" not in nothing.stderr
+    assert nothing.stderr.strip() == (
+        "digits-memplugin train: error: lenet.prototxt:10: layer 'train-data' (Data): data_param.source: no dataset "
+        "given: give it with --data train=PATH (this layer's phase) or --data train-data=PATH, PATH being an LMDB "
+        f"folder in {bundled}"
+    )
+    half = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", "--classes", "10",
+                     "--data", "train=datasets/digits_train_lmdb")
+    assert half.returncode == 2
+    assert ("lenet.prototxt:18: layer 'val-data' (Data): data_param.source: no dataset given: give it with --data "
+            "test=PATH") in half.stderr
+    assert not (bundled / "var" / "jobs").exists() or not any((bundled / "var" / "jobs").iterdir())
+
+
+def test_errors_name_the_users_files_and_the_flags(bundled: Path, tmp_path: Path) -> None:
+    data = ["--data", "train=datasets/digits_train_lmdb", "--data", "test=datasets/digits_val_lmdb"]
+    classes = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", *data)
+    assert classes.returncode == 2
+    assert classes.stderr.startswith(
+        "digits-memplugin train: error: lenet.prototxt:100: layer 'scores' (InnerProduct): "
+        "inner_product_param.num_output: must be positive, got 0;"
+    )
+    assert classes.stderr.rstrip().endswith("give it with --classes N")
+
+    (bundled / "my_solver.prototxt").write_text("base_lr: 0.01\nlr_policy: \"step\"\nmax_iter: 3\n")
+    solver = in_folder(bundled, "lenet.prototxt", "my_solver.prototxt", "--classes", "10", *data)
+    assert solver.returncode == 2
+    assert "error: my_solver.prototxt: stepsize: the step policy needs a positive stepsize" in solver.stderr
+    assert "solver.prototxt" not in solver.stderr.replace("my_solver.prototxt", "")
+
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    (outside / "lmdb").mkdir(parents=True)
+    absolute = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", "--classes", "10",
+                         "--data", f"train={outside / 'lmdb'}", "--data", "test=datasets/digits_val_lmdb")
+    assert absolute.returncode == 2
+    assert absolute.stderr.strip() == (
+        f"digits-memplugin train: error: --data: layer 'train-data' (Data): data_param.source: {outside / 'lmdb'} is "
+        f"outside the dataset folders this server may read (the dataset folders here: {bundled}; --dataset-root DIR "
+        "adds one)"
+    )
+    empty = bundled / "empty.prototxt"
+    empty.write_text("\n")
+    assert in_folder(bundled, "empty.prototxt", "lenet_solver.prototxt").stderr.strip() == (
+        "digits-memplugin train: error: empty.prototxt is empty"
+    )
+
+
+def test_data_shape_gives_a_shape_the_dataset_does_not_tell(bundled: Path) -> None:
+    # An ImageData layer reads a list of image files: the shape of its items is the first image's, which the
+    # estimate does not open; `train` asks for it as `estimate` does, with --data-shape.
+    (bundled / "datasets" / "images.txt").write_text("a.png 0\nb.png 1\n")
+    for name in ("a.png", "b.png"):
+        (bundled / "datasets" / name).write_bytes(b"\x89PNG\r\n\x1a\n")
+    net = (bundled / "lenet.prototxt").read_text().replace(
+        'type: "Data"\n  top: "data"\n  top: "label"\n  include { stage: "train" }\n  data_param { batch_size: 64 }',
+        'type: "ImageData"\n  top: "data"\n  top: "label"\n  include { stage: "train" }\n'
+        '  image_data_param { batch_size: 64 is_color: false }',
+    )
+    assert "ImageData" in net
+    (bundled / "images.prototxt").write_text(net)
+    data = ["--data", "train=datasets/images.txt", "--data", "test=datasets/digits_val_lmdb", "--classes", "10"]
+    unknown = in_folder(bundled, "images.prototxt", "lenet_solver.prototxt", *data)
+    assert unknown.returncode == 2
+    assert ("images.prototxt:10: layer 'train-data' (ImageData): top: the shape of top 'data' comes from the first "
+            "image of the list") in unknown.stderr
+    assert unknown.stderr.rstrip().endswith("; on the command line: --data-shape data=3,256,256")
+    bad = in_folder(bundled, "images.prototxt", "lenet_solver.prototxt", *data, "--data-shape", "data=0,28")
+    assert bad.returncode == 2 and "--data-shape data=0,28: '0,28' is not a shape" in bad.stderr
+    given = in_folder(bundled, "images.prototxt", "lenet_solver.prototxt", *data, "--data-shape", "data=1,28,28",
+                      "--max-iter", "2", "--max-attempts", "1")
+    # The job is made and planned with that shape, the one its row keeps (it then fails: this Caffe is built
+    # without OpenCV, so without ImageData, and the files are no images anyway).
+    assert "top: the shape of top" not in given.stderr, given.stderr
+    job = next(line for line in given.stdout.splitlines() if line.startswith("job "))
+    folder = Path(job.split(" in ", 1)[1])
+    with contextlib.closing(sqlite3.connect(bundled / "var" / STORE_FILE, timeout=10)) as database:
+        (spec,) = database.execute("select spec from jobs").fetchone()
+    assert folder.is_dir() and json.loads(spec)["data_shapes"] == {"data": [1, 28, 28]}
+
+
+def test_training_prints_regular_steps_of_n_with_speed_time_left_and_absolute_snapshots(bundled: Path) -> None:
+    solver = (bundled / "lenet_solver.prototxt").read_text()
+    for old, new in (("display: 50", "display: 10"), ("test_interval: 250", "test_interval: 20"),
+                     ("test_iter: 12", "test_iter: 2"), ("snapshot: 500", "snapshot: 20")):
+        assert old in solver
+        solver = solver.replace(old, new)
+    (bundled / "quick_solver.prototxt").write_text(solver)
+    result = in_folder(bundled, "lenet.prototxt", "quick_solver.prototxt", "--classes", "10", "--max-iter", "40",
+                       "--data", "train=datasets/digits_train_lmdb", "--data", "test=datasets/digits_val_lmdb")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    iterations = [line for line in lines if line.startswith("  iteration ")]
+    assert [int(line.split()[1]) for line in iterations] == [1, 10, 20, 30, 40], result.stdout
+    assert all(" of 40: loss " in line for line in iterations)
+    # The speed from the second line on, the time left until the last.
+    for line in iterations[1:]:
+        assert re.search(r", lr 0\.0\d+, \d[\d.]* it/s", line), line
+    assert all(re.search(r"it/s, \d+ s left$", line) for line in iterations[1:-1]), iterations
+    assert "left" not in iterations[-1]
+    # Losses and test outputs to four significant digits, not sixteen.
+    numbers = re.findall(r"(?:loss|accuracy) =? ?(\d[\d.e-]*)", "\n".join(lines))
+    assert numbers and all(len(re.sub(r"[^\d]", "", n.split("e")[0]).lstrip("0")) <= 4 for n in numbers), numbers
+    tests = [line for line in lines if line.startswith("  test net 0 at iteration ")]
+    assert [line.split()[5].rstrip(":") for line in tests] == ["0", "20", "40"]
+    snapshots = [line for line in lines if line.startswith("  snapshot at iteration ")]
+    assert len(snapshots) == 2
+    for line in snapshots:
+        model, state = re.fullmatch(r"  snapshot at iteration \d+: (\S+) \(solver state (\S+)\)", line).groups()
+        assert Path(model).is_absolute() and Path(model).is_file() and model.endswith(".caffemodel")
+        assert Path(state).is_absolute() and Path(state).is_file() and state.endswith(".solverstate")
+        assert Path(model).is_relative_to(bundled / "var" / "jobs")
+    assert lines[-1] == "done: training finished at iteration 40"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from .._version import __version__
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("serve", "estimate", "train", "devices", "sample-dataset")
+COMMANDS = ("serve", "estimate", "train", "devices", "networks", "sample-dataset")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`... | head`): nothing more to say, and no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's own flush at exit fails no more
+        return 141  # what a shell reports for a command killed by SIGPIPE (128 + 13)
     except CommandError as error:
         print(f"digits-memplugin {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -106,7 +106,9 @@ def format_table(document: dict[str, Any]) -> str:
         lines.append(f"No GPUs: {document['gpu_reason']}")
     if document["simulated"]:
         lines.append("The GPUs are simulated (--simulate-gpus): not this machine's hardware.")
-    if document["driver_version"]:
+    if document["simulated"]:
+        lines.append("NVIDIA driver: simulated (no driver is behind the simulated GPUs)")
+    elif document["driver_version"]:
         lines.append(f"NVIDIA driver {document['driver_version']}")
     caffe = document.get("caffe")
     if caffe:

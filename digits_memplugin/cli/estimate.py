@@ -25,7 +25,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--test-batch", type=positive_int, help="batch size of the TEST data layers")
     parser.add_argument("--engine", choices=ENGINES, default="cpu", help="what trains the net (default: %(default)s)")
     parser.add_argument(
-        "--free-bytes", type=size, metavar="B", help="free memory of the device, e.g. 8GiB or 8589934592"
+        "--free-bytes", type=size, metavar="B",
+        help="free memory of the device, e.g. 8GiB; a number without a unit counts bytes and must be at least 1 MiB",
     )
     parser.add_argument(
         "--safety-margin", type=float, default=None,
@@ -56,12 +57,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+SMALLEST_BARE_SIZE = 1024**2
+"""A number without a unit counts bytes, as the REST API's integers do, but only from 1 MiB (the least a memory cap
+may be): below that, "8" or "512" is someone meaning GiB or MiB (nvidia-smi's unit), and 8 bytes is no device's
+memory. Sizes that small still go with their unit ("512B")."""
+
+
 def size(text: str) -> int:
-    """Bytes: a plain integer, or a number with a unit (8GiB)."""
+    """Bytes: a number with a unit (8GiB, as the REST API's size strings), or a byte count of at least 1 MiB."""
     from ..sizes import parse_size
 
-    if text.strip().isdigit():
-        return int(text)
+    if text.strip().isdigit() and len(text.strip()) <= 20:
+        value = int(text)
+        if value < SMALLEST_BARE_SIZE:
+            raise argparse.ArgumentTypeError(
+                f"{text.strip()} has no unit: write one, e.g. {text.strip()}GiB or {text.strip()}MiB (a number without "
+                f"a unit counts bytes, and must then be at least {SMALLEST_BARE_SIZE}, 1 MiB)"
+            )
+        return value
     try:
         return parse_size(text)
     except ValueError as error:
@@ -74,21 +87,13 @@ def run(args: argparse.Namespace) -> int:
     from ..core.errors import NetError
     from ..core.estimate import EstimateRequest, estimate
     from ..core.prototxt import parse_net
-    from ..datasets import parse_shape, shapes_from_sources
+    from ..datasets import shapes_from_sources
     from ..files import confined_loader
     from . import CommandError
 
     net_text = _read(args.net)
     solver_text = _read(args.solver) if args.solver else None
-    given: dict[str, Any] = {}
-    for item in args.data_shape:
-        key, _, value = item.partition("=")
-        try:
-            given[key.strip()] = parse_shape(value)
-        except ValueError as error:
-            raise CommandError(f"--data-shape {item}: {error}") from None
-        if not key.strip():
-            raise CommandError(f"--data-shape {item}: name the top, as TOP=C,H,W")
+    given = data_shapes(args.data_shape)
     try:
         found = shapes_from_sources([parse_net(net_text, str(args.net))], Path.cwd())
         request = EstimateRequest(
@@ -107,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         load = confined_loader(args.solver.resolve().parent) if args.solver else None
         document = estimate(request, load=load, oracle=None if args.no_pycaffe else _oracle())
     except NetError as error:
-        raise CommandError(_command_line_words(error)) from None
+        raise CommandError(command_line_words(error, classes_given=args.classes is not None)) from None
     if args.json:
         print(json.dumps(document, indent=2))
     else:
@@ -115,14 +120,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command_line_words(error: Exception) -> str:
-    """The error, with the flag that gives a missing data shape (the core's message names no flag: the web form has
-    a field instead)."""
+def data_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """`--data-shape TOP=C,H,W` items as the data_shapes of a request; CommandError naming a malformed one."""
+    from ..datasets import parse_shape
+    from . import CommandError
+
+    given: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if not key.strip():
+            raise CommandError(f"--data-shape {item}: name the top, as TOP=C,H,W")
+        try:
+            given[key.strip()] = parse_shape(value)
+        except ValueError as error:
+            raise CommandError(f"--data-shape {item}: {error}") from None
+    return given
+
+
+def command_line_words(error: Exception, *, classes_given: bool) -> str:
+    """The error, with the flag that gives what is missing (the core's messages name no flag: the web form has a
+    field instead): a data shape (--data-shape), or the class count of a DIGITS network (--classes)."""
     missing = getattr(error, "missing_shape", None)
-    if missing is None:
-        return str(error)
-    key, example = missing
-    return f"{error}; on the command line: --data-shape {key}={example}"
+    if missing is not None:
+        key, example = missing
+        return f"{error}; on the command line: --data-shape {key}={example}"
+    if getattr(error, "field", None) == "inner_product_param.num_output" and not classes_given:
+        return (
+            f"{error}; DIGITS networks leave num_output unset for the dataset's number of classes: give it with "
+            "--classes N"
+        )
+    return str(error)
 
 
 def _read(path: Path) -> str:

@@ -108,4 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot write into {folder}: {error.strerror or error}") from None
     print(f"wrote {targets[0]} ({split} images of 1x{SIDE}x{SIDE}) and {targets[1]} ({len(images) - split} images)")
     print(f"on the New model page: training data {TRAIN_NAME}, validation data {VAL_NAME}, network LeNet")
+    print(
+        "on the command line: digits-memplugin networks --write . lenet && digits-memplugin train lenet.prototxt "
+        f"lenet_solver.prototxt --classes 10 --dataset-root {folder} --data train={TRAIN_NAME} --data test={VAL_NAME}"
+    )
     return 0

@@ -9,12 +9,14 @@ the job failed or was cancelled.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..core.divergence import DEFAULT_POLICY, POLICIES
-from .estimate import positive_int, size
+from .estimate import data_shapes, positive_int, size
 
 
 def add_parser(subparsers: Any) -> None:
@@ -47,6 +49,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--data", action="append", default=[], metavar="KEY=PATH",
         help='data source of a layer (by name) or of a phase ("train", "test"), e.g. train=mnist_train_lmdb',
+    )
+    parser.add_argument(
+        "--data-shape", action="append", default=[], metavar="TOP=C,H,W",
+        help="item shape of a data top whose dataset's shape cannot be read (repeatable; TOP or LAYER/TOP), as estimate",
     )
     parser.add_argument("--max-iter", type=positive_int, help="train this many iterations instead of the solver's")
     parser.add_argument("--classes", type=positive_int, help="classes, for DIGITS networks that leave num_output unset")
@@ -97,10 +103,9 @@ def run(args: argparse.Namespace) -> int:
     from ..core import nonfinite
     from ..devices import DeviceReader
     from ..jobs.config import gpu_engine_for
-    from ..jobs.errors import DataFolderInUse, JobValidationError
+    from ..jobs.errors import DataFolderInUse, InvalidDefinition, JobValidationError
     from ..jobs.manager import JobManager, ManagerConfig
     from ..jobs.request import parse_job_request
-    from ..jobs.throttle import EventThrottle
     from . import CommandError
 
     body: dict[str, Any] = {
@@ -119,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         data[key] = value
     if data:
         body["data"] = data
+    shapes = data_shapes(args.data_shape)
+    if shapes:
+        body["data_shapes"] = {key: list(value) for key, value in shapes.items()}
     fallback: dict[str, Any] = {"start": args.start}
     if args.max_attempts is not None:
         fallback["max_attempts"] = args.max_attempts
@@ -127,18 +135,19 @@ def run(args: argparse.Namespace) -> int:
     body["fallback"] = fallback
     request, errors = parse_job_request(body, default_attempts=5)
     if request is None:
-        raise CommandError(_errors(errors))
+        raise CommandError(_errors(errors, args))
 
     roots = tuple(root.absolute() for root in args.dataset_root) or (Path.cwd(),)
     caffe, preload = _caffe(args.caffe_root or os.environ.get("MEMPLUGIN_CAFFE_ROOT"))
     print(f"training with {caffe.label}: {caffe.abilities}, {caffe.runner} runner", flush=True)
-    printer = Printer()
+    printer = Printer(display=_display(body["solver"]))
     manager = JobManager(
         ManagerConfig(data_dir=args.data_dir.absolute(), dataset_roots=roots, stall_seconds=args.stall_seconds,
                       caffe=caffe, preload=preload, gpu_engine=gpu_engine_for(caffe)),
         DeviceReader(),
-        on_event=EventThrottle(printer, 2.0),
+        on_event=printer,
     )
+    printer.folder_of = manager.folder
     try:
         manager.start()
     except DataFolderInUse as error:
@@ -146,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             job = manager.submit(request)
+        except InvalidDefinition as error:
+            raise CommandError(definition_words(error.error, args, roots)) from None
         except JobValidationError as error:
-            raise CommandError(_errors(error.errors)) from None
+            raise CommandError(_errors(error.errors, args)) from None
         print(f"job {job.id} in {manager.folder(job.id)}", flush=True)
         try:
             job = manager.wait(job.id)
@@ -166,45 +177,139 @@ def run(args: argparse.Namespace) -> int:
 
 
 class Printer:
-    """Job manager events as lines for a terminal."""
+    """Job manager events as lines for a terminal: attempts as they start and end; an iteration at regular steps
+    (`display`, the solver's, else a hundredth of the run), the first and the last of each attempt too, with
+    "of max_iter", the speed and the time left; tests; snapshots by their path on disk (`folder_of` gives a job's
+    folder)."""
+
+    def __init__(self, display: int = 0, folder_of: Callable[[str], Path] | None = None) -> None:
+        self.display = display
+        self.folder_of = folder_of
+        self._jobs: dict[str, _Followed] = {}
 
     def __call__(self, name: str, payload: dict[str, Any]) -> None:
         line = self.line(name, payload)
         if line:
             print(line, flush=True)
 
-    @staticmethod
-    def line(name: str, payload: dict[str, Any]) -> str | None:
-        from ..core import nonfinite
+    def line(self, name: str, payload: dict[str, Any]) -> str | None:
         from ..sizes import format_size
 
+        if name == "job":
+            followed = self._jobs.setdefault(str(payload.get("id")), _Followed())
+            if isinstance(payload.get("max_iter"), int):
+                followed.max_iter = payload["max_iter"]
+            if payload.get("status") in ("queued",) and payload.get("message"):
+                return f"{payload['message']}"
+            return None
         if name == "job_attempt":
             head = (
                 f"attempt {payload['number']} on {payload['device']}: batch {payload['batch_size']} x iter_size "
                 f"{payload['iter_size']} = {payload['effective_batch']}"
             )
             if payload["status"] == "running":
-                resumed = f", resumed from {payload['resumed_from']}" if payload["resumed_from"] else ""
+                resumed = f", resumed from {self._path(payload, payload['resumed_from'])}" if payload["resumed_from"] else ""
                 return f"{head}, estimated {format_size(payload['estimated_bytes'])} of {format_size(payload['limit_bytes'])}{resumed}"
             return f"{head}: {payload['status']}: {payload['message']} (peak {format_size(payload['peak_bytes'])})"
         if name == "job_progress":
             event = payload.get("event")
             if event == "iteration":
-                return (
-                    f"  iteration {payload['iteration']}: loss {nonfinite.text(payload.get('loss'))}, "
-                    f"lr {nonfinite.text(payload.get('lr'))}"
-                )
+                return self._iteration(payload)
             if event == "test":
-                outputs = ", ".join(f"{k} = {v}" for k, v in payload.get("outputs", {}).items())
+                outputs = ", ".join(f"{k} = {_value(v)}" for k, v in payload.get("outputs", {}).items())
                 return f"  test net {payload['net']} at iteration {payload['iteration']}: {outputs}"
             if event == "snapshot":
-                return f"  snapshot at iteration {payload['iteration']}: {payload['state']}"
+                return (
+                    f"  snapshot at iteration {payload['iteration']}: {self._path(payload, payload['model'])} "
+                    f"(solver state {self._path(payload, payload['state'])})"
+                )
             if event == "diverged":
                 return f"  {payload.get('message')}"
             return None
-        if name == "job" and payload.get("status") in ("queued",) and payload.get("message"):
-            return f"{payload['message']}"
         return None
+
+    def _iteration(self, payload: dict[str, Any]) -> str | None:
+        """The line of an iteration record when it is one to print; every record counts for the speed."""
+        from ..pace import format_duration, format_rate, pace, recent
+
+        followed = self._jobs.setdefault(str(payload.get("job_id")), _Followed())
+        iteration = int(payload["iteration"])
+        if payload.get("attempt") != followed.attempt:  # a new attempt: its own speed, from its own records
+            followed.attempt, followed.points, followed.printed = payload.get("attempt"), [], None
+        seconds = payload.get("seconds")
+        if isinstance(seconds, (int, float)):
+            followed.points.append((iteration, float(seconds)))
+            if len(followed.points) > 4096:
+                followed.points = recent(followed.points)
+        total = followed.max_iter
+        step = print_step(total, self.display)
+        last = followed.printed
+        if last is not None and iteration != total and iteration // step <= last // step:
+            return None
+        followed.printed = iteration
+        loss = payload.get("loss")
+        parts = [f"loss {'n/a' if loss is None else _value(loss)}", f"lr {payload['lr']:.4g}"]
+        if total is not None:
+            measured = pace(followed.points, total)
+            if measured is not None:
+                parts.append(format_rate(measured.iterations_per_second))
+                if iteration < total:
+                    parts.append(f"{format_duration(measured.seconds_left)} left")
+        of = f" of {total}" if total is not None else ""
+        return f"  iteration {iteration}{of}: {', '.join(parts)}"
+
+    def _path(self, payload: dict[str, Any], relative: str) -> str:
+        """A path the records give relative to the job's folder, as a path on this machine."""
+        if self.folder_of is None:
+            return relative
+        return str(self.folder_of(str(payload.get("job_id"))) / relative)
+
+
+@dataclasses.dataclass
+class _Followed:
+    """What the printer knows of one job: its length, and its current attempt's iteration records."""
+
+    max_iter: int | None = None
+    attempt: int | None = None
+    points: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    printed: int | None = None
+    """The last iteration printed in this attempt."""
+
+
+def print_step(max_iter: int | None, display: int) -> int:
+    """Every how many iterations a line is printed: the solver's `display` (Caffe prints its loss then), else a
+    hundredth of the run rounded to 1, 2 or 5 x 10^n (Caffe's LeNet example: 100 of 10,000)."""
+    if display > 0:
+        return display
+    if not max_iter or max_iter < 100:
+        return 1
+    target = max_iter / 100
+    scale = 10 ** (len(str(int(target))) - 1)
+    return max(step for step in (scale, 2 * scale, 5 * scale) if step <= target)
+
+
+def _value(value: Any) -> str:
+    """A loss or a test output to four significant digits (a list item by item, a long output's mean)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    if isinstance(value, dict) and "mean" in value:
+        return f"mean {_value(value['mean'])} of {value.get('count')}"
+    return str(value)
+
+
+def _display(solver_text: str) -> int:
+    """The solver's `display` (0 where unset, or where the solver does not parse: submitting it says why)."""
+    from ..core.errors import NetError
+    from ..core.prototxt import parse_solver
+
+    try:
+        return max(0, int(parse_solver(solver_text).display))
+    except NetError:
+        return 0
 
 
 def _caffe(root: Path | str | None) -> tuple[Any, str | None]:
@@ -224,14 +329,102 @@ def _read(path: Path) -> str:
     from . import CommandError
 
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise CommandError(f"cannot read {path}: {error}") from None
+    if not text.strip():
+        raise CommandError(f"{path} is empty")
+    return text
 
 
-def _errors(errors: dict[str, Any]) -> str:
+FLAGS = {
+    "batch": "--batch", "data": "--data", "data_shapes": "--data-shape", "classes": "--classes",
+    "max_iter": "--max-iter", "memory_cap": "--memory-cap", "device": "--device",
+}
+"""The flag that gives each field of the job request."""
+FALLBACK_FLAGS = {"max_attempts": "--max-attempts", "safety_margin": "--safety-margin", "start": "--start"}
+
+
+def _errors(errors: dict[str, Any], args: argparse.Namespace) -> str:
+    """The request's errors in the command line's terms: the NET or SOLVER file, or the flag, of each."""
     parts = []
     for key, value in errors.items():
         message = value.get("message") if isinstance(value, dict) and "message" in value else value
-        parts.append(f"{key}: {message}")
+        if key == "fallback" and isinstance(value, dict):
+            parts += [f"{FALLBACK_FLAGS.get(k, k)}: {v}" for k, v in value.items()]
+            continue
+        where = {"net": str(args.net), "solver": str(args.solver)}.get(key) or FLAGS.get(key, key)
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def definition_words(error: Any, args: argparse.Namespace, roots: tuple[Path, ...]) -> str:
+    """A definition error as the command line says it: in the user's own files (the job's folder keeps them as
+    net.prototxt and solver.prototxt), a data layer without a dataset pointed at --data, a dataset outside the
+    roots with the roots named and --dataset-root, a missing shape or class count with its flag."""
+    import copy
+
+    from ..core.errors import NetError
+    from ..jobs.definition import DATA_SOURCE_FIELDS, NET_SOURCE, SOLVER_SOURCE, DataSourceError
+    from .estimate import command_line_words
+
+    error = copy.copy(error)
+    source = error.source or ""
+    if isinstance(error, DataSourceError):  # a source --data gave, not the net's text
+        error.source = "--data"
+    elif source == NET_SOURCE or (error.source is None and error.layer is not None):
+        error.source = str(args.net)
+    elif source.startswith(SOLVER_SOURCE):
+        error.source = str(args.solver) + source[len(SOLVER_SOURCE):]
+    if error.missing_shape is not None and error.layer_type in DATA_SOURCE_FIELDS:
+        unsourced = _unsourced_data_layer(args, error.layer)
+        if unsourced is not None:
+            by_phase = " or ".join(f"--data {phase}=PATH" for phase in _phases(unsourced))
+            return str(NetError(
+                f"no dataset given: give it with {by_phase} (this layer's phase) or --data {unsourced.name}=PATH, "
+                f"PATH being {DATASET_KINDS.get(unsourced.type, 'its dataset')} in {_roots(roots)}",
+                source=error.source, line=error.line, layer=error.layer, layer_type=error.layer_type,
+                field=f"{DATA_SOURCE_FIELDS[unsourced.type]}.source",
+            ))
+    text = command_line_words(error, classes_given=args.classes is not None)
+    if "dataset folders" in error.message:
+        text += f" (the dataset folders here: {_roots(roots)}; --dataset-root DIR adds one)"
+    return text
+
+
+DATASET_KINDS = {
+    "Data": "an LMDB folder", "AnnotatedData": "an LMDB folder", "HDF5Data": "a list file of HDF5 files",
+    "ImageData": "a list file of images and labels",
+}
+"""What --data names for each kind of data layer."""
+
+
+def _roots(roots: tuple[Path, ...]) -> str:
+    return ", ".join(str(root) for root in roots)
+
+
+def _unsourced_data_layer(args: argparse.Namespace, name: str | None) -> Any:
+    """The user's data layer called `name` when it names no dataset and no --data gives it one, else None."""
+    from ..core.errors import NetError
+    from ..core.prototxt import parse_net
+    from ..jobs.definition import DATA_SOURCE_FIELDS
+
+    try:
+        net = parse_net(_read(args.net), str(args.net))
+    except NetError:
+        return None
+    keys = {item.partition("=")[0] for item in args.data}
+    phases = {key.lower() for key in keys}
+    for layer in net.layer:
+        field = DATA_SOURCE_FIELDS.get(layer.type)
+        if layer.name != name or field is None or getattr(layer, field).source:
+            continue
+        if name not in keys and not phases & set(_phases(layer)):
+            return layer
+    return None
+
+
+def _phases(layer: Any) -> list[str]:
+    from ..jobs.definition import data_phases
+
+    return sorted(data_phases(layer))

@@ -227,7 +227,7 @@ def _train_items(params: list[Any], roots: list[Path]) -> int | None:
     counts = []
     for param in params:
         for layer in param.layer:
-            if "train" not in _data_phases(layer):
+            if "train" not in data_phases(layer):
                 continue
             if layer.type == "Data" and layer.data_param.backend == caffe_pb2.DataParameter.LMDB:
                 found = describe(Path(layer.data_param.source), LMDB, roots)
@@ -275,7 +275,7 @@ def _unique_params(training: TrainingDefinition) -> list[Any]:
     return list(seen.values())
 
 
-def _data_phases(layer: Any) -> set[str]:
+def data_phases(layer: Any) -> set[str]:
     """The phases ("train", "test") a data layer feeds, from its include rules: a phase, or DIGITS' stages (its
     solver trains with stage "train" and validates with stage "val"); a layer with neither feeds both."""
     phases = {"train" if rule.phase == caffe_pb2.TRAIN else "test" for rule in layer.include if rule.HasField("phase")}
@@ -299,7 +299,7 @@ def _apply_data_overrides(params: list[Any], data: dict[str, str]) -> set[int]:
             if layer.name in data:
                 key = layer.name
             elif field is not None and phase_keys:
-                names = _data_phases(layer)
+                names = data_phases(layer)
                 matching = [phase_keys[name] for name in sorted(names) if name in phase_keys]
                 if len(matching) > 1:
                     raise NetError(

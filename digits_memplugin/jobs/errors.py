@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import NetError
 from ..errors import MemPluginError
 from ..inputs import shown
 from ..sizes import format_size
@@ -29,6 +30,18 @@ class JobValidationError(JobError):
     def __init__(self, errors: dict[str, Any]) -> None:
         super().__init__("; ".join(f"{key}: {value}" for key, value in errors.items()))
         self.errors = errors
+
+
+class InvalidDefinition(JobValidationError):
+    """The net, the solver or the data they read cannot make a job: `errors` holds the error as the API gives it
+    under the request's field, `error` the definition error itself (its file, line, layer and field, and the data
+    shape to ask for), so that each front end can say it in its own terms (the command line names its flags and
+    the user's own file names, not the job folder's net.prototxt)."""
+
+    def __init__(self, field: str, error: NetError) -> None:
+        super().__init__({field: error.to_dict()})
+        self.field = field
+        self.error = error
 
 
 class QueueFull(JobValidationError):

@@ -20,7 +20,7 @@ from .attempts import plan_for, stacks
 from .config import ManagerConfig
 from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
 from .disk import disk_full, free_note
-from .errors import DiskFull, JobValidationError
+from .errors import DiskFull, InvalidDefinition, JobValidationError
 from .records import QUEUED, Job
 from .request import JobRequest
 from .scheduler import limit_for, memory_cap
@@ -115,7 +115,7 @@ def _load_in(
         (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
         return definitions.load(folder, spec)
     except NetError as error:
-        raise JobValidationError({error_field(error, request.data): error.to_dict()}) from None
+        raise InvalidDefinition(error_field(error, request.data), error) from None
     except OSError as error:
         if disk_full(error):
             raise DiskFull(

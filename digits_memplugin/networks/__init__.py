@@ -3,7 +3,8 @@
 Each is a train/val prototxt in the DIGITS style (data layers ``train-data`` and ``val-data`` chosen by the stages
 ``train`` and ``val``; a classifier without ``num_output``, which gets the dataset's number of classes), with a
 note of the dataset it expects, so that the form can fill in the item shape and class count the estimate needs.
-The definitions were written for this package; they read no file outside it.
+The definitions were written for this package; they read no file outside it. Each comes with a solver to start
+from on the command line (`digits-memplugin networks` lists them and writes copies).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,11 +28,30 @@ class StandardNetwork:
     """The class count of the dataset it was written for; DIGITS takes the real one from the dataset."""
     dataset: str
     """The dataset it expects, in words."""
+    solver_filename: str
+    """A solver to start from (with DIGITS' stages), for the command line: the form has its own solver fields."""
 
     @property
     def text(self) -> str:
         """The prototxt, read from the installed package once."""
         return _read(self.filename)
+
+    @property
+    def solver_text(self) -> str:
+        return _read(self.solver_filename)
+
+    @property
+    def path(self) -> Path:
+        """Where the installed package keeps the prototxt (a file: the package is installed unzipped)."""
+        return _path(self.filename)
+
+    @property
+    def solver_path(self) -> Path:
+        return _path(self.solver_filename)
+
+
+def _path(filename: str) -> Path:
+    return Path(str(resources.files(__name__).joinpath(filename)))
 
 
 @cache
@@ -47,6 +68,7 @@ STANDARD_NETWORKS: tuple[StandardNetwork, ...] = (
         item_shape=(1, 28, 28),
         classes=10,
         dataset="28 x 28 grey-scale images (1,28,28) such as MNIST, 10 classes",
+        solver_filename="lenet_solver.prototxt",
     ),
     StandardNetwork(
         key="alexnet",
@@ -56,6 +78,7 @@ STANDARD_NETWORKS: tuple[StandardNetwork, ...] = (
         item_shape=(3, 256, 256),
         classes=1000,
         dataset="colour images stored at 256 x 256 (3,256,256), cropped to 227 x 227; 1000 classes for ImageNet",
+        solver_filename="alexnet_solver.prototxt",
     ),
 )
 
