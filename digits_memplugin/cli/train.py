@@ -229,13 +229,16 @@ class Printer:
         return None
 
     def _iteration(self, payload: dict[str, Any]) -> str | None:
-        """The line of an iteration record when it is one to print; every record counts for the speed."""
+        """The line of an iteration record when it is one to print (and the first whose loss is not finite); every
+        record counts for the speed."""
+        from ..core import nonfinite
         from ..pace import format_duration, format_rate, pace, recent
 
         followed = self._jobs.setdefault(str(payload.get("job_id")), _Followed())
         iteration = int(payload["iteration"])
         if payload.get("attempt") != followed.attempt:  # a new attempt: its own speed, from its own records
             followed.attempt, followed.points, followed.printed = payload.get("attempt"), [], None
+            followed.non_finite = False
         seconds = payload.get("seconds")
         if isinstance(seconds, (int, float)):
             followed.points.append((iteration, float(seconds)))
@@ -244,11 +247,13 @@ class Printer:
         total = followed.max_iter
         step = print_step(total, self.display)
         last = followed.printed
-        if last is not None and iteration != total and iteration // step <= last // step:
+        loss = payload.get("loss")
+        first_non_finite = nonfinite.is_non_finite(loss) and not followed.non_finite
+        if last is not None and iteration != total and iteration // step <= last // step and not first_non_finite:
             return None
         followed.printed = iteration
-        loss = payload.get("loss")
-        parts = [f"loss {'n/a' if loss is None else _value(loss)}", f"lr {payload['lr']:.4g}"]
+        followed.non_finite = followed.non_finite or first_non_finite
+        parts = [f"loss {nonfinite.text(loss, '.4g')}", f"lr {nonfinite.text(payload.get('lr'), '.4g')}"]
         if total is not None:
             measured = pace(followed.points, total)
             if measured is not None:
@@ -274,6 +279,8 @@ class _Followed:
     points: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     printed: int | None = None
     """The last iteration printed in this attempt."""
+    non_finite: bool = False
+    """A loss that is not finite was printed in this attempt (the first one always is, whatever the step)."""
 
 
 def print_step(max_iter: int | None, display: int) -> int:
