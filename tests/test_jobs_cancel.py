@@ -131,3 +131,36 @@ def test_a_child_that_does_not_stop_in_time_is_stopped_without_a_snapshot(
     assert f"did not snapshot and stop within 1 s of the request, so it was ended ({signal_name})" in (
         result.outcome.message
     )
+
+
+STOPS_LIKE_CAFFE = """
+import json, signal, sys, time
+asked = []
+signal.signal(signal.SIGINT, lambda number, frame: asked.append(number))
+iteration = 0
+while iteration < 3000:  # 60 s at most, whatever happens
+    iteration += 1
+    print(json.dumps({"event": "iteration", "iteration": iteration, "loss": 2.3}), flush=True)
+    if asked:  # Solver::Step breaks out, Solver::Solve snapshots: records of a runner that reads caffe's log
+        print(json.dumps({"event": "snapshot", "iteration": iteration, "model": f"s_iter_{iteration}.caffemodel",
+                          "state": f"s_iter_{iteration}.solverstate"}), flush=True)
+        sys.exit(0)
+    time.sleep(0.02)
+"""
+"""A runner that honours SIGINT as `caffe train --sigint_effect=stop` does but writes no "stopped" record."""
+
+
+def test_a_runner_without_stopped_records_that_stops_by_itself_is_said_to_have_kept_its_work(tmp_path: Path) -> None:
+    process = AttemptProcess(
+        tmp_path, "attempt.json", "caffe.log", grace_seconds=0.5, cancel_seconds=10.0,
+        command=[sys.executable, "-c", STOPS_LIKE_CAFFE],
+    )
+    process.start()
+    wait_for((tmp_path / "caffe.log").exists, what="the child")
+    time.sleep(0.5)
+    process.cancel()
+    result = process.wait()
+    assert (result.outcome.status, result.outcome.exit_code, result.outcome.signal) == ("cancelled", 0, None)
+    assert result.outcome.message == (
+        f"cancelled at iteration {result.last_iteration}; a snapshot of it was saved (Resume continues from it)"
+    )

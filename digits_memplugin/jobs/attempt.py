@@ -115,6 +115,8 @@ class AttemptProcess:
         """When a cancel (or a kill) was asked for: the attempt is then "cancelled"."""
         self._stopped: dict[str, Any] | None = None
         """The runner's "stopped" record (a cancel honoured: snapshot written, training stopped)."""
+        self._snapshot: dict[str, Any] | None = None
+        """The latest snapshot record."""
         self._stop_at: float | None = None
         """When SIGTERM was sent (a cancel, or a divergence): SIGKILL follows after the grace period."""
         self._killed = False
@@ -252,6 +254,7 @@ class AttemptProcess:
         if outcome.status == CANCELLED:
             outcome = dataclasses.replace(outcome, message=cancel_message(
                 self._stopped, self._last_iteration, outcome.signal, self.cancel_seconds,
+                snapshot=self._snapshot, forced=self._stop_at is not None,
             ))
         return AttemptResult(
             returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error,
@@ -279,6 +282,8 @@ class AttemptProcess:
             self._finished = True
         elif event == "stopped":
             self._stopped = record
+        elif event == "snapshot":
+            self._snapshot = record
         elif event == "error":
             self._error = {"type": record.get("type"), "message": record.get("message")}
         if isinstance(record.get("iteration"), int):
@@ -328,9 +333,12 @@ class AttemptProcess:
 
 
 def cancel_message(
-    stopped: Mapping[str, Any] | None, last_iteration: int | None, signal_name: str | None, bound: float
+    stopped: Mapping[str, Any] | None, last_iteration: int | None, signal_name: str | None, bound: float, *,
+    snapshot: Mapping[str, Any] | None = None, forced: bool = False,
 ) -> str:
-    """How a cancelled attempt ended, for people: where it stopped and whether its work was kept in a snapshot."""
+    """How a cancelled attempt ended, for people: where it stopped and whether its work was kept in a snapshot.
+    `stopped`: the runner's "stopped" record; without one, `snapshot` (the latest snapshot record) and `forced`
+    (this side stopped it, the bound having passed) tell."""
     if stopped is not None:
         iteration = stopped.get("iteration")
         if stopped.get("snapshot"):
@@ -340,6 +348,10 @@ def cancel_message(
         return f"cancelled at iteration {iteration}, without a snapshot"
     if not last_iteration:
         return "cancelled before training started (nothing to snapshot)"
+    if not forced:  # it stopped by itself, without saying how (a runner without "stopped" records)
+        if snapshot is not None and snapshot.get("iteration") == last_iteration:
+            return f"cancelled at iteration {last_iteration}; a snapshot of it was saved (Resume continues from it)"
+        return f"cancelled at iteration {last_iteration}, without a snapshot of it"
     how = f" ({signal_name})" if signal_name else ""
     return (f"cancelled at iteration {last_iteration} without a snapshot: the attempt did not snapshot and stop "
             f"within {bound:g} s of the request, so it was ended{how}")
