@@ -103,6 +103,9 @@ class Settings:
     """A training attempt that sends no record and writes no log line for this long is ended by the watchdog and
     classified (an allocation retried for ever is out of memory, and the fallback goes on; anything else fails).
     Records come every iteration and every 10 s of a test pass, so only a stuck child stays silent this long."""
+    job_cancel_seconds: float = 60.0
+    """How long a cancelled training attempt has to finish its step, write its snapshot and stop (it is asked
+    with SIGINT, as `caffe train` understands it) before it is stopped with SIGTERM, then SIGKILL, without one."""
     estimate_inline_bytes: int = 16 * 1024
     """Estimates whose prototxt texts hold more characters than this run in a worker process (estimate_pool.py),
     not in the server's one thread; smaller ones stay in the server, where repeated estimates of a net are cached.
@@ -266,6 +269,10 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
             raise ConfigError(f"{key} must be a whole number from 0 to 19, got {value!r}")
         return value
+    if field.name == "job_cancel_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
+        return float(value)
     if field.name == "job_stall_seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
             raise ConfigError(f"{key} must be a number of seconds of at least 1, got {value!r}")

@@ -202,7 +202,8 @@ def test_the_page_catches_up_after_a_dropped_connection_and_cancel_stops_the_chi
         expect(page.locator("#job-status")).to_have_text("cancelled", timeout=TRAINING)
         row = page.locator("#attempts tbody tr")
         expect(row).to_have_attribute("data-status", "cancelled")
-        expect(row.locator('[data-role="why"]')).to_contain_text("SIGTERM")
+        # The cancel let the runner snapshot and stop (SIGINT, honoured between steps), not a kill.
+        expect(row.locator('[data-role="why"]')).to_contain_text("a snapshot of it was saved")
         # The row drawn by the page's script labels its memory figures as the server's page does.
         expect(row.locator('[data-role="memory"] [data-role="allocated"]')).to_contain_text("Caffe ")
         expect(row.locator('[data-role="memory"] [data-role="peak"]')).to_contain_text("process ")
@@ -215,6 +216,7 @@ def test_the_page_catches_up_after_a_dropped_connection_and_cancel_stops_the_chi
         assert not pid_alive(pid)
 
         page.click("#delete-job")
+        page.click("#delete-confirmed")  # Delete asks first (test_browser_job_life.py)
         expect(page).to_have_url(server.jobs_url)
         expect(page.locator(f'#jobs-body tr[data-job-id="{job["id"]}"]')).to_have_count(0)
         expect(listed).to_have_count(0)  # the other tab heard of the deletion too
@@ -258,6 +260,7 @@ def test_without_javascript_a_job_page_refreshes_itself_and_cancels_by_form(brow
         expect(page.locator("#job-status")).to_have_text("cancelled")
         assert page.locator("noscript meta[http-equiv=refresh]").count() == 0  # nothing left to follow
         page.click("#delete-job")
+        page.click("#delete-confirmed")  # the page asked first (test_browser_job_life.py)
         expect(page).to_have_url(server.jobs_url)
         assert server.request("GET", f"jobs/{job['id']}").status_code == 404
     finally:

@@ -70,7 +70,7 @@ def test_a_failure_raises_the_estimate_to_what_it_proves_plus_growth() -> None:
     assert plan is not None and plan.batch_size < 85
     assert math.ceil(factor * footprint(plan.batch_size, None)) <= decision.budget  # type: ignore[operator]
     assert plan.batch_size * plan.iter_size >= 128
-    assert "x1.16" in decision.message
+    assert decision.message.endswith(" (batch 85 ran out of memory: the estimate is raised by 16% to what it used)")
 
 
 def test_the_numbers_in_the_message_raise_the_floor() -> None:
@@ -87,6 +87,22 @@ def test_the_numbers_in_the_message_raise_the_floor() -> None:
 def test_a_failure_the_estimate_already_predicted_tells_nothing() -> None:
     footprint = affine(10 * MIB, MIB)
     assert correction(footprint, [Failure(500, None, 100 * MIB)], 0.1) == 1.0  # type: ignore[arg-type]
+
+
+def test_a_retry_says_what_the_failures_changed_in_words() -> None:
+    """Issue 26 point 6: while attempt 2 ran, the page said "estimate raised x1.00 after 1 out-of-memory
+    failure(s)". A failure the estimate already explained is said so; the batches that failed are named."""
+    footprint = affine(10 * MIB, MIB)
+    failures = [Failure(500, None, 100 * MIB), Failure(300, None, 100 * MIB)]
+    decision = decide(Policy(), footprint, 512, 100 * MIB, failures, attempts_made=2)  # type: ignore[arg-type]
+    assert decision.correction == 1.0
+    assert decision.message.endswith(
+        " (batches 500 and 300 ran out of memory; the estimate stands: it was not below what those attempts used)"
+    )
+    assert "x1.00" not in decision.message and "(s)" not in decision.message
+    nothing = decide(Policy(), affine(200 * MIB, MIB), 8, 100 * MIB, failures[:1], attempts_made=1)  # type: ignore[arg-type]
+    assert nothing.message.endswith("(batch 500 ran out of memory; the estimate stands: it was not below what that "
+                                    "attempt used)")
 
 
 def test_the_next_batch_is_always_below_every_failed_one() -> None:

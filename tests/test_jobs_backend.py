@@ -376,10 +376,49 @@ def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path) -> 
         ray_backend.OUTCOME_SECONDS = saved
     assert result.outcome.status == CANCELLED
     assert (tmp_path / "attempts" / "1" / "cancel").is_file()  # a wrapper that starts later ends at once
-    deadline = time.monotonic() + 5
-    while not jobs.stopped and time.monotonic() < deadline:
-        time.sleep(0.01)
+    time.sleep(0.3)
+    assert jobs.stopped == []  # it ended by itself: Ray's stop (no time to snapshot) was not needed
+
+
+class StopsWhenStopped(ScriptedJobs):
+    """A running Ray job that ends only once Ray stops it (a wrapper that does not honour the cancel file)."""
+
+    def status(self, submission_id: str) -> dict[str, Any]:
+        self.polls += 1
+        return {"status": "STOPPED" if self.stopped else self.script[0][0], "message": ""}
+
+
+@pytest.mark.parametrize("state", ["RUNNING", "PENDING"])
+def test_a_cancel_gives_the_wrapper_its_time_to_snapshot_before_rays_stop(tmp_path: Path, state: str) -> None:
+    """Issue 26 point 3: Ray's stop is SIGTERM with SIGKILL 3 s later, no time for a snapshot. A cancel is the cancel
+    file first (the wrapper answers it as a local cancel: snapshot, then stop); Ray's stop follows only once the
+    cancel's bound has passed, or at once while Ray still holds the job pending (nothing to snapshot)."""
+    jobs = StopsWhenStopped([(state, "")])
+    (tmp_path / "attempts" / "1").mkdir(parents=True, exist_ok=True)
+    launch = Launch(tmp_path, "attempts/1/attempt.json", _spec(), "cpu@n1", {}, on_record=lambda r: None,
+                    on_log=lambda lines: None, grace_seconds=0.2, stall_seconds=None, cancel_seconds=0.6)
+    attempt = RayAttempt(jobs, "j1-1", launch, poll_seconds=0.05)  # type: ignore[arg-type]
+    assert "--cancel-seconds 0.6" in RayBackend("http://h:8265", tmp_path, client=jobs).entrypoint(launch)  # type: ignore[arg-type]
+    waiter = threading.Thread(target=attempt.wait, daemon=True)
+    ray_backend.OUTCOME_SECONDS, saved = 0.0, ray_backend.OUTCOME_SECONDS
+    try:
+        waiter.start()
+        while jobs.polls == 0:
+            time.sleep(0.01)
+        asked = time.monotonic()
+        attempt.cancel()
+        assert (tmp_path / "attempts" / "1" / "cancel").is_file()
+        while not jobs.stopped and time.monotonic() - asked < 5:
+            time.sleep(0.01)
+        waited = time.monotonic() - asked
+        waiter.join(timeout=5)
+    finally:
+        ray_backend.OUTCOME_SECONDS = saved
     assert jobs.stopped == ["j1-1"]
+    if state == "RUNNING":
+        assert waited >= 0.8  # the cancel's bound and the grace period first
+    else:
+        assert waited < 0.5
 
 
 def test_a_pending_job_that_was_stopped_is_given_up_after_a_while(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

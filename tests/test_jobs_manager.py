@@ -6,6 +6,7 @@ killing the child; resume from the last snapshot; the queue; device placement wi
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,12 @@ def test_a_real_out_of_memory_is_recovered_at_a_smaller_batch_keeping_the_effect
         assert (manager.folder(job.id) / attempt["log"]).is_file()
     log = (manager.folder(job.id) / first["log"]).read_text()
     assert "host allocation of size" in log and first["message"].startswith("host memory ran out allocating")
+    # In sizes people read (issue 26 point 6), and the job's end tells the retry's story.
+    assert re.fullmatch(r"host memory ran out allocating [\d.]+ [KMG]iB \(malloc failed\)", first["message"])
+    assert job.message == (
+        f"training finished at iteration 4; it ran out of memory at batch {WANTED}, and was retried at batch "
+        f"{last['batch_size']} x iter_size {last['iter_size']} (effective batch {last['batch_size'] * last['iter_size']})"
+    )
     assert document["iteration"] == document["max_iter"] == 4
     assert document["snapshot"]["iteration"] == 4
 

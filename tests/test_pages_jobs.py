@@ -191,19 +191,39 @@ def test_resume_by_form_queues_a_cancelled_job_again(client: FlaskClient) -> Non
         stop(client, job["id"])
 
 
-def test_delete_by_form_refuses_a_running_job_and_removes_a_finished_one(client: FlaskClient) -> None:
+def test_delete_by_form_refuses_a_running_job_and_removes_a_finished_one_once_confirmed(
+    client: FlaskClient, jobs_app: Flask
+) -> None:
+    """Issue 26 point 4: Delete removed the job and its snapshots at the first click. Without JavaScript the first
+    post now brings the page back asking, naming the snapshots that would go; only the second post deletes."""
     job = submit(client, max_iter=100_000)
     try:
-        running(client, job["id"])
+        wait_for(lambda: client.get(f"{API}/{job['id']}").get_json()["iteration"] >= 5, what="5 iterations")
         token = page_token(client.get(f"{PAGES}/{job['id']}").text)
-        busy = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token})
+        busy = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token, "confirm": "yes"})
         assert busy.status_code == 409 and "it is running; cancel it first" in busy.text
         assert client.post(f"{PAGES}/{job['id']}/delete", data={}).status_code == 400
     finally:
         stop(client, job["id"])
-    response = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token})
+    snapshots = sorted((get_plugin(jobs_app).jobs.folder(job["id"]) / "snapshots").glob("*.caffemodel"))
+    assert len(snapshots) >= 2  # every 2 iterations, and the cancel's own
+
+    asked = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": token})
+    assert asked.status_code == 200
+    question = asked.text.split('id="delete-confirm"', 1)[1].split("</div>", 1)[0]
+    assert not question.startswith(" hidden") and "for good?" in question
+    latest = max(int(re.search(r"_iter_(\d+)", path.name).group(1)) for path in snapshots)  # type: ignore[union-attr]
+    assert f"Its {len(snapshots)} snapshots (the latest at iteration {latest})" in question
+    assert 'name="confirm" value="yes"' in question and "Delete for good" in question
+    assert f'href="{PAGES}/{job["id"]}" id="delete-keep">Keep the job<' in question
+    # Nothing is gone yet: the job, its folder and its snapshots.
+    assert client.get(f"{API}/{job['id']}").status_code == 200
+    assert all(path.is_file() for path in snapshots)
+
+    response = client.post(f"{PAGES}/{job['id']}/delete", data={"csrf_token": page_token(asked.text), "confirm": "yes"})
     assert response.status_code == 303 and response.headers["Location"] == PAGES
     assert client.get(f"{API}/{job['id']}").status_code == 404
+    assert not any(path.exists() for path in snapshots)
 
 
 def test_jobs_list_shows_each_job_newest_first_as_text(client: FlaskClient) -> None:
@@ -250,6 +270,48 @@ def test_progress_has_every_iteration_and_test_of_each_attempt(client: FlaskClie
     assert {r["attempt"] for r in records} == {1}
     assert all(isinstance(r["lr"], float) for r in records if r["event"] == "iteration")
     assert client.get(f"{API}/no-such-job/progress").status_code == 404
+
+
+def test_after_a_resume_without_a_snapshot_the_job_and_its_progress_show_the_new_run(
+    client: FlaskClient, jobs_app: Flask
+) -> None:
+    """Issue 26 point 3: after Resume without a snapshot, attempt 2 restarted at 0 while the job still showed attempt
+    1's iteration and loss, and GET .../progress gave both attempts' records alike. Now the job is where attempt 2
+    is, its progress says which attempt it is of, and attempt 1's records that attempt 2 trains again are marked
+    `superseded`."""
+    job = submit(client, max_iter=100_000)
+    try:
+        wait_for(lambda: client.get(f"{API}/{job['id']}").get_json()["iteration"] >= 20, what="20 iterations")
+        client.post(f"{API}/{job['id']}/cancel")
+        first = ended(client, job["id"])
+        reached = first["iteration"]
+        folder = get_plugin(jobs_app).jobs.folder(job["id"])
+        for snapshot in (folder / "snapshots").iterdir():  # no snapshot left: Resume starts again from 0
+            snapshot.unlink()
+        resumed = client.post(f"{API}/{job['id']}/resume").get_json()
+        assert resumed["message"] == f"waiting to resume from the start (the snapshot of iteration {reached} is gone)"
+
+        def restarted() -> dict[str, Any] | None:
+            doc = client.get(f"{API}/{job['id']}").get_json()
+            return doc if doc["attempt_count"] == 2 and doc["status"] == "running" else None
+
+        doc = wait_for(restarted, what="attempt 2 to start")
+        assert doc["attempts"][1]["start_iteration"] == 0 and doc["attempts"][1]["resumed_from"] is None
+        train = (doc["progress"] or {}).get("train")
+        assert train is None or train["attempt"] == 2, train  # never attempt 1's last record
+        assert doc["iteration"] == (train["iteration"] if train else 0)
+        assert doc["snapshot"] is None or doc["snapshot"]["iteration"] <= doc["iteration"]
+
+        doc = wait_for(lambda: (d := client.get(f"{API}/{job['id']}").get_json())["iteration"] >= 5 and d,
+                       what="attempt 2 to train")
+        assert doc["progress"]["train"]["attempt"] == 2 and doc["iteration"] < reached + 10
+        records = client.get(f"{API}/{job['id']}/progress").get_json()["records"]
+        old = [r for r in records if r["attempt"] == 1]
+        assert {r["superseded"] for r in old if r["iteration"] > 0} == {True}
+        assert [r["superseded"] for r in old if r["iteration"] == 0] == [False]  # the test before any update
+        assert {r["superseded"] for r in records if r["attempt"] == 2} == {False}
+    finally:
+        stop(client, job["id"])
 
 
 def test_progress_is_thinned_and_skips_a_half_written_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

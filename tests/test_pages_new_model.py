@@ -8,6 +8,7 @@ Jobs created here really train, on the CPU, for two iterations. The browser test
 
 from __future__ import annotations
 
+import html
 import io
 import re
 from typing import Any
@@ -201,6 +202,56 @@ def test_plain_post_creates_the_job_and_goes_to_its_page(
     page = client.get(response.headers["Location"])
     assert page.status_code == 200
     assert 'id="job-name">lenet-mnist<' in page.text
+
+
+def test_the_form_has_a_memory_cap_that_the_job_and_its_page_keep(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any
+) -> None:
+    """Issue 26 point 6: the API and the command line took a memory cap, the form had none, and the job's page
+    showed it nowhere. The field is checked as the API checks `memory_cap`, beside it when wrong."""
+    form = client.get(FORM_URL).text
+    assert re.search(r'<label class="form-label" for="memory_cap">Memory cap \(CPU jobs\)</label>', form)
+    response = client.post(POST_URL, data=form_data(csrf_token(client), **JOB, memory_cap="64MiB"))
+    assert response.status_code == 303, error_box(response.text, "memory_cap")
+    job = stored_job(app, response.headers["Location"].rsplit("/", 1)[1])
+    assert job.spec["memory_cap"] == 64 * MIB
+    page = client.get(response.headers["Location"]).text
+    assert re.search(r'data-role="memory-cap">64.0 MiB \(this job&#39;s\)<', page), page.split("Memory cap")[1][:200]
+    for typed, said in (("2048", "'2048' is not a memory size: write a number and a unit"),
+                        ("12KiB", "must be a number of bytes from 1 MiB to 1 EiB"),
+                        ("lots", "'lots' is not a memory size")):
+        refused = client.post(POST_URL, data=form_data(csrf_token(client), **JOB, memory_cap=typed))
+        assert refused.status_code == 400 and said in html.unescape(error_box(refused.text, "memory_cap")), typed
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (64 * MIB, None),  # a number is bytes, as in POST api/jobs
+        ("64MiB", None),
+        (1024, "must be a number of bytes from 1 MiB to 1 EiB"),
+        ("64", "is not a memory size: write a number and a unit"),
+        (1.5, "is not a memory size"),
+        (True, "must be text or a number"),
+    ],
+)
+def test_json_twin_takes_the_memory_cap_as_the_api_does(
+    gpus_app: FakeNvml, app: Flask, client: FlaskClient, datasets: Any, value: Any, error: str | None
+) -> None:
+    response = client.post(JSON_URL, json={**JOB, "model_name": "capped", "memory_cap": value})
+    if error is None:
+        assert response.status_code == 201, response.get_json()
+        assert response.get_json()["memory_cap"] == 64 * MIB
+        assert stored_job(app, response.get_json()["id"]).spec["memory_cap"] == 64 * MIB
+    else:
+        assert response.status_code == 400
+        assert error in response.get_json()["errors"]["memory_cap"], response.get_json()
+
+
+def test_a_memory_cap_on_a_gpu_is_refused_beside_the_field(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
+    response = client.post(JSON_URL, json={**JOB, "model_name": "g", "device": "next", "memory_cap": "2GiB"})
+    assert response.status_code == 400
+    assert response.get_json()["errors"] == {"memory_cap": 'a memory cap applies to CPU jobs only (device "cpu")'}
 
 
 def test_plain_post_on_a_simulated_gpu_is_refused_beside_the_device(

@@ -229,7 +229,7 @@ def decide(
             "does not fit even at batch 1"
             + (" with the test batch reduced to 1" if test_batch and test_batch > 1 else "")
             + f": estimated {_size(cost)} against {_size(budget)} usable"
-            + (f" (the estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))" if failures else ""),
+            + (f" ({after_failures(factor, failures)})" if failures else ""),
             safety_margin=policy.safety_margin,
         )
     limited_by = _limited_by(curve, largest, ceiling_at(test_plan["batch_size"] if test_plan else test_batch),
@@ -240,8 +240,20 @@ def decide(
         plan = plan_batch(_capped(curve, largest), wanted, budget)
     message = f"batch {plan.batch_size} x iter_size {plan.iter_size}: estimated {_size(plan.bytes)} of {_size(budget)} usable"
     if failures:
-        message += f" (estimate raised x{factor:.2f} after {len(failures)} out-of-memory failure(s))"
+        message += f" ({after_failures(factor, failures)})"
     return Decision(plan, test_plan, factor, budget, plan.bytes, message, largest, limited_by, policy.safety_margin)
+
+
+def after_failures(factor: float, failures: Sequence[Failure]) -> str:
+    """What the failures changed, in words: "batch 512 ran out of memory: the estimate is raised by 23%"; a factor
+    of 1 (the failure told nothing the estimate did not) is said so, never "raised x1.00"."""
+    batches = sorted({failure.batch_size for failure in failures}, reverse=True)
+    names = ", ".join(map(str, batches[:-1])) + (" and " if len(batches) > 1 else "") + str(batches[-1])
+    one = len(failures) == 1
+    which = f"{'batch' if len(batches) == 1 else 'batches'} {names} ran out of memory"
+    if factor < 1.005:
+        return f"{which}; the estimate stands: it was not below what {'that attempt' if one else 'those attempts'} used"
+    return f"{which}: the estimate is raised by {round((factor - 1) * 100)}% to what {'it' if one else 'they'} used"
 
 
 def _limited_by(curve: MemoryCurve, largest: int, ceiling: int | None, max_batch: int | None) -> str:

@@ -21,6 +21,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
+from ..sizes import format_size
 from .divergence import Divergence
 
 SUCCESS: Final = "success"
@@ -178,7 +179,7 @@ def nvcaffe_out_of_memory(line: str) -> OutOfMemory | None:
         return None
     requested, device = int(match.group(1)), int(match.group(2))
     return OutOfMemory(
-        "nvcaffe_out_of_memory", "gpu", f"GPU {device} ran out of memory allocating {requested} bytes",
+        "nvcaffe_out_of_memory", "gpu", f"GPU {device} ran out of memory allocating {format_size(requested)}",
         requested_bytes=requested, device_index=device, line=line,
     )
 
@@ -195,7 +196,8 @@ def nvcaffe_failed_to_allocate(line: str) -> OutOfMemory | None:
     requested, device, total, free = (int(group) for group in match.groups())
     return OutOfMemory(
         "nvcaffe_failed_to_allocate", "gpu",
-        f"GPU {device} ran out of memory allocating {requested} bytes with {free} of {total} bytes free",
+        f"GPU {device} ran out of memory allocating {format_size(requested)} with {format_size(free)} of "
+        f"{format_size(total)} free",
         requested_bytes=requested, free_bytes=free, total_bytes=total, device_index=device, line=line,
     )
 
@@ -212,7 +214,8 @@ def nvcaffe_safe_reserve(line: str) -> OutOfMemory | None:
     wanted, held, free, device = (int(group) for group in match.groups())
     return OutOfMemory(
         "nvcaffe_safe_reserve", "gpu",
-        f"GPU {device} ran out of memory growing a workspace to {wanted} bytes (held {held}, free {free})",
+        f"GPU {device} ran out of memory growing a workspace to {format_size(wanted)} (held {format_size(held)}, "
+        f"free {format_size(free)})",
         requested_bytes=wanted - held, free_bytes=free, device_index=device, line=line,
     )
 
@@ -228,7 +231,7 @@ def host_allocation_failed(line: str) -> OutOfMemory | None:
         return None
     requested = int(match.group(1))
     return OutOfMemory(
-        "host_allocation_failed", "cpu", f"host memory ran out allocating {requested} bytes (malloc failed)",
+        "host_allocation_failed", "cpu", f"host memory ran out allocating {format_size(requested)} (malloc failed)",
         requested_bytes=requested, line=line,
     )
 
@@ -421,6 +424,25 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+SIGNAL_WORDS: Final = {
+    "SIGABRT": "the training process aborted",
+    "SIGKILL": "the training process was killed",
+    "SIGTERM": "the training process was stopped",
+    "SIGINT": "the training process was interrupted",
+    "SIGSEGV": "the training process crashed (invalid memory access)",
+    "SIGBUS": "the training process crashed (bus error: a file it had mapped went away)",
+    "SIGFPE": "the training process crashed (arithmetic error)",
+    "SIGILL": "the training process crashed (an instruction this CPU lacks)",
+}
+"""What the signal that ended an attempt means, in words for the pages (the name stays beside them, as a title):
+Caffe's failed CHECK aborts (SIGABRT), a kill is SIGKILL."""
+
+
+def signal_words(name: str) -> str:
+    """The words for a signal's name (`Outcome.signal`): "the training process aborted" for "SIGABRT"."""
+    return SIGNAL_WORDS.get(name, f"the training process ended on {name}")
 
 
 def classify(

@@ -1,6 +1,12 @@
 """One attempt as a child process: started in its own process group, its JSON records and Caffe's log followed
-live, stopped with SIGTERM then SIGKILL, ended by the watchdog when it makes no progress (jobs.watchdog), and
-classified once it has ended (core.oom).
+live, cancelled with SIGINT (the runner snapshots and stops; SIGTERM then SIGKILL when it does not in time),
+ended by the watchdog when it makes no progress (jobs.watchdog), and classified once it has ended (core.oom).
+
+A cancel is SIGINT to the child's process group, the signal both runners understand: the pycaffe runner
+(jobs.runner) and `caffe train` (its default `--sigint_effect=stop`) each stop at the next step, write a snapshot
+and exit; the pycaffe runner then writes a "stopped" record naming the snapshot, which a runner wrapping `caffe`
+writes too. One that has not ended `cancel_seconds` after the request gets SIGTERM, then SIGKILL after the grace
+period, as before there was a snapshot to wait for.
 
 Written with the standard library's threading, subprocess and time: under the gevent server they are
 monkey-patched, so the reads and waits here yield to the hub instead of blocking it; in tests and in the CLI they
@@ -35,12 +41,14 @@ from typing import IO, Any
 
 from ..core import nonfinite
 from ..core.divergence import DEFAULT_POLICY, DivergenceWatch
-from ..core.oom import Outcome, Stall, classify
+from ..core.oom import CANCELLED, Outcome, Stall, classify
 from .watchdog import Watchdog
 
 LOG_TAIL_BYTES = 256 * 1024
 """How much of the end of Caffe's log the classification reads."""
 POLL_SECONDS = 0.2
+CANCEL_SECONDS = 60.0
+"""How long a cancelled attempt may take to finish its step, write its snapshot and exit before it is killed."""
 VMSTAT = Path("/proc/vmstat")
 MAX_LINE = 4096
 """A log line longer than this is cut in the events (the file keeps it whole)."""
@@ -62,6 +70,8 @@ class AttemptResult:
     error: dict[str, Any] | None
     allocated_bytes: int | None = None
     """Caffe's own allocation at its largest (the runner's allocated_bytes), where the records gave it."""
+    stopped: dict[str, Any] | None = None
+    """The runner's "stopped" record, when it stopped as a cancel asked (with the snapshot it wrote)."""
 
 
 class AttemptProcess:
@@ -81,6 +91,7 @@ class AttemptProcess:
         stall_seconds: float | None = None,
         command: list[str] | None = None,
         divergence: str = DEFAULT_POLICY,
+        cancel_seconds: float = CANCEL_SECONDS,
     ) -> None:
         self.folder = folder
         self.spec_file = spec_file
@@ -89,6 +100,8 @@ class AttemptProcess:
         self.on_record = on_record or (lambda record: None)
         self.on_log = on_log or (lambda lines: None)
         self.grace_seconds = grace_seconds
+        self.cancel_seconds = cancel_seconds
+        """After a cancel's SIGINT, how long the child has to snapshot and stop before SIGTERM."""
         self.stall_seconds = stall_seconds
         """Silence (no record, no log line) after which the watchdog ends the child; None: never."""
         self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file]
@@ -100,6 +113,10 @@ class AttemptProcess:
         after the grace period."""
         self._cancel_at: float | None = None
         """When a cancel (or a kill) was asked for: the attempt is then "cancelled"."""
+        self._stopped: dict[str, Any] | None = None
+        """The runner's "stopped" record (a cancel honoured: snapshot written, training stopped)."""
+        self._snapshot: dict[str, Any] | None = None
+        """The latest snapshot record."""
         self._stop_at: float | None = None
         """When SIGTERM was sent (a cancel, or a divergence): SIGKILL follows after the grace period."""
         self._killed = False
@@ -158,11 +175,16 @@ class AttemptProcess:
             )
         return self.process.pid
 
-    def cancel(self) -> None:
-        """Ask the child to stop (SIGTERM to its process group); `wait` sends SIGKILL after the grace period."""
+    def cancel(self, snapshot: bool = True) -> None:
+        """Ask the child to snapshot and stop (SIGINT to its process group); `wait` sends SIGTERM once
+        `cancel_seconds` have passed without its end, and SIGKILL after the grace period. `snapshot` False: SIGTERM
+        now, the stop without a snapshot (a node whose cluster gives it seconds only)."""
         with self._lock:
             if self._cancel_at is None:
                 self._cancel_at = time.monotonic()
+                if snapshot:
+                    self._signal(signal.SIGINT)
+            if not snapshot:
                 self._stop()
 
     def _stop(self) -> None:
@@ -210,6 +232,8 @@ class AttemptProcess:
             with self._lock:
                 if self._diverged_at is not None and time.monotonic() - self._diverged_at > self.grace_seconds:
                     self._stop()
+                if self._cancel_at is not None and time.monotonic() - self._cancel_at > self.cancel_seconds:
+                    self._stop()  # the snapshot did not come in time: stopped as a cancel always was
                 overdue = (
                     self._stop_at is not None
                     and not self._killed
@@ -234,9 +258,14 @@ class AttemptProcess:
             stall=self._stall, divergence=self.divergence.first if diverged else None,
             train_on=self.divergence.trains_on,
         )
+        if outcome.status == CANCELLED:
+            outcome = dataclasses.replace(outcome, message=cancel_message(
+                self._stopped, self._last_iteration, outcome.signal, self.cancel_seconds,
+                snapshot=self._snapshot, forced=self._stop_at is not None,
+            ))
         return AttemptResult(
             returncode, outcome, self._records, self._last_iteration, self._peak, self._finished, self._error,
-            self._allocated,
+            self._allocated, self._stopped,
         )
 
     def _read_records(self, stream: IO[str]) -> None:
@@ -260,6 +289,10 @@ class AttemptProcess:
             self._trainer = record["pid"]
         if event == "finished":
             self._finished = True
+        elif event == "stopped":
+            self._stopped = record
+        elif event == "snapshot":
+            self._snapshot = record
         elif event == "error":
             self._error = {"type": record.get("type"), "message": record.get("message")}
         if isinstance(record.get("iteration"), int):
@@ -310,6 +343,31 @@ class AttemptProcess:
 
 def process_pid(attempt: AttemptProcess) -> int | None:
     return None if attempt.process is None else attempt.process.pid
+
+
+def cancel_message(
+    stopped: Mapping[str, Any] | None, last_iteration: int | None, signal_name: str | None, bound: float, *,
+    snapshot: Mapping[str, Any] | None = None, forced: bool = False,
+) -> str:
+    """How a cancelled attempt ended, for people: where it stopped and whether its work was kept in a snapshot.
+    `stopped`: the runner's "stopped" record; without one, `snapshot` (the latest snapshot record) and `forced`
+    (this side stopped it, the bound having passed) tell."""
+    if stopped is not None:
+        iteration = stopped.get("iteration")
+        if stopped.get("snapshot"):
+            return f"cancelled at iteration {iteration}; a snapshot of it was saved (Resume continues from it)"
+        if not iteration:
+            return "cancelled before training started (nothing to snapshot)"
+        return f"cancelled at iteration {iteration}, without a snapshot"
+    if not last_iteration:
+        return "cancelled before training started (nothing to snapshot)"
+    if not forced:  # it stopped by itself, without saying how (a runner without "stopped" records)
+        if snapshot is not None and snapshot.get("iteration") == last_iteration:
+            return f"cancelled at iteration {last_iteration}; a snapshot of it was saved (Resume continues from it)"
+        return f"cancelled at iteration {last_iteration}, without a snapshot of it"
+    how = f" ({signal_name})" if signal_name else ""
+    return (f"cancelled at iteration {last_iteration} without a snapshot: the attempt did not snapshot and stop "
+            f"within {bound:g} s of the request, so it was ended{how}")
 
 
 def oom_kill_count(vmstat: Path = VMSTAT) -> int | None:

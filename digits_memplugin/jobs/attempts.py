@@ -83,21 +83,45 @@ def plan_for(
     )
 
 
-def job_end(result: AttemptResult) -> tuple[str, str] | None:
-    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory)."""
+def job_end(result: AttemptResult, attempts: Sequence[Attempt] = ()) -> tuple[str, str] | None:
+    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory).
+    `attempts`: the job's attempts, the one that ended last, for the story of its out-of-memory retries."""
     outcome = result.outcome
     if outcome.status == SUCCESS:
         note = "" if outcome.divergence is None else f"; {outcome.divergence.trained_on_note}"
-        return DONE, f"training finished at iteration {result.last_iteration}{note}"
+        retries = retry_summary(attempts)
+        return DONE, f"training finished at iteration {result.last_iteration}{note}" + (f"; {retries}" if retries else "")
     if outcome.status == DIVERGED:
         return FAILED, outcome.message
     if outcome.status == OUTCOME_INTERRUPTED:
         return INTERRUPTED, INTERRUPTED_MESSAGE
     if outcome.status == OUTCOME_CANCELLED:
-        return CANCELLED, "cancelled"
+        return CANCELLED, outcome.message or "cancelled"
     if outcome.status != OUT_OF_MEMORY:
         return FAILED, outcome.message
     return None
+
+
+def retry_summary(attempts: Sequence[Attempt]) -> str | None:
+    """How the out-of-memory fallback got the job to the plan of its last attempt, in one sentence ("it ran out of
+    memory at batch 512, and was retried at batch 171 x iter_size 3 (effective batch 513)"); None without a retry."""
+    if len(attempts) < 2:
+        return None
+    *earlier, last = sorted(attempts, key=lambda attempt: attempt.number)
+    failed = [attempt for attempt in earlier if attempt.status == OUT_OF_MEMORY]
+    if not failed:
+        return None
+    plans = [plan_words(attempt.batch_size, attempt.iter_size) for attempt in failed]
+    listed = ", ".join(plans[:-1]) + (" and " if len(plans) > 1 else "") + plans[-1]
+    tries = "" if len(failed) == 1 else f" ({len(failed)} attempts)"
+    effective = last.batch_size * last.iter_size
+    return (f"it ran out of memory at {listed}{tries}, and was retried at {plan_words(last.batch_size, last.iter_size)}"
+            + (f" (effective batch {effective})" if last.iter_size > 1 else ""))
+
+
+def plan_words(batch_size: int, iter_size: int) -> str:
+    """"batch 512", "batch 171 x iter_size 3"."""
+    return f"batch {batch_size}" + (f" x iter_size {iter_size}" if iter_size > 1 else "")
 
 
 def failure_of(attempt: Attempt) -> Failure:
@@ -203,7 +227,7 @@ class AttemptLoop:
             result, attempt = self._run_attempt(job, definition, entry, limit, decision)
             self._measure(job_id)
             made += 1
-            ending = job_end(result)
+            ending = job_end(result, store.attempts(job_id))
             if ending is not None:
                 progress.finish(job_id, *ending)
                 return
@@ -322,7 +346,10 @@ class AttemptLoop:
         updated = store.update_job(
             job.id, batch_size=spec.batch_size, iter_size=spec.iter_size, test_batch_size=attempt.test_batch_size,
             test_iter=attempt.test_iter, message=f"attempt {number}: {decision.message}",
-            iteration=attempt.start_iteration,
+            # The job is where this attempt starts: an earlier attempt's iteration, loss and tests are not its own
+            # (a restart from 0, or from a snapshot before them), and would read as the current run.
+            iteration=attempt.start_iteration, progress=None,
+            **({} if spec.resume else {"snapshot": None}),  # a snapshot not resumed from is gone: none to show
         )
         progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         progress.emit_job(updated)
@@ -332,6 +359,7 @@ class AttemptLoop:
             on_record=lambda record: progress.on_record(job.id, number, record),
             on_log=lambda lines: progress.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
             grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
+            cancel_seconds=self.config.cancel_seconds,
         )
         with self._lock:
             entry.attempt, entry.peak = number, None
@@ -372,7 +400,7 @@ class AttemptLoop:
         }
         # What the job is once this attempt has ended, shown while the writes below wait for the database.
         known = progress_fields(entry)
-        ending = job_end(result)
+        ending = job_end(result, store.attempts(job.id))
         if ending is not None:
             known.update(status=ending[0], message=ending[1], finished_at=time.time() if ending[0] in FINAL_STATES else None)
         # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.

@@ -26,7 +26,8 @@ LOCAL, RAY = JOB_BACKENDS
 
 class AttemptHandle(Protocol):
     """One launched attempt. `wait` blocks (run it in the job's task) and calls the launch's callbacks; `cancel`
-    (stop gracefully, then for good after the grace period) and `kill` (at once) may come from any task."""
+    (snapshot and stop, then for good after `cancel_seconds` and the grace period) and `kill` (at once) may come
+    from any task."""
 
     @property
     def handle(self) -> str:
@@ -60,6 +61,8 @@ class Launch:
     on_log: LogCallback
     grace_seconds: float
     stall_seconds: float | None
+    cancel_seconds: float = 60.0
+    """How long a cancelled attempt may take to snapshot and stop before it is stopped without one."""
 
 
 class Backend(Protocol):
@@ -89,7 +92,7 @@ class LocalBackend:
             launch.folder, launch.spec_file, launch.spec.log, environment=launch.environment,
             on_record=launch.on_record, on_log=launch.on_log,
             grace_seconds=launch.grace_seconds, stall_seconds=launch.stall_seconds,
-            divergence=launch.spec.divergence,
+            divergence=launch.spec.divergence, cancel_seconds=launch.cancel_seconds,
         )
         process.start()
         return process

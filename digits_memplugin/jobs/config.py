@@ -10,6 +10,7 @@ from ..caffe_build import CaffeBuild, bundled
 from ..core.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
 from ..core.job_plan import PlanningPolicy
 from ..core.layers.base import ENGINE_CUDNN, ENGINE_GPU
+from .attempt import CANCEL_SECONDS
 from .store import BUSY_SECONDS
 
 MAX_QUEUED_JOBS = 100
@@ -33,7 +34,9 @@ class ManagerConfig:
     poll_seconds: float = 1.0
     """How often waiting jobs are placed again and GPU memory of running attempts is sampled."""
     grace_seconds: float = 5.0
-    """Between SIGTERM and SIGKILL when an attempt is cancelled."""
+    """Between SIGTERM and SIGKILL when an attempt is stopped."""
+    cancel_seconds: float = CANCEL_SECONDS
+    """How long a cancelled attempt has to snapshot and stop (SIGINT) before it is stopped with SIGTERM."""
     store_progress_seconds: float = 1.0
     """Iteration records are written to the store at most this often per job (tests and snapshots always)."""
     max_queued_jobs: int = MAX_QUEUED_JOBS
@@ -93,6 +96,7 @@ class ManagerConfig:
             store_busy_seconds=settings.store_busy_seconds,
             job_nice=settings.job_nice,
             stall_seconds=settings.job_stall_seconds,
+            cancel_seconds=settings.job_cancel_seconds,
             gpus_simulated=settings.simulate_gpus is not None,
             max_stored_jobs=settings.max_stored_jobs,
             max_stored_bytes=settings.max_stored_bytes,

@@ -467,7 +467,10 @@ class JobManager:
                 self.quota.check_queue()
             except QueueFull as full:
                 raise JobStateError(full.errors["queue"]) from None
-            where = f"from iteration {job.snapshot['iteration']}" if job.snapshot else "from the start (no snapshot)"
+            kept = job.snapshot is not None and (self.jobs_root / job.folder / job.snapshot["state"]).is_file()
+            where = f"from iteration {job.snapshot['iteration']}" if job.snapshot and kept else (
+                "from the start (no snapshot)" if not job.snapshot else
+                f"from the start (the snapshot of iteration {job.snapshot['iteration']} is gone)")
             job = self.store.update_job(
                 job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}", cancel_requested_at=None
             )

@@ -5,8 +5,9 @@
         AttemptProcess (its death signal, the OOM classification with this host's /proc/vmstat, the watchdog, the
         memory cap all stay here). Each record and each new line of Caffe's log is printed on stdout as one JSON
         line, and last the attempt's result (`outcome`), from which the server rebuilds the AttemptResult.
-        SIGTERM (Ray's stop) cancels the attempt as the local backend's cancel does; so does a file `cancel` in the
-        attempt's folder, which covers a stop Ray cannot deliver (a job still pending when it was stopped).
+        A file `cancel` in the attempt's folder cancels the attempt as the local backend's cancel does (a snapshot,
+        then the stop; the server writes it first and stops the Ray job only if that takes too long, or at once
+        while Ray still holds it pending); SIGTERM (Ray's stop, SIGKILL 3 s later) stops it at once, without one.
     python -m digits_memplugin.jobs.node --agent ROOT [--interval S]
         The node's agent, started with the node: writes this host's devices (devices.read_devices, NVML) to
         ROOT/nodes/<host>.json every few seconds, which the server reads to show and plan every host's GPUs.
@@ -37,7 +38,7 @@ from ..core import nonfinite
 from ..core.divergence import DEFAULT_POLICY
 from ..core.oom import Outcome
 from ..devices import read_devices
-from .attempt import AttemptProcess, AttemptResult
+from .attempt import CANCEL_SECONDS, AttemptProcess, AttemptResult
 from .cluster import NODES_FOLDER
 
 TAG = "memplugin"
@@ -89,7 +90,10 @@ class _Printer:
             sys.stdout.flush()
 
 
-def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace: float, stall: float | None) -> int:
+def run_attempt(
+    spec_file: str, folder: Path, environment: dict[str, str], grace: float, stall: float | None,
+    cancel_seconds: float = CANCEL_SECONDS,
+) -> int:
     spec_path = folder / spec_file
     data = json.loads(spec_path.read_text(encoding="utf-8"))
     emit = _Printer()
@@ -98,6 +102,7 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
         on_record=lambda record: emit("record", {"record": record}),
         on_log=lambda lines: emit("log", {"lines": lines}),
         grace_seconds=grace, stall_seconds=stall, divergence=data.get("divergence", DEFAULT_POLICY),
+        cancel_seconds=cancel_seconds,
     )
     cancel_file = spec_path.parent / CANCEL_FILE
     done = threading.Event()
@@ -107,7 +112,7 @@ def run_attempt(spec_file: str, folder: Path, environment: dict[str, str], grace
             if cancel_file.exists():
                 process.cancel()
 
-    signal.signal(signal.SIGTERM, lambda number, frame: process.cancel())
+    signal.signal(signal.SIGTERM, lambda number, frame: process.cancel(snapshot=False))
     process.start()
     if cancel_file.exists():  # stopped while Ray still held it pending
         process.cancel()
@@ -193,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="the child's environment")
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--stall", type=float, default=None)
+    parser.add_argument("--cancel-seconds", type=float, default=CANCEL_SECONDS)
     parser.add_argument("--agent", metavar="ROOT", help="write this host's devices to ROOT/nodes/ every --interval")
     parser.add_argument("--interval", type=float, default=AGENT_SECONDS)
     parser.add_argument("--once", action="store_true", help="the agent writes once and exits")
@@ -205,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.spec or not args.folder:
         parser.error("an attempt needs its attempt.json and --folder")
     environment = dict(item.split("=", 1) for item in args.env)
-    return run_attempt(args.spec, shared_path(args.folder, args.root), environment, args.grace, args.stall)
+    return run_attempt(args.spec, shared_path(args.folder, args.root), environment, args.grace, args.stall,
+                       args.cancel_seconds)
 
 
 if __name__ == "__main__":

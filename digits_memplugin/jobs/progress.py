@@ -182,8 +182,10 @@ class Progress:
     # --- the runner's records -----------------------------------------------------------------------------------
 
     def on_record(self, job_id: str, number: int, record: dict[str, Any]) -> None:
-        """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job."""
+        """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job
+        (iterations and tests with their attempt's number, as the events and GET /jobs/<id>/progress carry them)."""
         self.emit("job_progress", {"job_id": job_id, "attempt": number, **record})
+        record = {**record, "attempt": number}
         event = record.get("event")
         changed: Job | None = None
         with self._lock:

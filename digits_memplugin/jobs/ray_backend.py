@@ -15,8 +15,11 @@ past TAIL_AFTER_CHARS it is followed through Ray's log-tail websocket instead, e
 Ray's tail cadence (it looks at the file every one to two seconds). Where the websocket cannot be opened, the whole
 log stays the way (from where the last read ended).
 
-Stop is Ray's stop (SIGTERM, SIGKILL 3 s later) plus a `cancel` file in the attempt's folder: Ray leaves a job it
-stopped while pending pending, and the wrapper, once it starts, sees the file and ends at once.
+A cancel is a `cancel` file in the attempt's folder, which the wrapper looks for twice a second and answers as the
+local backend's cancel does (the runner snapshots and stops); Ray's stop (SIGTERM, SIGKILL 3 s later: no time for a
+snapshot) follows only when the attempt has not ended within the cancel's bound, or at once while Ray still holds
+the job pending (it leaves a job stopped while pending pending, and the wrapper, once it starts, sees the file and
+ends at once). A kill is both at once.
 """
 
 from __future__ import annotations
@@ -170,6 +173,8 @@ class RayAttempt:
         self.host: str | None = None
         self._lock = threading.Lock()
         self._cancel_at: float | None = None
+        self._state: Any = None
+        """Ray's last word on the job's status ("PENDING", "RUNNING", ...)."""
         self._offset = 0
         """Characters of the job's log already read (from the tail or from a whole read)."""
         self._partial = ""
@@ -202,10 +207,22 @@ class RayAttempt:
         except OSError as error:
             log.warning("%s: cannot write %s (%s)", self.handle, cancel_file, error)
         # Not under the caller's lock (the manager's): the request may take up to its timeout.
-        threading.Thread(target=self._stop, daemon=True).start()
+        threading.Thread(target=self._stop_if_overdue, daemon=True).start()
 
     def kill(self) -> None:
         self.cancel()
+        threading.Thread(target=self._stop, daemon=True).start()
+
+    def _stop_if_overdue(self) -> None:
+        """Ray's stop, once the wrapper has had the time to snapshot and stop by itself (the cancel file), or at once
+        while the job is pending (nothing to snapshot yet)."""
+        deadline = time.monotonic() + self.launch.cancel_seconds + self.launch.grace_seconds + 2 * self.poll_seconds
+        while time.monotonic() < deadline and self._state not in TERMINAL and self._result is None:
+            if self._state == "PENDING":
+                break
+            time.sleep(min(0.5, self.poll_seconds))
+        if self._state not in TERMINAL and self._result is None:
+            self._stop()
 
     def _stop(self) -> None:
         try:
@@ -227,6 +244,7 @@ class RayAttempt:
         while True:
             try:
                 status = self.client.status(self.submission_id)
+                self._state = status.get("status")
                 waited = self._read_logs(status.get("status"))
                 last_contact = time.monotonic()
             except RayError as error:
@@ -363,7 +381,7 @@ class RayBackend:
         grace = min(launch.grace_seconds, STOP_WAIT_SECONDS - 1.0)
         words = [
             self.python, "-m", "digits_memplugin.jobs.node", launch.spec_file, "--folder", str(launch.folder),
-            "--root", str(self.shared_root), "--grace", str(grace),
+            "--root", str(self.shared_root), "--grace", str(grace), "--cancel-seconds", str(launch.cancel_seconds),
         ]
         if launch.stall_seconds is not None:
             words += ["--stall", str(launch.stall_seconds)]

@@ -162,14 +162,9 @@ def parse_job_request(
     cap = body.get("memory_cap")
     if cap is not None:
         try:
-            cap = byte_count(cap)
+            values["memory_cap"] = memory_cap(cap)
         except ValueError as error:
-            errors["memory_cap"] = str(error) if isinstance(cap, str) else MEMORY_CAP_RANGE
-        else:
-            if _positive_int(cap, MAX_MEMORY_CAP) and cap >= 1 << 20:
-                values["memory_cap"] = cap
-            else:
-                errors["memory_cap"] = MEMORY_CAP_RANGE
+            errors["memory_cap"] = str(error)
     divergence = body.get("divergence")
     if divergence is not None:
         if isinstance(divergence, str) and divergence in POLICIES:
@@ -183,6 +178,18 @@ def parse_job_request(
     if errors:
         return None, errors
     return JobRequest(**values, policy=policy, safety_margin=margin, start=start), {}
+
+
+def memory_cap(value: Any) -> int:
+    """A job's memory cap in bytes: a whole number of bytes, or a size with its unit ("2GiB"), from 1 MiB to 1 EiB
+    (the REST API's field, and the New model form's). ValueError saying what is wrong."""
+    try:
+        cap = byte_count(value)
+    except ValueError as error:
+        raise ValueError(str(error) if isinstance(value, str) else MEMORY_CAP_RANGE) from None
+    if not (_positive_int(cap, MAX_MEMORY_CAP) and cap >= 1 << 20):
+        raise ValueError(MEMORY_CAP_RANGE)
+    return cap
 
 
 def _fallback(

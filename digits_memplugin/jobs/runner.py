@@ -28,7 +28,14 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 
 Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
 started, constructed, testing (during a long test pass, at most one every ALIVE_SECONDS), test, iteration,
-snapshot, finished, diverged, error. Exit status 0 after "finished" or "diverged", 3 after "error".
+snapshot, finished, stopped, diverged, error. Exit status 0 after "finished", "stopped" or "diverged", 3 after
+"error".
+
+SIGINT asks the runner to stop, as `caffe train`'s default `--sigint_effect=stop` does (Solver::Step breaks out,
+Solver::Solve snapshots): the handler only notes the request, and the runner honours it between two steps (or two
+forward passes of a test pass), writes a snapshot of the weights it has (unless one of that iteration exists
+already), a "stopped" record naming it, and exits 0. This is how the manager cancels a job (jobs.attempt): the
+work done is kept, and Resume continues from it. A runner that does not stop in time is killed.
 
 A loss or an output that is NaN or infinite is written as "NaN", "Infinity" or "-Infinity" (core.nonfinite), never
 a bare token strict JSON readers refuse. At the first such record the runner stops, unless the spec's divergence
@@ -80,6 +87,33 @@ DISK_FULL = "DiskFull"
 """The type of the error record of an attempt stopped by a full disk."""
 _OPEN_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 """The attempt's own files are appended to, never through a symlink (one would lead outside the job's folder)."""
+
+
+class StopRequest:
+    """SIGINT's request to stop at the next step with a snapshot (`caffe train --sigint_effect=stop`). The handler
+    only sets a flag: Caffe's step in C++ is never interrupted, and Python runs the handler once it returns."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, number: int, frame: Any) -> None:
+        self.asked = True
+
+
+STOP = StopRequest()
+"""The runner's one stop request (installed by `main` before anything is loaded)."""
+
+
+def log_line(text: str) -> None:
+    """One INFO line in Caffe's log, in glog's format (the classifier reads INFO lines as nothing but progress), so
+    that the log ends with how training ended, as `caffe train`'s does ("Optimization Done.")."""
+    now = time.time()
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+    with contextlib.suppress(OSError, ValueError):
+        print(f"I{stamp} {os.getpid():>5} runner.py] {text}", file=sys.stderr, flush=True)
 
 
 class ReportDiskFull(Exception):
@@ -248,6 +282,9 @@ def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
         sums: dict[str, Any] = {}
         iterations = test_iters[index]
         for done in range(iterations):
+            if STOP.asked:  # Solver::Test: a stop asked during a test pass ends it, with no result
+                log_line("Test interrupted.")
+                return
             report.alive("testing", net=index, done=done, of=iterations)
             outputs = net.forward()
             for name, values in outputs.items():
@@ -262,16 +299,18 @@ def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
         )
 
 
-def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> None:
+def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> dict[str, Any]:
+    """Solver::Snapshot, reported; the snapshot's iteration and files."""
     solver.snapshot()
     prefix = spec.snapshot_prefix
     h5 = ".h5" if spec.snapshot_format == "HDF5" else ""
-    report(
-        "snapshot",
-        iteration=solver.iter,
-        model=f"{prefix}_iter_{solver.iter}.caffemodel{h5}",
-        state=f"{prefix}_iter_{solver.iter}.solverstate{h5}",
-    )
+    files = {
+        "iteration": solver.iter,
+        "model": f"{prefix}_iter_{solver.iter}.caffemodel{h5}",
+        "state": f"{prefix}_iter_{solver.iter}.solverstate{h5}",
+    }
+    report("snapshot", **files)
+    return files
 
 
 def train(spec: AttemptSpec, report: Reporter) -> Any:
@@ -324,10 +363,16 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
     every = spec.snapshot
     weights = solver.net.blob_loss_weights
     outputs = list(solver.net.outputs)
+    # The snapshot that holds the weights as they are: the state resumed from, or the latest written.
+    saved = {"iteration": solver.iter, "state": spec.resume} if spec.resume else None
     while solver.iter < max_iter:
+        if STOP.asked:
+            return stopped(solver, spec, memory, report, saved)
         iteration = solver.iter
         if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec.test_initialization):
             run_tests(solver, test_iters, report)
+            if STOP.asked:
+                return stopped(solver, spec, memory, report, saved)
         rate = schedule.rate(iteration)
         solver.step(1)
         values = {name: solver.net.blobs[name].data for name in outputs}
@@ -340,15 +385,30 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
             **memory.fields(),
         )
         if every and solver.iter % every == 0:
-            snapshot(solver, spec, report)
+            saved = snapshot(solver, spec, report)
     if spec.snapshot_after_train and (not every or solver.iter % every != 0):
         snapshot(solver, spec, report)
     if test_interval and solver.iter % test_interval == 0:
         run_tests(solver, test_iters, report)
     report("finished", iteration=solver.iter, **memory.fields())
+    log_line("Optimization Done.")
+
+
+def stopped(
+    solver: Any, spec: AttemptSpec, memory: Growth, report: Reporter, saved: Mapping[str, Any] | None
+) -> None:
+    """The end of an attempt asked to stop (SIGINT, a cancel): a snapshot of the weights as they are, unless one of
+    this iteration exists already (or nothing was trained), then the "stopped" record naming it."""
+    if solver.iter > 0 and (saved is None or saved["iteration"] != solver.iter):
+        saved = snapshot(solver, spec, report)
+    state = saved["state"] if saved is not None and saved["iteration"] == solver.iter else None
+    report("stopped", iteration=solver.iter, snapshot=state, **memory.fields())
+    log_line(f"Optimization stopped early at iteration {solver.iter}"
+             + (f"; snapshot {state}." if state else " (nothing trained, so no snapshot)."))
 
 
 def main(argv: list[str]) -> int:
+    STOP.install()  # first: a cancel that comes while pycaffe loads is honoured once training can stop
     if len(argv) != 1:
         print("usage: python -m digits_memplugin.jobs.runner ATTEMPT_JSON", file=sys.stderr)
         return 2

@@ -123,6 +123,10 @@ class DeviceRefused(ValueError):
         self.field = field
 
 
+MEMORY_CAP_ON_GPU = 'a memory cap applies to CPU jobs only (device "cpu")'
+"""A memory cap is enforced on a CPU attempt's process (RLIMIT_DATA); GPU memory has no such limit."""
+
+
 def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpus_simulated: bool) -> str:
     """The device a submission asks for, normalised ("auto", "cpu" or a GPU's UUID); DeviceRefused when it names
     no device, gives a memory cap for a job that may run on a GPU, or may run only on simulated GPUs."""
@@ -132,7 +136,7 @@ def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpu
         raise DeviceRefused("device", str(error)) from None
     on_cpu = device == CPU_KEY or device.startswith(CPU_KEY + "@")
     if memory_cap is not None and not on_cpu and not (device == AUTO and not devices.gpus):
-        raise DeviceRefused("memory_cap", 'a memory cap applies to CPU jobs only (device "cpu")')
+        raise DeviceRefused("memory_cap", MEMORY_CAP_ON_GPU)
     if gpus_simulated and not on_cpu and devices.gpus:
         raise DeviceRefused("device", SIMULATED_GPUS)
     return device

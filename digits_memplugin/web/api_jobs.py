@@ -8,7 +8,8 @@ attempts, cancel, resume, delete, and Caffe's log.
     POST   /jobs/<id>/resume   200 job            409 unless interrupted, cancelled or failed
     DELETE /jobs/<id>          204                409 while running
     GET    /jobs/<id>/log      200 text/plain     ?attempt=N (default: the latest), ?tail=N lines
-    GET    /jobs/<id>/progress 200 {"job_id", "records": [iteration and test records, each with its "attempt"]}
+    GET    /jobs/<id>/progress 200 {"job_id", "records": [iteration and test records, each with its "attempt" and
+                                    "superseded": a later attempt trains that iteration again]}
 
 The job and attempt documents are `Job.to_json()` and `Attempt.to_json()` (jobs/records.py); the socketio events
 carry the same documents.
@@ -206,14 +207,22 @@ def job_log(job_id: str) -> ResponseReturnValue:
 
 
 def job_progress(job_id: str) -> ResponseReturnValue:
-    """The iteration and test records of every attempt so far, oldest first, each with its attempt's number: what
-    a page draws its chart from on first paint and after a reconnection (the events carry only what is new)."""
+    """The iteration and test records of every attempt so far, oldest first, each with its attempt's number and
+    whether a later attempt trains its iteration again (`superseded`: that attempt restarted before it): what a
+    page draws its chart from on first paint and after a reconnection (the events carry only what is new)."""
     manager = _manager()
     _job_or_404(manager, job_id)
     folder = manager.folder(job_id)
     records: list[dict[str, Any]] = []
-    for attempt in manager.attempts(job_id):
-        records += _chart_records(folder / PurePosixPath(attempt.log).parent / PROGRESS_FILE, attempt.number)
+    attempts = manager.attempts(job_id)
+    for index, attempt in enumerate(attempts):
+        # A later attempt that started before an iteration trains it again: this attempt's record of it is no
+        # longer the job's (a restart from 0, or a resume from an earlier snapshot).
+        redone = min((later.start_iteration for later in attempts[index + 1:]), default=None)
+        for record in _chart_records(folder / PurePosixPath(attempt.log).parent / PROGRESS_FILE, attempt.number):
+            iteration = record.get("iteration")
+            record["superseded"] = redone is not None and isinstance(iteration, int) and iteration > redone
+            records.append(record)
     return jsonify(job_id=job_id, records=records)
 
 

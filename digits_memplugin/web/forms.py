@@ -27,7 +27,9 @@ from ..core.layers.base import INT_MAX
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
 from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
+from ..jobs.request import memory_cap as job_memory_cap
 from ..networks import STANDARD_NETWORKS, StandardNetwork, standard_network
+from ..sizes import MAX_SIZE_TEXT
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 NO_MOMENTUM = frozenset({"AdaGrad", "RMSProp"})
@@ -124,11 +126,13 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
 
     batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
+    memory_cap = StringField("Memory cap (CPU jobs)", validators=[Optional(), Length(max=MAX_SIZE_TEXT)])
+    """The most a CPU attempt may allocate ("2GiB"), as the REST API's `memory_cap` (jobs.request.memory_cap)."""
 
     def validate(self, extra_validators: Mapping[str, Any] | None = None) -> bool:
         """Field checks, then the rules between fields (a custom network needs a text, a step policy a step size)."""
         valid = bool(super().validate(extra_validators))
-        checks = (self._check_network, self._check_solver, self._check_data, self._check_batch)
+        checks = (self._check_network, self._check_solver, self._check_data, self._check_batch, self._check_memory_cap)
         for check in checks:
             valid = check() and valid
         return valid
@@ -192,6 +196,13 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             return self._fail(self.batch_size, str(error))
         return True
 
+    def _check_memory_cap(self) -> bool:
+        try:
+            parse_memory_cap(self.memory_cap.data)
+        except ValueError as error:
+            return self._fail(self.memory_cap, str(error))
+        return True
+
     def to_spec(self) -> ModelSpec:
         """The validated form as a job's inputs; call after `validate()` returned True."""
         network: StandardNetwork | None = None
@@ -227,6 +238,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             batch=parse_batch(self.batch_size.data),
             device=self.device.data,
             divergence=self.divergence.data,
+            memory_cap=parse_memory_cap(self.memory_cap.data),
         )
 
     def _text_of(self, upload: FileField, pasted: TextAreaField, default_name: str) -> tuple[str, str]:
@@ -293,6 +305,15 @@ def parse_batch(value: str | None) -> int | str | None:
     return batch
 
 
+def parse_memory_cap(value: str | None) -> int | None:
+    """The memory cap field: empty (none: the CPU's available memory), or a size with its unit ("2GiB"), checked as
+    the REST API checks `memory_cap` (1 MiB to 1 EiB). A bare number is refused: "2048" could mean anything."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    return job_memory_cap(text)
+
+
 def _step_values(text: str) -> list[int]:
     parsed = [ascii_int(part, max_digits=10) for part in text.replace(" ", ",").split(",") if part]
     steps = [step for step in parsed if step is not None]
@@ -343,6 +364,8 @@ class ModelSpec:
     device: str
     divergence: str = DEFAULT_POLICY
     """What the job does when a net output becomes NaN or infinite (core.divergence): "stop" or "continue"."""
+    memory_cap: int | None = None
+    """Bytes a CPU attempt may allocate (the job's `memory_cap`); None: the CPU's available memory."""
 
     def estimate_request(
         self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None,
@@ -381,7 +404,9 @@ def formdata_from_json(body: Any) -> MultiDict[str, str]:
             raise FormError(key, not_text(where))
         if isinstance(value, bool):
             raise FormError(key, f"must be text or a number, got {value!r}")
-        if isinstance(value, (int, float, str)):
+        if key == "memory_cap" and isinstance(value, int):
+            data.add(key, f"{value}B")  # bytes, as the REST API reads a number; the form's text needs a unit
+        elif isinstance(value, (int, float, str)):
             data.add(key, str(value))
         elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             data.add(key, ",".join(str(v) for v in value))

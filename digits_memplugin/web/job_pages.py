@@ -5,7 +5,8 @@ by static/js/jobs.js and job-page.js over the socketio rooms `jobs` and `job:<id
                                         (?limit=N, default 50; ?before=<id> for older ones)
     GET  <prefix>/jobs/<id>             status, plan, attempts, progress, log tail, the definition as submitted
     POST <prefix>/jobs/<id>/cancel      cancel without JavaScript (a form with its CSRF token): 303 to the page
-    POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way: 303 to the list
+    POST <prefix>/jobs/<id>/delete      delete a job that is not running, the same way, in two steps: without
+                                        confirm=yes the page asks (its snapshots named), with it 303 to the list
     POST <prefix>/jobs/<id>/resume      queue an interrupted, cancelled or failed job again: 303 to the page
 
 The scripts use the REST API (`<prefix>/api/jobs/...`) instead of the POST routes; the API takes JSON from
@@ -14,6 +15,7 @@ scripts, these take a browser's form post, so they check the CSRF token.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,11 +29,13 @@ from werkzeug.exceptions import NotFound
 from wtforms.validators import ValidationError
 
 from .. import __version__
+from ..core.oom import SIGNAL_WORDS
 from ..devices import CPU_KEY, DeviceList
 from ..jobs.definition import SOLVER_SOURCE
 from ..jobs.errors import JobNotFound, JobPageError, JobStateError
 from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager
 from ..jobs.records import ACTIVE_STATES, RUNNING
+from ..sizes import format_size
 from .api_jobs import page_limit
 
 LOG_TAIL_LINES = 60
@@ -99,13 +103,18 @@ def jobs_page() -> str:
     )
 
 
-def job_page(job_id: str, error: str | None = None, status: int = 200) -> ResponseReturnValue:
+def job_page(
+    job_id: str, error: str | None = None, status: int = 200, confirm_delete: bool = False
+) -> ResponseReturnValue:
+    """A job's page; `confirm_delete`: with the question whether to delete it for good open (the first post of
+    Delete without JavaScript)."""
     manager = _manager()
     try:
         document = manager.document(job_id)
     except JobNotFound as missing:
         raise NotFound(str(missing)) from None
     folder = manager.folder(job_id)
+    snapshots = snapshot_models(folder)
     page = render_template(
         "memplugin/job.html",
         job=document,
@@ -113,11 +122,63 @@ def job_page(job_id: str, error: str | None = None, status: int = 200) -> Respon
         log_lines=_log_tail(manager, job_id),
         net_text=_read(folder / "net.prototxt"),
         solver_text=_read(folder / SOLVER_SOURCE),
-        refresh=REFRESH_SECONDS if document["status"] in ACTIVE_STATES else None,
+        refresh=REFRESH_SECONDS if document["status"] in ACTIVE_STATES and not confirm_delete else None,
         action_error=error,
+        confirm_delete=confirm_delete,
+        deletion=deletion_words(snapshots),
+        snapshots=snapshots,
+        memory_cap=memory_cap_words(document, manager.config.cpu_memory_cap),
+        signal_words=SIGNAL_WORDS,
         version=__version__,
     )
     return page, status
+
+
+_SNAPSHOT_MODEL = re.compile(r"_iter_(\d+)\.caffemodel(?:\.h5)?$")
+
+
+def snapshot_models(folder: Path) -> list[str]:
+    """The job's snapshots, by their model files ("snapshots/lenet_iter_200.caffemodel"), in iteration order: what
+    Delete removes with the job (job-page.js adds those that training writes while the page is open)."""
+    try:
+        names = [entry.name for entry in (folder / "snapshots").iterdir() if _SNAPSHOT_MODEL.search(entry.name)]
+    except OSError:
+        return []
+    return [f"snapshots/{name}" for name in sorted(names, key=_snapshot_iteration)]
+
+
+def _snapshot_iteration(name: str) -> int:
+    match = _SNAPSHOT_MODEL.search(name)
+    return int(match.group(1)) if match else 0
+
+
+def deletion_words(snapshots: list[str]) -> str:
+    """What Delete takes with the job, as the confirmation says it (job-page.js: deletionWords)."""
+    if not snapshots:
+        return "It has no snapshot; its attempts' logs go with it."
+    latest = max(map(_snapshot_iteration, snapshots))
+    count = f"{len(snapshots)} snapshot" + ("s" if len(snapshots) > 1 else "")
+    return f"Its {count} (the latest at iteration {latest}) and its attempts' logs go with it."
+
+
+def memory_cap_words(job: dict[str, Any], server_cap: int | None) -> str:
+    """The memory a job's CPU attempts may allocate (the job's `memory_cap` or the server's, the smaller; enforced
+    on the child with RLIMIT_DATA), or why none applies."""
+    device = job["device"]["assigned"] or job["device"]["requested"]
+    if device not in (CPU_KEY, "auto") and not str(device).startswith(CPU_KEY + "@"):
+        return "none: a GPU job is planned against the GPU's free memory"
+    own = job.get("memory_cap")
+    caps = [cap for cap in (own, server_cap) if cap is not None]
+    if not caps:
+        return "none: the CPU's available memory"
+    cap = min(caps)
+    if own is not None and cap == own:
+        note = "this job's" + (f"; the server's is {format_size(server_cap)}" if server_cap is not None else "")
+    else:
+        note = "the server's MEMPLUGIN_CPU_MEMORY_CAP" + (
+            f"; this job asked for {format_size(own)}" if own is not None else "")
+    where = " on the CPU" if device == "auto" else ""
+    return f"{format_size(cap)}{where} ({note})"
 
 
 def _log_tail(manager: JobManager, job_id: str) -> list[str]:
@@ -169,7 +230,9 @@ def cancel_job_form(job_id: str) -> ResponseReturnValue:
 
 
 def delete_job_form(job_id: str) -> ResponseReturnValue:
-    """Delete from the page without JavaScript; back to the jobs list."""
+    """Delete from the page without JavaScript, in two steps: the first post (no `confirm`) brings the page back
+    asking whether to delete the job for good, naming its snapshots; the second (`confirm=yes`) deletes it and goes
+    back to the jobs list."""
     problem = _csrf_problem()
     if problem is not None:
         return job_page(job_id, f"The job was not deleted: {problem} Reload the page and try again.", 400)
@@ -177,6 +240,8 @@ def delete_job_form(job_id: str) -> ResponseReturnValue:
     try:
         if manager.get(job_id).status == RUNNING:
             return job_page(job_id, "The job was not deleted: it is running; cancel it first.", 409)
+        if request.form.get("confirm") != "yes":
+            return job_page(job_id, confirm_delete=True)
         manager.delete(job_id)
     except JobNotFound as missing:
         raise NotFound(str(missing)) from None

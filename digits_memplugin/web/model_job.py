@@ -10,6 +10,7 @@ fields.
     data_backend -> "lmdb": those layers' Data backend is LMDB; "hdf5": they become HDF5Data layers
     device       -> "next": "auto"; a GPU's key: its UUID; "cpu": "cpu"
     divergence   -> "divergence" ("stop" or "continue": what a NaN or infinite loss does)
+    memory_cap   -> "memory_cap" (bytes; CPU jobs only, which the manager says beside the field otherwise)
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
         body["data_shapes"] = {DATA_TOP: list(spec.item_shape)}
     if spec.classes is not None:
         body["classes"] = spec.classes
+    if spec.memory_cap is not None:
+        body["memory_cap"] = spec.memory_cap
     return JobBody(body, sources)
 
 

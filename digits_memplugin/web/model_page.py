@@ -27,6 +27,7 @@ from ..dataset_scan import FoundDataset
 from ..devices import Device, DeviceList, is_simulated
 from ..jobs.errors import JobValidationError
 from ..jobs.records import Job
+from ..jobs.scheduler import MEMORY_CAP_ON_GPU
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
 from .api import json_error, read_form, read_json
@@ -177,6 +178,8 @@ def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> 
     plugin = current_app.extensions["memplugin"]
     policy = plugin.jobs.config.policy
     device = target_device(spec.device, devices)
+    if spec.memory_cap is not None and device.kind != "cpu":
+        raise PlanError("memory_cap", MEMORY_CAP_ON_GPU)  # before anything else the GPU would say
     engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
     dataset = train_dataset(spec)

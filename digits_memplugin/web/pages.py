@@ -8,6 +8,7 @@ from flask import Blueprint, current_app, render_template, request, url_for
 from flask_wtf.csrf import generate_csrf
 
 from .. import __version__
+from ..core.oom import signal_words
 from ..devices import DeviceList, is_simulated
 from ..sizes import format_size
 from . import job_pages, model_page
@@ -58,6 +59,7 @@ def _page_context() -> dict[str, Any]:
         "memplugin_csrf_token": generate_csrf,
         "memplugin_time": job_pages.format_time,
         "memplugin_duration": job_pages.format_duration,
+        "memplugin_signal_words": signal_words,
     }
 
 

@@ -78,32 +78,42 @@
       el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""));
   }
 
-  /** The memory cell of an attempt, each figure labelled with what it counts (macros.html: attempt_row). */
+  /** The memory cell of an attempt, each figure labelled with what it counts, one to a line (macros.html:
+   *  attempt_row). */
   function memoryParts(attempt) {
     const part = (role, title, text) => el("span", { dataset: { role }, title }, text);
     const parts = [part("estimated", "What the estimator predicted for this batch",
       "estimated " + formatBytes(attempt.estimated_bytes))];
     if (attempt.allocated_bytes !== null && attempt.allocated_bytes !== undefined) {
-      parts.push(" · ", part("allocated",
+      parts.push(" ", part("allocated",
         "What Caffe itself allocated at most (malloc's growth): the figure the estimate predicts",
         "Caffe " + formatBytes(attempt.allocated_bytes)));
     }
     const onGpu = attempt.allocated_bytes === null || attempt.allocated_bytes === undefined;
-    parts.push(" · ", part("peak", onGpu ? "The process at its largest as NVML reports it"
+    parts.push(" ", part("peak", onGpu ? "The process at its largest as NVML reports it"
       : "How much the process grew at most (Caffe, Python and the libraries): what the limit applies to",
     "process " + formatBytes(attempt.peak_bytes)));
-    parts.push(" · ", part("limit", "The memory cap, or the device's free memory when the attempt started",
+    parts.push(" ", part("limit", "What the attempt could use: the memory cap less the stacks of Caffe's threads, or the device's free memory when it started",
       "limit " + formatBytes(attempt.limit_bytes)));
     return parts;
+  }
+
+  /** What the signal that ended an attempt means (core/oom.py SIGNAL_WORDS, which the job page carries as JSON). */
+  let signalWords = null;
+  function signalText(name) {
+    if (signalWords === null) signalWords = window.MemPlugin.readJSON("mp-signal-words") || {};
+    return signalWords[name] || "the training process ended on " + name;
   }
 
   /** A row of a job's attempts table (macros.html: attempt_row). */
   function attemptRow(attempt) {
     const why = [];
     if (attempt.out_of_memory) {
-      why.push(el("code", {}, attempt.out_of_memory.signature), attempt.out_of_memory.ambiguous ? " (likely): " : ": ");
+      why.push(el("abbr", { dataset: { role: "signature" }, title: "out-of-memory signature: " + attempt.out_of_memory.signature },
+        attempt.out_of_memory.ambiguous ? "Likely out of memory" : "Out of memory"), ": ");
     }
-    why.push((attempt.message || "") + (attempt.signal ? " (" + attempt.signal + ")" : ""));
+    why.push(attempt.message || "");
+    if (attempt.signal) why.push("; ", el("abbr", { dataset: { role: "signal" }, title: attempt.signal }, signalText(attempt.signal)));
     const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
     return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
@@ -113,9 +123,9 @@
       el("td", { dataset: { role: "iter_size" } }, String(attempt.iter_size)),
       el("td", { dataset: { role: "test" } }, test),
       el("td", { dataset: { role: "iterations" }, className: "text-nowrap" }, attempt.start_iteration + " → " + end),
-      el("td", { dataset: { role: "memory" }, className: "small text-nowrap" }, ...memoryParts(attempt)),
+      el("td", { dataset: { role: "memory" }, className: "small mp-attempt-memory" }, ...memoryParts(attempt)),
       el("td", { dataset: { role: "duration" }, className: "text-nowrap" }, duration(attempt.duration)),
-      el("td", { dataset: { role: "why" }, className: "small" }, ...why));
+      el("td", { dataset: { role: "why" }, className: "small mp-attempt-why" }, ...why));
   }
 
   window.MemPlugin.JobFormat = {

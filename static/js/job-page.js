@@ -4,12 +4,18 @@
  *   then grows it from `job_progress` events; points are kept by iteration, so a record seen twice (in the history
  *   and in an event) is drawn once, in order; a value that is NaN or infinite (the server writes "NaN", "Infinity",
  *   "-Infinity") is a gap in its line and a red ✕ at the top of the chart, listed below the chart too;
+ * - draws the current run on top: an attempt that started before an earlier attempt's points (a restart from 0, a
+ *   resume from an earlier snapshot) trains those iterations again, so the earlier points move to a dashed, paler
+ *   line of their own ("train loss, attempt 1 (trained again)") drawn beneath; the summary's iteration, loss and
+ *   validation results are those of the current attempt only;
  * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events;
- * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines;
+ * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines; the box opens at its
+ *   end (how training ended, or what it is doing) and keeps to the end as lines come, until the user scrolls up to
+ *   read; scrolling back to the end follows again;
  * - after a reconnection, subscribes again (the server answers with the whole job document) and re-fetches the
  *   progress and the log, so what happened while the connection was down is not missed;
  * - cancels, resumes and deletes through the REST API (the buttons' forms post to the page's routes without
- *   JavaScript).
+ *   JavaScript); Delete first asks, in the page, whether to delete the job for good, naming its snapshots.
  * Everything from the server is written as text (MemPlugin.el, textContent): job and layer names stay text.
  */
 (function () {
@@ -92,13 +98,79 @@
       const color = FIXED[key] || COLORS[series.size % COLORS.length];
       const data = {
         label, data: [], yAxisID: axis, borderColor: color, backgroundColor: color,
-        pointRadius: test ? 2.5 : 0, stepped: axis === "lr" ? "before" : false,
+        pointRadius: test ? 2.5 : 0, stepped: axis === "lr" ? "before" : false, order: 0,
       };
       target.data.datasets.push(data);
-      entry = { data, target };
+      entry = { data, target, key, label, axis, test };
       series.set(key, entry);
     }
     return entry.data;
+  }
+
+  /** The points of an earlier attempt that a later one trains again: a dashed, paler line beneath the series'
+   *  own, in its colour, named after the attempt. */
+  function earlier(key, attempt) {
+    const own = series.get(key);
+    const earlierKey = key + "@" + attempt;
+    let entry = series.get(earlierKey);
+    if (!entry) {
+      const color = own.data.borderColor + "80";
+      const data = {
+        label: own.label + ", attempt " + attempt + " (trained again)", data: [], yAxisID: own.axis,
+        borderColor: color, backgroundColor: color, borderDash: [5, 4], pointRadius: own.test ? 2 : 0,
+        stepped: own.data.stepped, order: 10, attempt,
+      };
+      own.target.data.datasets.push(data);
+      entry = { data, target: own.target, key: earlierKey, label: data.label, axis: own.axis, test: own.test, of: key };
+      series.set(earlierKey, entry);
+    }
+    return entry.data;
+  }
+
+  // --- attempts: which points are the current run ---------------------------------------------------------------
+
+  /** The current attempt's latest iteration record, and latest record of each test net (the summary's values). */
+  let latestTrain = null;
+  const latestTests = [];
+
+  /** Attempt number -> the iteration it started from (job.attempts, job_attempt events). */
+  const starts = new Map();
+  function knowAttempts(attempts) {
+    let changed = false;
+    for (const attempt of attempts || []) {
+      if (starts.get(attempt.number) !== attempt.start_iteration) {
+        starts.set(attempt.number, attempt.start_iteration);
+        changed = true;
+      }
+    }
+    return changed;
+  }
+  knowAttempts(job.attempts);
+  const currentAttempt = () => Math.max(0, ...starts.keys());
+
+  /** Whether a later attempt trains `iteration` again (it started before it): attempt's point is no longer the
+   *  job's (GET .../progress says the same: `superseded`). */
+  function superseded(attempt, iteration) {
+    for (const [number, start] of starts) if (number > attempt && iteration > start) return true;
+    return false;
+  }
+
+  /** Move the points that a newly known attempt supersedes from their series to their attempt's earlier line. */
+  function rearrange() {
+    for (const entry of [...series.values()]) {
+      if (entry.of || entry.key.endsWith(":non-finite")) continue;
+      const keep = [];
+      for (const point of entry.data.data) {
+        if (point.attempt !== undefined && superseded(point.attempt, point.x)) place(earlier(entry.key, point.attempt).data, point);
+        else keep.push(point);
+      }
+      if (keep.length !== entry.data.data.length) entry.data.data = keep;
+      const marks = series.get(entry.key + ":non-finite");
+      if (marks) marks.data.data = marks.data.data.filter((point) => !(point.attempt !== undefined && superseded(point.attempt, point.x)));
+    }
+    showNonFinite();
+    if (latestTrain && latestTrain.attempt < currentAttempt()) latestTrain = null;
+    for (const [net, test] of latestTests.entries()) if (test && test.attempt < currentAttempt()) latestTests[net] = null;
   }
 
   /** The marks of a series' values that are not finite: a red ✕ at the top of the chart, created on first use. */
@@ -137,13 +209,19 @@
     if (index >= 0) data.splice(index, 1);
   }
 
-  /** A point by iteration. A value that is NaN or infinite is a gap in the line (y null) and a mark. */
-  function addPoint(target, key, label, axis, iteration, value, test = false) {
+  /** A point by iteration, of `attempt`: on its series' line, or on its attempt's earlier line when a later attempt
+   *  trains the iteration again. A value that is NaN or infinite is a gap in the line (y null) and a mark. */
+  function addPoint(target, key, label, axis, iteration, value, test, attempt, gone) {
     const read = F.reported(value);
     if (read === undefined) return; // not reported (null): nothing to draw
-    const data = dataset(target, key, label, axis, test).data;
+    dataset(target, key, label, axis, test);
+    if (gone) {
+      place(earlier(key, attempt).data, { x: iteration, y: Number.isFinite(read) ? read : null, attempt });
+      return;
+    }
+    const data = series.get(key).data.data;
     if (Number.isFinite(read)) {
-      place(data, { x: iteration, y: read });
+      place(data, { x: iteration, y: read, attempt });
       if (series.has(key + ":non-finite")) {
         unplace(marks(target, key, label).data, iteration);
         showNonFinite();
@@ -151,8 +229,8 @@
       return;
     }
     const shown = F.number(read);
-    place(data, { x: iteration, y: null, shown });
-    place(marks(target, key, label).data, { x: iteration, y: 0.96, shown });
+    place(data, { x: iteration, y: null, shown, attempt });
+    place(marks(target, key, label).data, { x: iteration, y: 0.96, shown, attempt });
     showNonFinite();
   }
 
@@ -173,29 +251,36 @@
 
   const scalar = (value) => (value && typeof value === "object" && "mean" in value ? value.mean : value);
 
-  let latestTrain = null;
-  const latestTests = [];
+  /** Whether record `a` is later than `b`: a later attempt, or a later iteration of the same one. */
+  const later = (a, b) => !b || a.attempt > b.attempt || (a.attempt === b.attempt && a.iteration >= b.iteration);
 
-  /** One runner record (history or event) into the charts and the latest values. */
-  function addRecord(record) {
-    const iteration = record.iteration;
+  /** One runner record (history or event) into the charts and the latest values of the current run. Records carry
+   *  their attempt (the events, the history, the job's progress); one without (stored before they did) is the
+   *  current attempt's. */
+  function addRecord(given) {
+    const iteration = given.iteration;
     if (typeof iteration !== "number") return;
+    const record = typeof given.attempt === "number" ? given : { ...given, attempt: currentAttempt() };
+    const attempt = record.attempt;
+    const gone = record.superseded === true || superseded(attempt, iteration);
+    const current = !gone && attempt >= currentAttempt();
     if (record.event === "iteration") {
-      addPoint(chart, "train:loss", "train loss", "loss", iteration, record.loss);
+      addPoint(chart, "train:loss", "train loss", "loss", iteration, record.loss, false, attempt, gone);
       for (const [name, value] of Object.entries(record.outputs || {})) {
         if (name === "loss") continue;
-        addPoint(chart, "train:" + name, "train " + name, ACCURACY.test(name) ? "accuracy" : "loss", iteration, scalar(value));
+        addPoint(chart, "train:" + name, "train " + name, ACCURACY.test(name) ? "accuracy" : "loss", iteration,
+          scalar(value), false, attempt, gone);
       }
-      addPoint(lrChart, "lr", "learning rate", "lr", iteration, record.lr);
-      if (!latestTrain || iteration >= latestTrain.iteration) latestTrain = record;
+      addPoint(lrChart, "lr", "learning rate", "lr", iteration, record.lr, false, attempt, gone);
+      if (current && later(record, latestTrain)) latestTrain = record;
     } else if (record.event === "test") {
       const net = record.net || 0;
       const prefix = net ? "validation " + net + " " : "validation ";
       for (const [name, value] of Object.entries(record.outputs || {})) {
         const axis = ACCURACY.test(name) ? "accuracy" : "loss";
-        addPoint(chart, "test" + net + ":" + name, prefix + name, axis, iteration, scalar(value), true);
+        addPoint(chart, "test" + net + ":" + name, prefix + name, axis, iteration, scalar(value), true, attempt, gone);
       }
-      if (!latestTests[net] || iteration >= latestTests[net].iteration) latestTests[net] = record;
+      if (current && later(record, latestTests[net])) latestTests[net] = record;
     }
   }
 
@@ -224,7 +309,7 @@
       : "n/a";
     // A test at iteration N comes after N updates, possibly before the (throttled) record of update N.
     const newest = Math.max(train ? train.iteration : 0, ...tests.map((test) => test.iteration));
-    if (newest > job.iteration) showIteration(newest);
+    showIteration(Math.max(job.iteration, newest));
   }
 
   function showIteration(iteration) {
@@ -258,7 +343,13 @@
     setText("created", MP.formatTime(job.created_at));
     setText("started", MP.formatTime(job.started_at) || "not yet");
     setText("finished", MP.formatTime(job.finished_at) || "not yet");
+    if (Array.isArray(document_.attempts) && knowAttempts(document_.attempts)) rearrange();
+    if (!job.progress) { // a new attempt has no record yet: nothing of an earlier one is the job's now
+      latestTrain = null;
+      latestTests.length = 0;
+    }
     showIteration(Math.max(job.iteration, latestTrain ? latestTrain.iteration : 0));
+    draw();
     if (job.progress) {
       if (job.progress.train) addRecord(job.progress.train);
       for (const test of job.progress.test || []) if (test) addRecord(test);
@@ -268,6 +359,7 @@
     document.getElementById("cancel-form").hidden = !active;
     document.getElementById("cancel-job").disabled = job.message === "cancelling";
     document.getElementById("delete-form").hidden = active;
+    if (active) document.getElementById("delete-confirm").hidden = true;
     const resumable = F.RESUMABLE.has(job.status);
     document.getElementById("resume-form").hidden = !resumable;
     document.getElementById("resume-job").disabled = false;
@@ -295,20 +387,26 @@
   const lastAttempt = () => (job.attempts && job.attempts.length ? job.attempts[job.attempts.length - 1].number : 0);
   let logAttempt = lastAttempt();
   let logLines = logBox.textContent ? logBox.textContent.split("\n") : [];
+  /** Whether the box keeps to the end of the log: until the user scrolls up, and again once back at the end. */
+  let followLog = true;
+  const atLogEnd = () => logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
+  logBox.addEventListener("scroll", () => { followLog = atLogEnd(); }, { passive: true });
 
   function startLog(number) {
     logAttempt = number;
     logLines = [];
+    followLog = true; // a new attempt's log: from its start, followed
     document.getElementById("log-attempt").textContent = "(attempt " + number + ", last lines)";
     showLog();
   }
 
   function showLog() {
-    const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
     if (logLines.length > LOG_LINES) logLines = logLines.slice(-LOG_LINES);
+    const keep = logBox.scrollTop;
     logBox.textContent = logLines.join("\n");
-    if (atBottom) logBox.scrollTop = logBox.scrollHeight;
+    logBox.scrollTop = followLog ? logBox.scrollHeight : keep;
   }
+  logBox.scrollTop = logBox.scrollHeight; // the first paint's tail opens at its end
 
   async function loadLog() {
     const number = lastAttempt();
@@ -348,6 +446,10 @@
     if (!mine(attempt)) return;
     const attempts = (job.attempts || []).filter((a) => a.number !== attempt.number);
     job.attempts = [...attempts, attempt].sort((a, b) => a.number - b.number);
+    if (knowAttempts([attempt])) {
+      rearrange();
+      draw();
+    }
     showAttempt(attempt);
   });
   MP.on("job_log", (payload) => {
@@ -362,6 +464,7 @@
     showError("This job was deleted.");
     document.getElementById("cancel-form").hidden = true;
     document.getElementById("delete-form").hidden = true;
+    document.getElementById("delete-confirm").hidden = true;
     document.getElementById("resume-form").hidden = true;
   });
   MP.onReconnect(() => { loadHistory(); loadLog(); });
@@ -394,14 +497,54 @@
     }
   });
 
-  document.getElementById("delete-form").addEventListener("submit", async (event) => {
+  // Delete asks first (the same question the server asks without JavaScript): what goes with the job, then
+  // "Delete for good" or "Keep the job".
+  const confirmBox = document.getElementById("delete-confirm");
+  const deleteButton = document.getElementById("delete-job");
+  const snapshots = new Set(MP.readJSON("mp-snapshots") || []);
+  MP.on("job_progress", (record) => {
+    if (mine(record) && record.event === "snapshot" && record.model) snapshots.add(record.model);
+  });
+
+  /** As job_pages.deletion_words. */
+  function deletionWords() {
+    if (!snapshots.size) return "It has no snapshot; its attempts' logs go with it.";
+    const latest = Math.max(...[...snapshots].map((name) => Number((/_iter_(\d+)\./.exec(name) || [0, 0])[1])));
+    return "Its " + snapshots.size + " snapshot" + (snapshots.size > 1 ? "s" : "") + " (the latest at iteration " +
+      latest + ") and its attempts' logs go with it.";
+  }
+
+  function askDelete(open) {
+    confirmBox.hidden = !open;
+    deleteButton.setAttribute("aria-expanded", String(open));
+    if (open) {
+      document.getElementById("delete-confirm-what").textContent = deletionWords();
+      document.getElementById("delete-keep").focus();
+    }
+  }
+
+  document.getElementById("delete-form").addEventListener("submit", (event) => {
     event.preventDefault();
+    askDelete(true);
+  });
+  document.getElementById("delete-keep").addEventListener("click", (event) => {
+    event.preventDefault();
+    askDelete(false);
+    deleteButton.focus();
+  });
+  document.getElementById("delete-confirm-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = document.getElementById("delete-confirmed");
+    button.disabled = true;
     const answer = await MP.requestJSON(urls.remove, { method: "DELETE" });
     if (answer.ok) window.location.assign(MP.config.jobsUrl);
-    else showError("The job was not deleted: " + ((answer.data && answer.data.error) || "HTTP " + answer.status));
+    else {
+      button.disabled = false;
+      showError("The job was not deleted: " + ((answer.data && answer.data.error) || "HTTP " + answer.status));
+    }
   });
 
   loadHistory();
   loadLog();
-  MP.jobPage = { chart, lrChart, series, loadHistory, loadLog, state: () => job };
+  MP.jobPage = { chart, lrChart, series, loadHistory, loadLog, state: () => job, latest: () => latestTrain };
 })();
