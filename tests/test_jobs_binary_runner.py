@@ -189,3 +189,34 @@ def test_the_watchdog_looks_at_caffe_itself(
     )
     if attempt.out_of_memory["signature"] == "blas_allocation_retry":
         assert "blas_memory_alloc" in attempt.out_of_memory["line"]
+
+
+def test_a_cancel_through_the_binary_keeps_the_work_and_resume_continues_from_it(
+    make_manager: ManagerFactory, binary_caffe: CaffeBuild
+) -> None:
+    """A cancel is SIGINT to the attempt's process group: caffe's own `--sigint_effect=stop` (its default) ends
+    Solve early and snapshot_after_train saves where it got; the runner reports the snapshot, the attempt says the
+    work was kept, and Resume continues from that state through `--snapshot`."""
+    from test_jobs_fixtures import LENET_SOLVER, wait_for
+
+    manager = make_manager(caffe=binary_caffe, preload=str(ensure_library()))
+    request = dataclasses.replace(lenet_request(max_iter=100_000), solver=LENET_SOLVER.replace("test_iter: 100", "test_iter: 2"))
+    job = manager.submit(request)
+    wait_for(lambda: manager.get(job.id).iteration >= 12, what="12 iterations")
+    assert manager.get(job.id).snapshot is None  # the solver's interval (5000) is far off
+    manager.cancel(job.id)
+    cancelled = manager.wait(job.id, timeout=60)
+    assert cancelled.status == "cancelled"
+    [attempt] = manager.attempts(job.id)
+    got = records(manager, job.id, 1)
+    [snapshot] = [r for r in got if r["event"] == "snapshot"]
+    iteration = snapshot["iteration"]
+    assert iteration >= 12 and attempt.end_iteration == iteration
+    assert (manager.folder(job.id) / snapshot["state"]).is_file()
+    assert cancelled.message == f"cancelled at iteration {iteration}; a snapshot of it was saved (Resume continues from it)"
+    manager.resume(job.id)
+    second = wait_for(lambda: [a for a in manager.attempts(job.id) if a.number == 2], what="attempt 2")[0]
+    assert (second.resumed_from, second.start_iteration) == (snapshot["state"], iteration)
+    wait_for(lambda: manager.get(job.id).iteration > iteration, what="training to continue")
+    manager.cancel(job.id)
+    manager.wait(job.id, timeout=60)

@@ -57,6 +57,7 @@ _SNAPSHOT_STATE = re.compile(r"^Snapshotting solver state to (?:binary proto|HDF
 _SNAPSHOT_ITERATION = re.compile(r"_iter_(\d+)\.(?:caffemodel|solverstate)(?:\.h5)?$")
 _STARTING = re.compile(r"^Starting Optimization\b")
 _DONE = re.compile(r"^Optimization Done\b")
+_STOPPED_EARLY = re.compile(r"^Optimization stopped early\b")
 
 Event = dict[str, Any]
 
@@ -126,6 +127,9 @@ class TrainingLog:
         """Updates done, as far as the log has shown."""
         self.done = False
         """"Optimization Done" was logged."""
+        self.stopped_early = False
+        """"Optimization stopped early" was logged: a SIGINT (a cancel) ended Solve, after its snapshot_after_train."""
+        self._last_state: str | None = None
         self.out_of_memory: oom.OutOfMemory | None = None
         """The first out-of-memory failure the log showed (a line of the kind a dying process writes)."""
         self._rate = rate
@@ -167,6 +171,9 @@ class TrainingLog:
         model = _SNAPSHOT_MODEL.match(text)
         state = _SNAPSHOT_STATE.match(text)
         starting, done = _STARTING.match(text), _DONE.match(text)
+        if _STOPPED_EARLY.match(text):
+            self.stopped_early = True
+            return events
         if not (display or testing or model or state or starting or done):
             return events  # information (net construction, NVcaffe's memory manager, "Test loss:"): no record
         events.extend(self._flush(next_display=display is not None))
@@ -183,6 +190,7 @@ class TrainingLog:
                 "model": self._model, "state": state.group(1),
             }
             self._model = None
+            self._last_state = state.group(1)
         elif starting is not None:
             events.append({"event": "constructed", "iteration": self.iteration})
         else:
@@ -191,16 +199,24 @@ class TrainingLog:
 
     def close(self, exited_cleanly: bool) -> list[Event]:
         """The events the end completes: the last update and snapshot once caffe exited with status 0, then
-        `finished` when it also logged "Optimization Done"."""
+        `finished` when it also logged "Optimization Done", or `stopped` (with the state of the snapshot made at the
+        iteration it stopped at, else None) when Solve stopped early: a cancel's SIGINT."""
         if not exited_cleanly:
             self._snapshot = None  # its file may be half written
             if not self._update_complete:
                 self._update = None
             self._test = None
         events = self._flush(next_display=False)
-        if exited_cleanly and self.done:
+        if exited_cleanly and self.done and self.stopped_early:  # as the pycaffe runner ends after a cancel
+            state = self._last_state if self._last_state_iteration() == self.iteration else None
+            events.append({"event": "stopped", "iteration": self.iteration, "snapshot": state})
+        elif exited_cleanly and self.done:
             events.append({"event": "finished", "iteration": self.iteration})
         return events
+
+    def _last_state_iteration(self) -> int | None:
+        found = _SNAPSHOT_ITERATION.search(self._last_state or "")
+        return int(found.group(1)) if found else None
 
     def _flush(self, next_display: bool) -> list[Event]:
         """What the line that just came completes: the pending update (when its rate came, or when the next
