@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import NetError, ShapeError, UnsupportedLayerError
+from ..errors import BuildLimitError, NetError, ShapeError, UnsupportedLayerError
 
 Shape = tuple[int, ...]
 FLOAT_BYTES = 4  # Caffe's Dtype is float for training
@@ -160,6 +160,12 @@ class LayerContext:
             raise self.error("cannot build a net inside this layer here (no net builder given)")
         try:
             return self._build_subnet(net_param)
+        except BuildLimitError as error:
+            # Too large at this batch, not wrong: this layer's, and still a batch the planner may step over.
+            raise BuildLimitError(
+                error.message, source=self.source, line=self.line, layer=self.name, layer_type=self.type,
+                field="bottom",
+            ) from None
         except NetError as error:
             raise self.error(f"its unrolled net: {error}", field="recurrent_param") from None
 
@@ -223,6 +229,11 @@ class LayerRule:
 
     def needed_tops(self) -> int:
         return max(self.tops.minimum or 0, self.tops.exact or 0)
+
+    def layers_held(self, param: Any) -> int:
+        """The most layers of the nets this layer holds (a recurrent layer's unrolled net) that one build sets up:
+        what the estimate's cost counts beside the layer itself (core/cost.py). 0 for a layer holding none."""
+        return 0
 
 
 _REGISTRY: dict[str, LayerRule] = {}
