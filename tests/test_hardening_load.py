@@ -1,8 +1,8 @@
 """Loads within the documented limits that froze the server or grew its memory (issue 23, items 3, 4 and the second
 half of 7; docs/security.md, "Floods and storage" and "The estimate path").
 
-- Socket events are charged what they cost: a `subscribe_jobs` page of 500 jobs counts 50 events (core of the
-  fix: jobs/throttle.py's buckets and web/namespace.py's `event_cost`), so ten clients sending the 400 events the
+- Socket events are charged what they cost: a `subscribe_jobs` page of 500 jobs counts 103 events (the fix:
+  jobs/throttle.py's buckets and web/namespace.py's `event_cost`), so ten clients sending the 400 events the
   limits allow get a few pages and `rate_limited`, and /devices keeps answering.
 - Estimates are routed by their predicted cost (core/cost.py), not their text size, run in the server against a
   deadline, and keep in the definition cache only what is small: small recurrent nets go to a worker, the server
@@ -64,7 +64,7 @@ from digits_memplugin.estimate_pool import EstimatePool, default_workers, run_es
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.jobs.throttle import ClientRateLimiter
 from digits_memplugin.pycaffe_shapes import MAX_CHILDREN, ChildSlots, pycaffe_oracle
-from digits_memplugin.web.namespace import ROWS_PER_EVENT, event_cost, listing_cost
+from digits_memplugin.web.namespace import PAGE_COST, ROWS_PER_EVENT, event_cost, listing_cost
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -105,15 +105,15 @@ def test_an_event_takes_its_cost_and_a_costly_one_leaves_a_debt() -> None:
     assert limiter.refused == 5
 
 
-def test_a_page_costs_one_event_more_per_five_jobs_it_may_list() -> None:
-    assert ROWS_PER_EVENT == 5
-    assert event_cost("subscribe_jobs", {"limit": 500}) == 101
-    assert event_cost("subscribe_jobs", None) == event_cost("subscribe_jobs", {}) == 11  # the default page of 50
-    assert event_cost("subscribe_jobs", {"limit": 7, "before": "x"}) == 3
+def test_a_page_costs_three_events_and_one_more_per_five_jobs_it_may_list() -> None:
+    assert (PAGE_COST, ROWS_PER_EVENT) == (3, 5)
+    assert event_cost("subscribe_jobs", {"limit": 500}) == 103
+    assert event_cost("subscribe_jobs", None) == event_cost("subscribe_jobs", {}) == 13  # the default page of 50
+    assert event_cost("subscribe_jobs", {"limit": 7, "before": "x"}) == 5
     for refused in (0, 501, "500", 2.5, True, None):  # the manager refuses these: a job_error, nothing listed
         assert event_cost("subscribe_jobs", {"limit": refused}) == 1
     assert event_cost("subscribe_job", {"id": "x"}) == event_cost("subscribe_devices", None) == 1
-    assert [listing_cost(rows) for rows in (0, 1, 5, 6, 500)] == [1, 2, 2, 3, 101]
+    assert [listing_cost(rows) for rows in (0, 1, 5, 6, 500)] == [3, 4, 4, 5, 103]
 
 
 @pytest.fixture
@@ -125,9 +125,9 @@ def many_jobs(data_dir: Path) -> Iterator[Flask]:
 
 
 def test_pages_of_many_jobs_take_the_burst_and_small_ones_are_given_back(many_jobs: Flask) -> None:
-    """120 jobs stored, the clock held still: a page of 100 costs 21 of a client's 40, so two are answered (the
-    second leaves a debt) and the third is refused with a message saying what a page counts; a page asked for 100
-    jobs before the 20 oldest costs 5 (16 of its 21 given back), so eight are answered."""
+    """120 jobs stored, the clock held still: a page of 100 costs 23 of a client's 40, so two are answered (the
+    second leaves a debt of 6) and the third is refused with a message saying what a page counts; a page asked for
+    100 jobs before the 20 oldest costs 7 (16 of its 23 given back), so six are answered."""
     namespace = get_plugin(many_jobs).socketio.server.namespace_handlers[NS]
     namespace.limiter = ClientRateLimiter(20, 40, clock=Clock())
     namespace.all_clients = ClientRateLimiter(200, 400, clock=Clock())
@@ -139,15 +139,15 @@ def test_pages_of_many_jobs_take_the_burst_and_small_ones_are_given_back(many_jo
     pages = [e["args"][0] for e in received if e["name"] == "jobs"]
     told = [e["args"][0] for e in received if e["name"] == "rate_limited"]
     assert [len(page["jobs"]) for page in pages] == [100] * 2
-    assert len(told) == 1 and "one more per 5 jobs it may list" in told[0]["error"]
-    assert told[0]["retry_after"] == 0.15  # a debt of 2: three tokens to wait for at 20 a second
+    assert len(told) == 1 and "a page of jobs counts 3, and one more per 5 jobs it may list" in told[0]["error"]
+    assert told[0]["retry_after"] == 0.35  # a debt of 6: seven tokens to wait for at 20 a second
     oldest = pages[0]["older"]  # the oldest job of the newest 100: 20 are older
     second = get_plugin(many_jobs).socketio.test_client(many_jobs, namespace=NS)
     second.get_received(NS)
-    for _ in range(40):  # each lists the 20 jobs older than that one: 5 each after the refund
+    for _ in range(40):  # each lists the 20 jobs older than that one: 7 each after the refund
         second.emit("subscribe_jobs", {"limit": 100, "before": oldest}, namespace=NS)
     before = [e for e in second.get_received(NS) if e["name"] == "jobs"]
-    assert len(before) == 8 and {len(e["args"][0]["jobs"]) for e in before} == {20}
+    assert len(before) == 6 and {len(e["args"][0]["jobs"]) for e in before} == {20}
 
 
 @pytest.mark.slow
@@ -163,7 +163,7 @@ def test_subscribe_jobs_pages_of_500_leave_devices_answering(tmp_path: Path) -> 
         with probing(api) as probe:
             time.sleep(0.3)
             got = socket_attack_apart(server.url, clients=10, events=40, limit=500, timeout=60)
-        # 4 pages at once from all clients together (400 / 101), then 2 a second while the 400 events are read
+        # 4 pages at once from all clients together (400 / 103), then 2 a second while the 400 events are read
         assert got["page_sizes"] == [500] and 1 <= got["pages"] <= 10, got
         assert got["clients_told"] == 10, got
         assert not probe.failures and probe.slowest < DEVICES_WITHIN, probe.summary()

@@ -19,12 +19,12 @@ refused events is answered with a ``rate_limited`` event saying when to try agai
 MEMPLUGIN_MAX_SOCKET_CONNECTIONS clients are connected to the namespace at once; one more is refused.
 
 The buckets count what an event costs the server, not only that it came (`event_cost`): every event is one, and
-a ``subscribe_jobs`` page one more per `ROWS_PER_EVENT` (5) jobs it may list, taken before it is handled (an event is
-handled while its client has a token, and may leave a debt) and given back for the rows it did not list. A page of
-500 jobs (a 350 KB answer, 26 ms of the server's one thread, a hundred times a `subscribe_job`) costs 101, more
-than a client's burst of 40: ten clients each sending 40 of them get four pages between them at once, then about
-two a second, each client at most one every 5 s, and are told ``rate_limited`` for the rest (they used to get
-400 pages, 10 s of a server that answered nothing else; issue 23, item 3).
+a ``subscribe_jobs`` page 3 (its queries) and one more per `ROWS_PER_EVENT` (5) jobs it may list, taken before it
+is handled (an event is handled while its client has a token, and may leave a debt) and given back for the rows it
+did not list. A page of 500 jobs (a 350 KB answer, 22 to 26 ms of the server's one thread, a hundred times a
+`subscribe_job`) costs 103, more than a client's burst of 40: ten clients each sending 40 of them get four pages
+between them at once, then about two a second, each client at most one every 5 s, and are told ``rate_limited``
+for the rest (they used to get 400 pages, 10 s of a server that answered nothing else; issue 23, item 3).
 
 The `jobs` room also gets ``job_iteration`` ``{"id", "iteration"}`` for each (throttled) iteration record, so the
 list's iteration follows training without the whole record (the `job` event comes only at changes of state and at
@@ -154,13 +154,15 @@ UNLIMITED_EVENTS = frozenset({"connect", "disconnect"})
 """Events the server raises itself, not a client's messages: never counted against a client."""
 ROWS_PER_EVENT = 5
 """Jobs listed that cost the server about what one cheap event does. Server CPU per event, 1000 jobs stored, this
-2-core machine: `subscribe_job` 0.27 ms; `subscribe_jobs` of 10 jobs 1.9 ms, of 50 4.6 ms, of 500 26 ms (reading
-the rows, the documents, encoding and sending them): 0.05 ms a job."""
+2-core machine: `subscribe_job` 0.18 to 0.3 ms; `subscribe_jobs` listing no job 0.55 ms, 1 job 1.2 ms, 10 jobs
+1.8 ms, 50 4.4 ms, 500 22 to 26 ms (reading the rows, the documents, encoding and sending them): 0.05 ms a job."""
+PAGE_COST = 3
+"""What a page costs besides its jobs (its queries: the jobs counted, `before` looked up), in cheap events."""
 
 
 def event_cost(event: str, data: Any) -> int:
-    """What a client's event costs, in cheap events: 1, and for `subscribe_jobs` one more per ROWS_PER_EVENT jobs
-    its page may list (its `limit`; a limit the manager will refuse lists nothing)."""
+    """What a client's event costs, in cheap events: 1, and for `subscribe_jobs` PAGE_COST and one more per
+    ROWS_PER_EVENT jobs its page may list (its `limit`; a limit the manager will refuse reads nothing: 1)."""
     if event != "subscribe_jobs":
         return 1
     limit = _page_of(data)[0]
@@ -170,8 +172,8 @@ def event_cost(event: str, data: Any) -> int:
 
 
 def listing_cost(rows: int) -> int:
-    """The cost of an answer that lists `rows` jobs: one, and one more per ROWS_PER_EVENT jobs."""
-    return 1 + math.ceil(rows / ROWS_PER_EVENT)
+    """The cost of an answer that lists `rows` jobs: PAGE_COST, and one more per ROWS_PER_EVENT jobs."""
+    return PAGE_COST + math.ceil(rows / ROWS_PER_EVENT)
 
 
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
@@ -217,7 +219,7 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
     def _refusal(self, sid: str, cost: int) -> dict[str, Any] | None:
         """Why the client's event, costing `cost`, is not handled now (its own rate first, then everyone's), or
         None; a refused event takes nothing from either bucket."""
-        costs = f"; a page of jobs counts one more per {ROWS_PER_EVENT} jobs it may list" if cost > 1 else ""
+        costs = f"; a page of jobs counts {PAGE_COST}, and one more per {ROWS_PER_EVENT} jobs it may list" if cost > 1 else ""
         if not self.limiter.allow(sid, cost):
             return {
                 "error": f"more than {self.limiter.burst} events at once or {self.limiter.per_second:g} a second"
