@@ -4,13 +4,13 @@ The server is one thread (gevent): an estimate is pure Python, so while it runs 
 estimate costs about 2 ms per KiB of text on the development machine (3 ms for the worst texts: a thousand tiny
 layers), so a few clients posting megabyte-sized nets (400,000 `dim:` entries, 2.7 MiB: 2.5 s each) stopped every
 other request for tens of seconds (issue 18, item 7). A worker answers as fast as the server would, plus 0.3 to 1 ms
-for the pipes (measured on every net of the zoo, cold and warm). So texts up to `inline_bytes`
-(MEMPLUGIN_ESTIMATE_INLINE_BYTES, 16 KiB: LeNet, the CIFAR nets, AlexNet, CaffeNet, SqueezeNet; 3 to 20 ms cold,
-under 1 ms warm) stay in the server's process, never refused for a full queue and holding the loop 50 ms at worst;
-larger ones (MobileNet 27 KiB 36 ms, ResNet-50 32 KiB 63 ms, GoogLeNet 39 KiB 78 ms, and anything bigger) go to a
-worker process:
+for the pipes (measured on every net of the zoo, cold and warm). So texts over `inline_bytes`
+(MEMPLUGIN_ESTIMATE_INLINE_BYTES, 16 KiB: MobileNet 27 KiB 36 ms, ResNet-50 32 KiB 63 ms, GoogLeNet 39 KiB 78 ms,
+and anything bigger) go to a worker process, and so do shorter ones that cost much (below); the others (LeNet, the
+CIFAR nets, AlexNet and CaffeNet as written: 3 to 20 ms cold, under 1 ms warm) stay in the server's process, where
+they are never refused for a full queue:
 
-- `workers` processes (MEMPLUGIN_ESTIMATE_WORKERS), started at the first large estimate and kept; each has its own
+- `workers` processes (MEMPLUGIN_ESTIMATE_WORKERS), started at the first estimate sent there and kept; each has its own
   definition cache, and a text goes to the same worker as before when that one is free, so repeats stay warm;
 - at most `queue` requests wait for a worker (MEMPLUGIN_ESTIMATE_QUEUE); one more is refused at once with
   `PoolBusy` (the API's 503 with Retry-After), so waiting requests cannot pile up without bound;
@@ -64,10 +64,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INLINE_BYTES = 16 * 1024
 DEFAULT_INLINE_LAYERS = 1_000
-"""Layer set-ups an estimate may be predicted to make and still run in the server: 40 to 90 us each here (the
-memory model included), so 40 to 90 ms at most. LeNet planned for one device is predicted 140, AlexNet 340 (each
-actually makes fewer: the prediction counts the planner's worst search); one LSTM layer is predicted 3,500 and runs
-in a worker."""
+"""Layer set-ups an estimate may be predicted to make and still run in the server: 50 to 120 us each here (the
+memory model included), so about 0.1 s at most. Predicted (the planner's worst search, 44 builds a device): LeNet
+planned for one device 465 (it makes 291) and stays; AlexNet's deploy net 1,080 (528), SqueezeNet 3,375 (1,500,
+88 ms) and any net with a recurrent layer (one LSTM counts 3,500 a build) go to a worker."""
 DEFAULT_INLINE_SECONDS = 0.1
 """The most an estimate may run in the server's thread (its parse aside) before it stops and goes to a worker."""
 DEFAULT_QUEUE = 8
@@ -426,8 +426,8 @@ class EstimatePool:
                     self.refused += 1
                     retry = self.retry_after()
                     raise PoolBusy(
-                        f"the server is busy: {self.workers} large estimate(s) are running and {self._waiting} "
-                        f"wait, the most it queues (MEMPLUGIN_ESTIMATE_QUEUE); try again in {retry} s",
+                        f"the server is busy: {self.workers} costly estimate(s) are running in its workers and "
+                        f"{self._waiting} wait, the most it queues (MEMPLUGIN_ESTIMATE_QUEUE); try again in {retry} s",
                         retry,
                     )
                 self._waiting += 1
