@@ -91,7 +91,14 @@ class Probe:
     """GET /api/devices every `interval` seconds: each answer's latency, and the longest wait for one."""
 
     latencies: list[float] = dataclasses.field(default_factory=list)
+    answered_at: list[float] = dataclasses.field(default_factory=list)
+    """When each answer came (time.monotonic, the same clock in every process of the machine)."""
     failures: list[str] = dataclasses.field(default_factory=list)
+
+    def slow_until(self, slower_than: float) -> float | None:
+        """When the last answer slower than `slower_than` seconds came (None: none was)."""
+        slow = [at for at, latency in zip(self.answered_at, self.latencies) if latency > slower_than]
+        return max(slow, default=None)
 
     @property
     def slowest(self) -> float:
@@ -118,7 +125,9 @@ def probing(api: str, interval: float = 0.05, timeout: float = 120.0) -> Iterato
             except requests.RequestException as error:
                 probe.failures.append(repr(error))
                 continue
-            probe.latencies.append(time.monotonic() - started)
+            now = time.monotonic()
+            probe.latencies.append(now - started)
+            probe.answered_at.append(now)
             if status != 200:
                 probe.failures.append(f"status {status}")
             done.wait(interval)
@@ -222,8 +231,9 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
                 client.emit("subscribe_jobs", {"limit": limit}, namespace="/memplugin")
             if per_second:
                 time.sleep(max(0.0, started + (index + 1) / per_second - time.monotonic()))
-        sent_in = time.monotonic() - started
-        last[0] = time.monotonic()
+        sent_at = time.monotonic()
+        sent_in = sent_at - started
+        last[0] = sent_at
         while time.monotonic() - started < timeout:
             told = all(any(name == "rate_limited" for name, _ in got) for got in received)
             answered = any(received)
@@ -232,7 +242,7 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
             time.sleep(0.05)
         names = [name for got in received for name, _ in got]
         return {
-            "sent": clients * events, "sent_in": sent_in, "seconds": time.monotonic() - started,
+            "sent": clients * events, "sent_in": sent_in, "sent_at": sent_at, "seconds": time.monotonic() - started,
             "pages": names.count("jobs"), "rate_limited": names.count("rate_limited"),
             "clients_told": sum(any(name == "rate_limited" for name, _ in got) for got in received),
             "page_sizes": sorted({size for got in received for name, size in got if name == "jobs"}),
