@@ -43,6 +43,9 @@ MAX_CACHED_BYTES = 128 << 20
 kept reports, the oldest dropped first."""
 MAX_TEST_BUILDS_KEPT = 2
 """Test nets an estimator keeps built, by test batch, while it plans (each train batch reuses them)."""
+MAX_RECENT_REPORTS = 2
+"""Reports an estimator keeps of its own (a caller asking again for the one it just had builds nothing), however
+large: with MAX_BUILD_LAYERS, what one estimate holds at once is bounded."""
 
 
 @dataclasses.dataclass
@@ -160,7 +163,7 @@ class Estimator:
         self.oracle = oracle
         self.meter = meter
         """Counts the layers this estimator sets up, and stops it past the meter's deadline (core/cost.py)."""
-        self._last: tuple[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] | None = None
+        self._recent: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
         self._tests: dict[int | None, list[Net]] = {}
         # Totals outlive this estimator: they are kept on the definition, per way of counting, so that estimating
         # the same net again (another wanted batch, another device) reuses the planner's evaluations.
@@ -176,17 +179,16 @@ class Estimator:
         self._totals = way.totals
 
     def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
-        """The report at `batch` (built nets included): the one this estimator built last, one of the last few
-        kept on the definition, or a new build. Reports and nets are never changed once built, so sharing them is
-        safe."""
+        """The report at `batch` (built nets included): one this estimator gave last, one of the last few kept on
+        the definition, or a new build. Reports and nets are never changed once built, so sharing them is safe."""
         key = (batch, test_batch)
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        built = self._way.reports.get(key)
+        built = self._recent.pop(key, None) or self._way.reports.get(key)
         if built is None:
             built = self._build(key)
             self._keep(key, built)
-        self._last = (key, built)
+        self._recent[key] = built
+        while len(self._recent) > MAX_RECENT_REPORTS:
+            self._recent.pop(next(iter(self._recent)))
         self._totals[key] = built[0].total_bytes
         return built
 
