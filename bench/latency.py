@@ -30,7 +30,7 @@ from report import replace_section
 from resnet import resnet_deploy
 from zoo_cases import ZOO, as_training_net
 
-from digits_memplugin.core.estimate import EstimateRequest, _cached_definition, estimate
+from digits_memplugin.core.estimate import DEFINITIONS, EstimateRequest, estimate
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition, training_definition
 from digits_memplugin.measure.runner import measure
@@ -85,7 +85,7 @@ def estimate_once(train_text: str, item: tuple[int, ...], batch: int, cold: bool
     """Cold: the text is parsed anew (the definition cache cleared); warm: the form's case, the same text
     estimated again at a batch it was not estimated at, the report built and the search run again."""
     if cold:
-        _cached_definition.cache_clear()
+        DEFINITIONS.clear()
     request = EstimateRequest(
         net=train_text, data_shapes={"data": item}, engine="gpu-cudnn", free_bytes=16 * GiB, batch=batch
     )
@@ -121,7 +121,7 @@ def builds_per_estimate(train_text: str, item: tuple[int, ...]) -> int:
         calls += 1
         return memory(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    _cached_definition.cache_clear()
+    DEFINITIONS.clear()
     TrainingDefinition.memory = counted  # type: ignore[method-assign,assignment]
     try:
         estimate(EstimateRequest(net=train_text, data_shapes={"data": item}, engine="gpu-cudnn", free_bytes=16 * GiB,

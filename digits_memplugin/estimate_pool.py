@@ -1,16 +1,16 @@
-"""Estimates of large prototxt texts in worker processes, off the server's one thread, behind a bounded queue.
+"""Estimates that cost much in worker processes, off the server's one thread, behind a bounded queue.
 
 The server is one thread (gevent): an estimate is pure Python, so while it runs nothing else is answered. A cold
 estimate costs about 2 ms per KiB of text on the development machine (3 ms for the worst texts: a thousand tiny
 layers), so a few clients posting megabyte-sized nets (400,000 `dim:` entries, 2.7 MiB: 2.5 s each) stopped every
 other request for tens of seconds (issue 18, item 7). A worker answers as fast as the server would, plus 0.3 to 1 ms
-for the pipes (measured on every net of the zoo, cold and warm). So texts up to `inline_bytes`
-(MEMPLUGIN_ESTIMATE_INLINE_BYTES, 16 KiB: LeNet, the CIFAR nets, AlexNet, CaffeNet, SqueezeNet; 3 to 20 ms cold,
-under 1 ms warm) stay in the server's process, never refused for a full queue and holding the loop 50 ms at worst;
-larger ones (MobileNet 27 KiB 36 ms, ResNet-50 32 KiB 63 ms, GoogLeNet 39 KiB 78 ms, and anything bigger) go to a
-worker process:
+for the pipes (measured on every net of the zoo, cold and warm). So texts over `inline_bytes`
+(MEMPLUGIN_ESTIMATE_INLINE_BYTES, 16 KiB: MobileNet 27 KiB 36 ms, ResNet-50 32 KiB 63 ms, GoogLeNet 39 KiB 78 ms,
+and anything bigger) go to a worker process, and so do shorter ones that cost much (below); the others (LeNet, the
+CIFAR nets, AlexNet and CaffeNet as written: 3 to 20 ms cold, under 1 ms warm) stay in the server's process, where
+they are never refused for a full queue:
 
-- `workers` processes (MEMPLUGIN_ESTIMATE_WORKERS), started at the first large estimate and kept; each has its own
+- `workers` processes (MEMPLUGIN_ESTIMATE_WORKERS), started at the first estimate sent there and kept; each has its own
   definition cache, and a text goes to the same worker as before when that one is free, so repeats stay warm;
 - at most `queue` requests wait for a worker (MEMPLUGIN_ESTIMATE_QUEUE); one more is refused at once with
   `PoolBusy` (the API's 503 with Retry-After), so waiting requests cannot pile up without bound;
@@ -18,6 +18,16 @@ worker process:
   call (`PoolCrashed`); workers run at nice 5, so the server's loop keeps its core first;
 - waiting for a worker never blocks the server: the pipes are non-blocking and each wait for them goes through
   gevent's hub when gevent has patched the process (`serve`), or `poll` in a thread otherwise.
+
+Text size is not the whole cost (issue 23, items 4 and 7): 8 KB of LSTM layers unrolled over 500 timesteps froze
+the server for 10 s, and 3 KB with eight curve points for 30 s, while keeping hundreds of MB; a layer with no
+rule starts a pycaffe child of ~100 MB, thirty estimates thirty-one children at once. So a text within
+`inline_bytes` is parsed (its definition cached) and its cost predicted (`core.cost.estimate_cost`: layers set up,
+recurrent layers at their largest unroll, times the builds the request asks for); it stays in the server only when
+that is at most `inline_layers` (DEFAULT_INLINE_LAYERS) and no layer needs pycaffe. Even then it runs against a
+deadline (`inline_seconds`): past it the estimate stops (`core.cost.TimeUp`) and is run again in a worker. So an
+estimate holds the server's thread for its parse (16 KiB at most, ~30 ms) plus `inline_seconds` at worst, and
+pycaffe children are at most one per worker.
 
 Requests and answers cross the pipes pickled, between this process and its own children only. A worker exits when
 its input pipe closes, so it never outlives the server.
@@ -40,17 +50,26 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .core.cost import EstimateCost, Meter, TimeUp
 from .core.errors import NetError
-from .core.estimate import EstimateRequest, estimate
+from .core.estimate import EstimateRequest, estimate, estimate_cost_of
 from .errors import MemPluginError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INLINE_BYTES = 16 * 1024
+DEFAULT_INLINE_LAYERS = 1_000
+"""Layer set-ups an estimate may be predicted to make and still run in the server: 50 to 120 us each here (the
+memory model included), so about 0.1 s at most. Predicted (the planner's worst search, 44 builds a device): LeNet
+planned for one device 465 (it makes 291) and stays; AlexNet's deploy net 1,080 (528), SqueezeNet 3,375 (1,500,
+88 ms) and any net with a recurrent layer (one LSTM counts 3,500 a build) go to a worker."""
+DEFAULT_INLINE_SECONDS = 0.1
+"""The most an estimate may run in the server's thread (its parse aside) before it stops and goes to a worker."""
 DEFAULT_QUEUE = 8
 DEFAULT_TIMEOUT = 60.0
 """Seconds one estimate may take in a worker. The parse limits (4 MiB, 5000 layers) keep real work far below it."""
@@ -58,7 +77,8 @@ START_TIMEOUT = 60.0
 """Seconds a new worker may take to import the estimator and say it is ready."""
 WORKER_NICE = 5
 WORKER_RSS_LIMIT = 1 << 30
-"""A worker whose resident memory passes this after a task forgets its cached definitions (big nets are big)."""
+"""A worker whose resident memory passes this after a task forgets its cached definitions (big nets are big); one
+still past it then (memory the allocator does not give back) ends after answering, and the pool starts another."""
 MAX_RETRY_AFTER = 60
 _HEADER = struct.Struct("!Q")
 _CHUNK = 1 << 20
@@ -106,10 +126,11 @@ def text_size(request: EstimateRequest) -> int:
 
 
 def run_estimate(
-    request: EstimateRequest, fallback: bool, dataset_roots: Sequence[Path] | None = None
+    request: EstimateRequest, fallback: bool, dataset_roots: Sequence[Path] | None = None, meter: Meter | None = None
 ) -> dict[str, Any]:
     """The estimate document, in whatever process calls it. With `dataset_roots`, the data shapes the net's
-    datasets give come first (those in the request win); their failure is `DatasetsFailed`."""
+    datasets give come first (those in the request win); their failure is `DatasetsFailed`. `meter` may stop it
+    (`TimeUp`) past its deadline."""
     if dataset_roots is not None:
         try:
             found = _dataset_shapes(request.net, dataset_roots)
@@ -119,7 +140,7 @@ def run_estimate(
             message = f"a dataset the net names cannot be looked up: {os.strerror(error.errno or 0)}"
             raise DatasetsFailed(NetError(message, field="read_datasets")) from None
         request = dataclasses.replace(request, data_shapes={**found, **request.data_shapes})
-    return estimate(request, oracle=_oracle() if fallback else None)
+    return estimate(request, oracle=_oracle() if fallback else None, meter=meter)
 
 
 def _dataset_shapes(net_text: str | None, roots: Sequence[Path]) -> dict[str, Any]:
@@ -231,12 +252,12 @@ def _read_message(fd: int, deadline: float) -> Any:
 class _Worker:
     """One worker process and the two pipes to it (non-blocking on this side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_limit: int = WORKER_RSS_LIMIT) -> None:
         to_child, self._to = os.pipe()
         self._from, from_child = os.pipe()
         try:
             self.process = subprocess.Popen(  # this interpreter, this module
-                [sys.executable, "-m", __name__], stdin=to_child, stdout=from_child, close_fds=True,
+                [sys.executable, "-m", __name__, str(memory_limit)], stdin=to_child, stdout=from_child, close_fds=True,
             )
         except BaseException:
             for fd in (self._to, self._from):
@@ -255,6 +276,8 @@ class _Worker:
         if ready != ("ready", self.process.pid):
             self.kill()
             raise PoolCrashed("an estimate worker did not start: it answered something else")
+        self.retiring = False
+        """The worker said it ends after its last answer (its memory stayed past its limit)."""
 
     @property
     def alive(self) -> bool:
@@ -264,7 +287,7 @@ class _Worker:
         deadline = time.monotonic() + timeout
         try:
             _write_all(self._to, _dumps((task, args)), deadline)
-            kind, value = _read_message(self._from, deadline)
+            kind, value, self.retiring = _read_message(self._from, deadline)
         except TimeoutError:
             self.kill()
             raise PoolTimeout(f"the estimate took longer than {timeout:g} s and was stopped") from None
@@ -299,17 +322,31 @@ class EstimatePool:
         queue: int,
         *,
         inline_bytes: int = DEFAULT_INLINE_BYTES,
+        inline_layers: int = DEFAULT_INLINE_LAYERS,
+        inline_seconds: float = DEFAULT_INLINE_SECONDS,
         timeout: float = DEFAULT_TIMEOUT,
         fallback: bool = True,
+        worker_memory: int = WORKER_RSS_LIMIT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if workers < 1 or queue < 0 or inline_bytes < 0 or timeout <= 0:
-            raise ValueError(f"bad pool sizes: workers {workers}, queue {queue}, inline {inline_bytes}, timeout {timeout}")
+        if workers < 1 or queue < 0 or inline_bytes < 0 or inline_layers < 0 or inline_seconds <= 0 or timeout <= 0:
+            raise ValueError(
+                f"bad pool sizes: workers {workers}, queue {queue}, inline {inline_bytes} bytes, {inline_layers} "
+                f"layers, {inline_seconds} s, timeout {timeout}"
+            )
         self.workers = workers
         self.queue = queue
         self.inline_bytes = inline_bytes
+        self.inline_layers = inline_layers
+        self.inline_seconds = inline_seconds
         self.timeout = timeout
         self.fallback = fallback
+        self.worker_memory = worker_memory
+        """Resident bytes past which a worker forgets its cache after a task, and ends when that is not enough."""
+        self._clock = clock
         self._slots: list[_Worker | None] = [None] * workers
+        # A pool dropped without close() (an app a test or a host let go) still ends its workers.
+        weakref.finalize(self, _end_workers, self._slots)
         self._idle = list(range(workers))
         self._waiting = 0
         self._cond = threading.Condition()
@@ -319,17 +356,44 @@ class EstimatePool:
         """Estimates run in a worker since the start (for tests and benchmarks)."""
         self.refused = 0
         """Requests refused because the queue was full."""
+        self.stopped_inline = 0
+        """Estimates stopped at their inline deadline and run again in a worker."""
+        self.retired = 0
+        """Workers that ended because their memory stayed past `worker_memory`."""
 
     # --- what the views call
 
     def estimate(self, request: EstimateRequest, *, dataset_roots: Sequence[Path] | None = None) -> dict[str, Any]:
-        """`run_estimate`, in this process for texts up to `inline_bytes`, else in a worker. Raises NetError,
-        DatasetsFailed, or a PoolError (PoolBusy when the queue is full)."""
+        """`run_estimate`, in this process when `inline` says so (against the inline deadline), else in a worker.
+        Raises NetError, DatasetsFailed, or a PoolError (PoolBusy when the queue is full)."""
         roots = None if dataset_roots is None else [Path(root) for root in dataset_roots]
-        if text_size(request) <= self.inline_bytes:
-            return run_estimate(request, self.fallback, roots)
+        if self.inline(request):
+            try:
+                return run_estimate(request, self.fallback, roots, Meter.within(self.inline_seconds, self._clock))
+            except TimeUp:
+                self.stopped_inline += 1
+                log.info("an estimate passed its %g s in the server; it goes on in a worker", self.inline_seconds)
         affinity = hash((request.net, request.solver)) % self.workers
         return self.run("estimate", (request, self.fallback, roots), affinity=affinity)  # type: ignore[no-any-return]
+
+    def inline(self, request: EstimateRequest) -> bool:
+        """Whether the estimate may run in this process: its text within `inline_bytes`, and its predicted cost
+        (`cost`) within `inline_layers` with no layer that needs pycaffe (when the fallback is on). A definition
+        that cannot be read stays inline, where the estimate gives its error."""
+        if text_size(request) > self.inline_bytes:
+            return False
+        cost = self.cost(request)
+        if cost is None:
+            return True
+        return cost.layers <= self.inline_layers and not (cost.pycaffe and self.fallback)
+
+    @staticmethod
+    def cost(request: EstimateRequest) -> EstimateCost | None:
+        """The request's predicted cost (core.cost), or None when its definition cannot be read."""
+        try:
+            return estimate_cost_of(request)
+        except NetError:
+            return None
 
     def run(self, task: str, args: tuple[Any, ...], *, affinity: int = 0) -> Any:
         """Run `TASKS[task](*args)` in a worker; the worker at `affinity` if it is free (its caches are warm)."""
@@ -339,7 +403,7 @@ class EstimatePool:
         try:
             worker = self._slots[index]
             if worker is None or not worker.alive:
-                worker = self._slots[index] = _Worker()
+                worker = self._slots[index] = _Worker(self.worker_memory)
             self.offloaded += 1
             return worker.call(task, args, self.timeout)
         except PoolError:
@@ -347,6 +411,10 @@ class EstimatePool:
                 self._slots[index] = None
             raise
         finally:
+            if worker is not None and worker.retiring:
+                self._slots[index] = None
+                worker.kill()
+                self.retired += 1
             self._release(index, time.monotonic() - started)
 
     def _acquire(self, affinity: int) -> int:
@@ -358,8 +426,8 @@ class EstimatePool:
                     self.refused += 1
                     retry = self.retry_after()
                     raise PoolBusy(
-                        f"the server is busy: {self.workers} large estimate(s) are running and {self._waiting} "
-                        f"wait, the most it queues (MEMPLUGIN_ESTIMATE_QUEUE); try again in {retry} s",
+                        f"the server is busy: {self.workers} costly estimate(s) are running in its workers and "
+                        f"{self._waiting} wait, the most it queues (MEMPLUGIN_ESTIMATE_QUEUE); try again in {retry} s",
                         retry,
                     )
                 self._waiting += 1
@@ -399,9 +467,15 @@ class EstimatePool:
         with self._cond:
             self._closed = True
             workers = [worker for worker in self._slots if worker is not None]
-            self._slots = [None] * self.workers
+            self._slots[:] = [None] * self.workers
             self._cond.notify_all()
         for worker in workers:
+            worker.kill()
+
+
+def _end_workers(slots: list[_Worker | None]) -> None:
+    for worker in slots:
+        if worker is not None:
             worker.kill()
 
 
@@ -427,17 +501,21 @@ def _blocking_read(fd: int, count: int) -> bytes:
     return b"".join(parts)
 
 
-def _trim() -> None:
-    if _rss_bytes() > WORKER_RSS_LIMIT:
-        from .core.estimate import _cached_definition
+def _trim(limit: int) -> bool:
+    """Forget the cached definitions when this worker holds more than `limit` bytes; True when it still does
+    (then it ends after its answer)."""
+    if _rss_bytes() <= limit:
+        return False
+    from .core.estimate import DEFINITIONS
 
-        _cached_definition.cache_clear()
-        import gc
+    DEFINITIONS.clear()
+    import gc
 
-        gc.collect()
+    gc.collect()
+    return _rss_bytes() > limit
 
 
-def worker_main() -> int:
+def worker_main(memory_limit: int = WORKER_RSS_LIMIT) -> int:
     """Answer tasks from stdin on stdout until stdin closes. stdin and stdout are kept for the pipes; the fds 0
     and 1 become /dev/null and stderr, so that nothing this process or its children (the pycaffe fallback) print
     can mix into the answers, and no child holds the pipes."""
@@ -462,18 +540,20 @@ def worker_main() -> int:
             answer = ("raise", error)
         except Exception:  # noqa: BLE001 - sent to the server's log
             answer = ("crash", traceback.format_exc())
-        data = _dumps(answer)
+        retiring = _trim(memory_limit)
+        data = _dumps((*answer, retiring))
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(out, view):]
         except BrokenPipeError:
             return 0
-        _trim()
+        if retiring:
+            return 0
 
 
 if __name__ == "__main__":
     # The package's own copy of this module, not __main__: the classes the answers pickle must be importable by name.
     from digits_memplugin.estimate_pool import worker_main as _worker_main
 
-    sys.exit(_worker_main())
+    sys.exit(_worker_main(int(sys.argv[1]) if len(sys.argv) > 1 else WORKER_RSS_LIMIT))

@@ -12,6 +12,12 @@ imports code, such as HDF5Output, a data layer or a Python layer; no path-bearin
 confined (`digits_memplugin.sandbox`: it may read but not create, truncate, change or delete any file, open a
 socket or start a program) in its own empty folder, reporting on a pipe.
 
+A child costs ~100 MB and a second or two of a core, so a process runs at most `MAX_CHILDREN` at once
+(`CHILDREN`); a net waits for its turn at most `DEFAULT_TIMEOUT` (then a NetError says pycaffe was busy). The web
+server sends every estimate that needs pycaffe to its estimate workers (estimate_pool.py), so those children are at
+most one per worker, behind the workers' bounded queue; the job manager's own (a job submitted with such a layer)
+wait here (issue 23, item 7: thirty estimates started thirty-one children at once).
+
 The core must not start processes (it is imported by the web server), which is why this lives outside it.
 `caffe_net` gives the whole picture (blob names and shapes, split layers included, loss weights, the layers that
 need backward, Caffe's "Memory required for data"), which the golden tests compare with `core.net.Net`.
@@ -19,6 +25,7 @@ need backward, Caffe's "Memory required for data"), which the golden tests compa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,7 +33,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +46,44 @@ from .core.sanitize import check_net
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a child may take: building a VGG-sized net fills ~140M weights, a few seconds on one core."""
+MAX_CHILDREN = 2
+"""pycaffe children one process runs at once."""
+
+
+class ChildSlots:
+    """At most `limit` children at once in this process; `slot` waits for one (through gevent's hub when gevent has
+    patched threading: the server goes on meanwhile) at most `timeout` seconds."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Condition()
+        self.alive = 0
+        self.most_alive = 0
+        """The most children alive at once since the start (tests and benchmarks read it)."""
+
+    @contextlib.contextmanager
+    def slot(self, timeout: float) -> Iterator[None]:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.alive >= self.limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NetError(
+                        f"pycaffe was busy: {self.alive} nets were being built for {timeout:g} s and this one "
+                        "waited its turn as long; try again"
+                    )
+                self._lock.wait(left)
+            self.alive += 1
+            self.most_alive = max(self.most_alive, self.alive)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.alive -= 1
+                self._lock.notify()
+
+
+CHILDREN = ChildSlots(MAX_CHILDREN)
 
 _FATAL = re.compile(r"^F\d{4,8} [\d:.]+\s+\d+ (?P<where>[^\]]+)\] (?P<message>.*)$")
 _CREATING = re.compile(r"\] Creating Layer (?P<name>.*)$")
@@ -97,17 +144,18 @@ def caffe_net(net_param: Any, phase: str, *, timeout: float = DEFAULT_TIMEOUT) -
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         try:
-            result = subprocess.run(
-                [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(net_path), phase],
-                check=False,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,  # pipes: the confined child may not write to a file
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                env=env,
-                cwd=work,
-            )
+            with CHILDREN.slot(timeout):
+                result = subprocess.run(
+                    [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(net_path), phase],
+                    check=False,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,  # pipes: the confined child may not write to a file
+                    text=True,
+                    errors="replace",
+                    timeout=timeout,
+                    env=env,
+                    cwd=work,
+                )
         except subprocess.TimeoutExpired:
             raise NetError(f"pycaffe did not build the net within {timeout:g} s") from None
     try:

@@ -384,8 +384,9 @@ def _connects(client: socketio.Client, server: Served) -> bool:
 
 
 def test_events_from_all_clients_together_are_capped(data_dir: Path) -> None:
-    """Five clients each send 10 subscriptions, each within its own burst of 40; together they pass the server's
-    20 at once (10 a second), so about 20 are handled, and the others are refused with a message saying so."""
+    """Five clients each send 10 subscriptions, each within its own burst of 40 (a page listing no job counts 3:
+    web/namespace.py's event_cost); together they pass the server's 20 at once (10 a second), so about 7 are
+    handled, and the others are refused with a message saying so."""
     app = make_app(data_dir, socket_events_per_second=10)
     try:
         socketio_ = get_plugin(app).socketio
@@ -398,8 +399,9 @@ def test_events_from_all_clients_together_are_capped(data_dir: Path) -> None:
         received = [event for client in clients for event in client.get_received(NS)]
         handled = [e for e in received if e["name"] == "jobs"]
         told = [e["args"][0] for e in received if e["name"] == "rate_limited"]
-        assert 20 <= len(handled) < 30, len(handled)
-        assert told and all("all its clients together" in t["error"] and t["retry_after"] == 0.1 for t in told)
+        assert 7 <= len(handled) < 12, len(handled)
+        # a page is charged before it is handled, so the bucket may be in debt: at least one token's wait, 0.1 s
+        assert told and all("all its clients together" in t["error"] and 0.1 <= t["retry_after"] <= 1.3 for t in told)
         for client in clients:
             client.disconnect(namespace=NS)
     finally:

@@ -91,5 +91,11 @@ class UnrollLimitError(BatchLimitError):
     """A recurrent layer unrolled over more timesteps than the estimator builds (each one is several layers)."""
 
 
+class BuildLimitError(UnrollLimitError):
+    """A build that would set up more layers than the estimator builds at once (core/cost.py's MAX_BUILD_LAYERS):
+    the nets its recurrent layers unroll are too large at this batch, a batch the planner treats as one that cannot
+    be built."""
+
+
 class UnsupportedLayerError(NetError):
     """A layer type neither the shape rules nor the pycaffe fallback can handle."""

@@ -8,15 +8,16 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from .collector import paused_collector
+from .cost import EstimateCost, Meter, estimate_cost, held_bytes, layers_in
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
 from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from .job_plan import JobAsk, PlanningPolicy, plan_job
-from .layers.base import ENGINE_CPU, ENGINES, INT_MAX
+from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
 from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable, passes
@@ -29,6 +30,45 @@ MAX_REMEMBERED_REPORTS = 2
 """Whole reports (with their built nets) kept per definition and way of counting: the form asks again and again
 about the same net at the same batch (each device's row, each keystroke that changes nothing), and a report is
 what an estimate costs most; two keep memory bounded for large nets."""
+MAX_KEPT_LAYERS = 5_000
+"""A report is kept on its definition only when its nets hold at most this many layers (about 28 MB,
+`cost.BYTES_PER_LAYER`): ResNet-50's train and test nets hold 1,100. A recurrent net unrolled over hundreds of
+timesteps is rebuilt when asked again instead of being kept (two ~3 KB LSTM nets kept 730 MB; issue 23, item 4)."""
+MAX_WAYS = 8
+"""Ways of counting (engine, data shapes, ...) remembered per definition, the oldest forgotten first: a client
+asking about one net with ever new data shapes must not grow what is kept."""
+MAX_CACHED_DEFINITIONS = 32
+MAX_CACHED_BYTES = 128 << 20
+"""What the definition cache may keep, by its estimate of the bytes held (`cost.held_bytes`): parsed texts and
+kept reports, the oldest dropped first."""
+MAX_TEST_BUILDS_KEPT = 2
+"""Test nets an estimator keeps built, by test batch, while it plans (each train batch reuses them)."""
+MAX_RECENT_REPORTS = 2
+"""Reports an estimator keeps of its own (a caller asking again for the one it just had builds nothing), however
+large: with MAX_BUILD_LAYERS, what one estimate holds at once is bounded."""
+
+
+@dataclasses.dataclass
+class Remembered:
+    """What estimators keep on a definition for one way of counting: footprints by (batch, test batch), and the
+    last few reports with their nets when they are small (MAX_KEPT_LAYERS)."""
+
+    totals: dict[tuple[int | None, int | None], int] = dataclasses.field(default_factory=dict)
+    reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = dataclasses.field(
+        default_factory=dict
+    )
+    layers: dict[tuple[int | None, int | None], int] = dataclasses.field(default_factory=dict)
+    """Layers each kept report's nets hold."""
+
+
+def remembered(definition: TrainingDefinition) -> dict[Any, Remembered]:
+    """The definition's remembered ways of counting, oldest first."""
+    return definition.memo.setdefault("ways", {})  # type: ignore[no-any-return]
+
+
+def kept_layers(definition: TrainingDefinition) -> int:
+    """Layers the reports kept on `definition` hold."""
+    return sum(sum(way.layers.values()) for way in remembered(definition).values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,53 +155,73 @@ class Estimator:
         options: MemoryOptions,
         data_shapes: Mapping[str, Any],
         oracle: ShapeOracle | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.definition = definition
         self.options = options
         self.data_shapes = dict(data_shapes)
         self.oracle = oracle
-        self._reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
+        self.meter = meter
+        """Counts the layers this estimator sets up, and stops it past the meter's deadline (core/cost.py)."""
+        self._recent: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
         self._tests: dict[int | None, list[Net]] = {}
         # Totals outlive this estimator: they are kept on the definition, per way of counting, so that estimating
         # the same net again (another wanted batch, another device) reuses the planner's evaluations.
         key = (options, repr(sorted(self.data_shapes.items())), id(oracle))
-        totals = definition.memo.setdefault(key, {})
-        if len(totals) > MAX_REMEMBERED_TOTALS:
-            totals.clear()
-        self._totals: dict[tuple[int | None, int | None], int] = totals
-        self._kept: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = (
-            definition.memo.setdefault(("reports", key), {})
-        )
+        ways = remembered(definition)
+        way = ways.pop(key, None) or Remembered()
+        ways[key] = way  # the newest
+        while len(ways) > MAX_WAYS:
+            ways.pop(next(iter(ways)))
+        if len(way.totals) > MAX_REMEMBERED_TOTALS:
+            way.totals.clear()
+        self._way = way
+        self._totals = way.totals
 
     def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
-        """The report at `batch` (built nets included), from this estimator's own, else from the last few kept on
-        the definition. Reports and nets are never changed once built, so sharing them is safe."""
+        """The report at `batch` (built nets included): one this estimator gave last, one of the last few kept on
+        the definition, or a new build. Reports and nets are never changed once built, so sharing them is safe."""
         key = (batch, test_batch)
-        if key not in self._reports:
-            kept = self._kept.get(key)
-            if kept is None:
-                kept = self._build(key)
-                self._kept[key] = kept
-                while len(self._kept) > MAX_REMEMBERED_REPORTS:
-                    self._kept.pop(next(iter(self._kept)), None)  # the oldest
-            self._reports[key] = kept
-            self._totals[key] = kept[0].total_bytes
-        return self._reports[key]
+        built = self._recent.pop(key, None) or self._way.reports.get(key)
+        if built is None:
+            built = self._build(key)
+            self._keep(key, built)
+        self._recent[key] = built
+        while len(self._recent) > MAX_RECENT_REPORTS:
+            self._recent.pop(next(iter(self._recent)))
+        self._totals[key] = built[0].total_bytes
+        return built
 
     def total(self, batch: int | None, test_batch: int | None = None) -> int:
         """The peak at `batch`, from memory when this net was estimated at that batch before. A search's
-        evaluations are not kept on the definition: only their totals are, so they never push out the report a
-        caller asked for."""
+        evaluations are not kept: only their totals are, so they never push out the report a caller asked for,
+        and a search holds one build at a time."""
         key = (batch, test_batch)
         if key not in self._totals:
-            self._reports[key] = self._build(key)
+            self._build(key)
         return self._totals[key]
+
+    def _keep(self, key: tuple[int | None, int | None], built: tuple[MemoryReport, Net, list[Net]]) -> None:
+        """Keep a report on the definition when its nets are small; the oldest kept goes past the few kept."""
+        layers = layers_in(built[1]) + sum(layers_in(net) for net in built[2])
+        if layers > MAX_KEPT_LAYERS:
+            return
+        way = self._way
+        way.reports[key], way.layers[key] = built, layers
+        while len(way.reports) > MAX_REMEMBERED_REPORTS:
+            oldest = next(iter(way.reports))
+            del way.reports[oldest], way.layers[oldest]
 
     def _build(self, key: tuple[int | None, int | None]) -> tuple[MemoryReport, Net, list[Net]]:
         # The test nets depend on the test batch only: a search over train batches builds them once.
         tests = self._tests.get(key[1])
-        built = self.definition.memory(self.options, key[0], key[1], self.data_shapes, self.oracle, tests)
+        built = self.definition.memory(
+            self.options, key[0], key[1], self.data_shapes, self.oracle, tests, meter=self.meter
+        )
+        self._tests.pop(key[1], None)
         self._tests[key[1]] = built[2]
+        while len(self._tests) > MAX_TEST_BUILDS_KEPT:
+            self._tests.pop(next(iter(self._tests)))
         self._totals[key] = built[0].total_bytes
         return built
 
@@ -192,20 +252,42 @@ def estimate(
     load: Loader | None = None,
     oracle: ShapeOracle | None = None,
     limits: ParseLimits = DEFAULT_LIMITS,
+    meter: Meter | None = None,
 ) -> dict[str, Any]:
-    """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input.
+    """Estimate a training job's memory and, given free memory, plan its batch. Raises NetError on bad input, and
+    `cost.TimeUp` when `meter` has a deadline that passes.
 
     Runs with the cyclic garbage collector paused (see `collector`): its full passes were a third of a cold
     estimate's time whenever one fell inside it."""
     with paused_collector():
-        return _estimate(request, load, oracle, limits)
+        try:
+            return _estimate(request, load, oracle, limits, meter)
+        finally:
+            if load is None:
+                DEFINITIONS.settle()
+
+
+def estimate_cost_of(request: EstimateRequest, *, limits: ParseLimits = DEFAULT_LIMITS) -> EstimateCost:
+    """What `estimate(request)` will cost at most (core/cost.py), from its parsed definition (cached, as the
+    estimate will find it). Raises NetError as the estimate would (not always the same one: with `read_datasets`
+    the estimate reads the datasets first)."""
+    with paused_collector():
+        definition = DEFINITIONS.get(
+            request.net, request.solver, request.net_source, request.solver_source, limits, request.classes
+        )
+        plans = (request.free_bytes is not None) + len(request.budgets)
+        return estimate_cost(
+            definition.train.prepare(PHASE_TRAIN).layers, [test.prepare(PHASE_TEST).layers for test in definition.tests],
+            curve_points=len(set(request.curve_batches)), plans=plans,
+        )
 
 
 def _estimate(
-    request: EstimateRequest, load: Loader | None, oracle: ShapeOracle | None, limits: ParseLimits
+    request: EstimateRequest, load: Loader | None, oracle: ShapeOracle | None, limits: ParseLimits,
+    meter: Meter | None,
 ) -> dict[str, Any]:
     if load is None:
-        definition = _cached_definition(
+        definition = DEFINITIONS.get(
             request.net, request.solver, request.net_source, request.solver_source, limits, request.classes
         )
     else:
@@ -224,7 +306,7 @@ def _estimate(
     margin = request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
     if options.flavour == NVCAFFE:
         margin = max(margin, NVCAFFE_SAFETY_MARGIN)
-    estimator = Estimator(definition, options, request.data_shapes, oracle)
+    estimator = Estimator(definition, options, request.data_shapes, oracle, meter)
     blob_limit = None
     try:
         report, train, tests = estimator.report(request.batch, request.test_batch)
@@ -379,19 +461,77 @@ def _definition(
     return definition
 
 
-@functools.lru_cache(maxsize=32)
-def _cached_definition(
-    net: str | None,
-    solver: str | None,
-    net_source: str,
-    solver_source: str,
-    limits: ParseLimits,
-    classes: int | None,
-) -> TrainingDefinition:
+DefinitionKey = tuple[str | None, str | None, str, str, ParseLimits, int | None]
+
+
+class DefinitionCache:
     """Parsed, upgraded and prepared nets by their texts: the form re-estimates the same net at other batches and
     for other devices many times, and parsing is most of the cost of a cold estimate. Nothing mutates a cached
-    definition afterwards (classes are filled in before it is cached); errors are not cached."""
-    return _definition(net, solver, net_source, solver_source, limits, classes)
+    definition afterwards (classes are filled in before it is cached); errors are not cached.
+
+    It keeps at most `entries` definitions and, by its estimate of what they hold (`cost.held_bytes`: the parsed
+    text and the reports estimators keep on a definition), at most `max_bytes`, the least recently used dropped
+    first. What a definition holds grows after it is cached (an estimate keeps a report on it), so `settle`, which
+    every estimate calls when it ends, drops again what no longer fits."""
+
+    def __init__(self, entries: int = MAX_CACHED_DEFINITIONS, max_bytes: int = MAX_CACHED_BYTES) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self._cached: dict[DefinitionKey, TrainingDefinition] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        net: str | None,
+        solver: str | None,
+        net_source: str,
+        solver_source: str,
+        limits: ParseLimits,
+        classes: int | None,
+    ) -> TrainingDefinition:
+        key = (net, solver, net_source, solver_source, limits, classes)
+        with self._lock:
+            definition = self._cached.pop(key, None)
+            if definition is not None:
+                self._cached[key] = definition  # the most recently used
+                return definition
+        definition = _definition(net, solver, net_source, solver_source, limits, classes)
+        with self._lock:
+            self._cached[key] = definition
+        self.settle()
+        return definition
+
+    def settle(self) -> None:
+        """Drop the least recently used definitions until the rest fit (the newest always stays)."""
+        with self._lock:
+            held = {key: self._held(key, definition) for key, definition in self._cached.items()}
+            total = sum(held.values())
+            while len(self._cached) > 1 and (len(self._cached) > self.entries or total > self.max_bytes):
+                oldest = next(iter(self._cached))
+                del self._cached[oldest]
+                total -= held.pop(oldest)
+
+    @staticmethod
+    def _held(key: DefinitionKey, definition: TrainingDefinition) -> int:
+        return held_bytes(len(key[0] or "") + len(key[1] or ""), kept_layers(definition))
+
+    @property
+    def held(self) -> int:
+        """The bytes the cached definitions hold, by the cache's estimate."""
+        with self._lock:
+            return sum(self._held(key, definition) for key, definition in self._cached.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cached)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cached.clear()
+
+
+DEFINITIONS = DefinitionCache()
+"""The process's cache of parsed definitions (each estimate worker has its own)."""
 
 
 def _solver_type(definition: TrainingDefinition) -> str:

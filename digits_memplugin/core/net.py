@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import BlobLimitError, NetError, ShapeError, UnsupportedLayerError
+from .cost import Meter
+from .errors import BlobLimitError, BuildLimitError, NetError, ShapeError, UnsupportedLayerError
 from .flavour import NVCAFFE, flavour_of, schema
 from .layers import DeferToPycaffe, LayerContext, LayerRule, LayerSetup, Shape, count_of, rule_for
 from .layers.base import FLOAT_BYTES, INT_MAX, PHASE_TEST, PHASE_TRAIN, InputDefault, check_layer_fillers
@@ -349,22 +350,49 @@ def build_net(
     batch_override: int | None = None,
     oracle: ShapeOracle | None = None,
     prepared: PreparedNet | None = None,
+    meter: Meter | None = None,
 ) -> Net:
     """Build the net Caffe would build for `phase`, with every blob's shape.
 
     `state` is the solver's train_state/test_state for this net; `data_shapes` gives the per-item shape of data
     tops whose shape Caffe reads from the dataset (by top name or ``layer/top``); `batch_override` replaces the
     batch size of every data layer. `prepared` (from `prepare_net` with the same arguments) skips the filtering.
+    `meter` counts the layers set up (and stops the build past its deadline: `cost.TimeUp`); whatever it is, a
+    build that would set up more than `cost.MAX_BUILD_LAYERS` layers, those of the nets its layers hold included,
+    is a `cost.BuildLimitError`.
     """
     if prepared is None:
         prepared = prepare_net(net_param, phase, source=source, lines=lines, state=state)
-    net_param, source, lines = prepared.net_param, prepared.source, prepared.lines
+    if meter is None:
+        meter = Meter()
+    meter.start_build()
+    return _build_prepared(prepared, data_shapes, batch_override, oracle, meter)
+
+
+def _build_prepared(
+    prepared: PreparedNet,
+    data_shapes: Mapping[str, Shape] | None,
+    batch_override: int | None,
+    oracle: ShapeOracle | None,
+    meter: Meter,
+) -> Net:
+    """`build_net`'s work, counted in the current build of `meter`."""
+    net_param, source = prepared.net_param, prepared.source
     shapes = dict(data_shapes or {})
     phase_built = prepared.phase
+    reached = meter.add(len(prepared.layers))
+    if reached is not None:
+        raise BuildLimitError(
+            f"building the net at this batch would set up {reached} layers or more, the nets its recurrent layers "
+            f"unroll included; the estimator builds at most {meter.build_limit}",
+            source=source,
+        )
 
     def build_subnet(subnet_param: Any) -> Net:
-        """A net a layer holds inside (RecurrentLayer's unrolled net): built like this one, in its phase."""
-        return build_net(subnet_param, phase_built, source=source or "net.prototxt")
+        """A net a layer holds inside (RecurrentLayer's unrolled net): built like this one, in its phase, as part
+        of this build."""
+        subnet = prepare_net(subnet_param, phase_built, source=source or "net.prototxt")
+        return _build_prepared(subnet, None, None, None, meter)
     pycaffe_note = ""
     if oracle is not None and flavour_of(net_param) == NVCAFFE:
         # pycaffe here is BVLC's: it can neither read an NVcaffe net nor build its layers the way NVcaffe does.
@@ -380,6 +408,7 @@ def build_net(
     PERMISSIVE = caffe_pb2.ParamSpec.PERMISSIVE
 
     for layer_index, spec in enumerate(prepared.layers):
+        meter.tick()
         param, line, name_, type_ = spec.param, spec.line, spec.name, spec.type
         if spec.propagate_down and len(spec.propagate_down) != len(spec.bottoms):
             raise ShapeError(

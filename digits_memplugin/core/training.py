@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .cost import Meter
 from .errors import NetError
 from .flavour import caffes_that_build, definition_flavour
 from .layers.base import PHASE_TEST, PHASE_TRAIN
@@ -82,19 +83,21 @@ class TrainingDefinition:
         data_shapes: Mapping[str, Any] | None = None,
         oracle: ShapeOracle | None = None,
         tests: list[Net] | None = None,
+        *,
+        meter: Meter | None = None,
     ) -> tuple[Net, list[Net]]:
         """Build the nets; `batch` replaces the TRAIN data layers' batch size, `test_batch` the TEST ones'.
         `tests`, built before with the same test_batch, data shapes and oracle, are used as they are: the train
-        batch does not change them."""
+        batch does not change them. `meter` counts (and may stop) the builds (core/cost.py)."""
         train = build_net(
             self.train.param, PHASE_TRAIN, data_shapes=data_shapes, batch_override=batch, oracle=oracle,
-            prepared=self.train.prepare(PHASE_TRAIN),
+            prepared=self.train.prepare(PHASE_TRAIN), meter=meter,
         )
         if tests is None:
             tests = [
                 build_net(
                     test.param, PHASE_TEST, data_shapes=data_shapes, batch_override=test_batch, oracle=oracle,
-                    prepared=test.prepare(PHASE_TEST),
+                    prepared=test.prepare(PHASE_TEST), meter=meter,
                 )
                 for test in self.tests
             ]
@@ -108,8 +111,10 @@ class TrainingDefinition:
         data_shapes: Mapping[str, Any] | None = None,
         oracle: ShapeOracle | None = None,
         tests: list[Net] | None = None,
+        *,
+        meter: Meter | None = None,
     ) -> tuple[MemoryReport, Net, list[Net]]:
-        train, tests = self.build(batch, test_batch, data_shapes, oracle, tests)
+        train, tests = self.build(batch, test_batch, data_shapes, oracle, tests, meter=meter)
         report = job_memory(train, tests, options)
         report.assumptions[:0] = self.assumptions
         return report, train, tests

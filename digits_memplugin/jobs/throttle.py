@@ -9,8 +9,10 @@ and log lines before the event that says the attempt ended. A background task se
 interval is over, and ends when nothing is pending.
 
 The other direction has a limit too: `ClientRateLimiter` bounds the events one socketio client may send (a token
-bucket per client), so a client flooding `subscribe_jobs` (each answered with the whole job list) cannot make the
-server spend its time and memory on it.
+bucket per client), so a client flooding `subscribe_jobs` cannot make the server spend its time and memory on it.
+An event is charged what it costs, not one token whatever it asks for: a page of 500 jobs is a 350 KB answer that
+takes the server's one thread some 20 ms, twenty times a cheap event (issue 23, item 3), so it takes as many tokens
+(`allow(client, cost)`, the part not used given back with `refund`).
 """
 
 from __future__ import annotations
@@ -144,9 +146,15 @@ class EventThrottle:
 
 
 class ClientRateLimiter:
-    """A token bucket per client: `burst` events at once, then `per_second` on average. `allow` says whether a
-    client's event may be handled now; `forget` drops a client that disconnected (the buckets are the only state,
-    one small entry per connected client)."""
+    """A token bucket per client: `burst` tokens at once, then `per_second` on average. `allow` says whether a
+    client's event may be handled now and takes its cost (in cheap events: 1 unless said otherwise); `forget`
+    drops a client that disconnected (the buckets are the only state, one small entry per connected client).
+
+    An event is handled when its client has a token left, and takes its whole cost, so that a costly one puts the
+    bucket in debt: the client's next events wait until the debt is paid at `per_second` (a page of 500 jobs, 50
+    tokens, leaves a client of 40 with a debt of 10: half a second at 20 a second). The cost is taken before the
+    event is handled, so that events handled at once cannot all find the same tokens; `refund` gives back what an
+    event turned out not to need (a page asked for 500 jobs lists the 12 stored)."""
 
     def __init__(self, per_second: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         if per_second <= 0 or burst < 1:
@@ -156,21 +164,38 @@ class ClientRateLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}
-        """client -> (tokens left, when they were counted)."""
+        """client -> (tokens left, below zero for a debt, and when they were counted)."""
         self.refused = 0
         """Events refused since the start, for the logs and the load benchmark."""
 
-    def allow(self, client: str) -> bool:
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, then = self._buckets.get(client, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - then) * self.per_second)
+
+    def allow(self, client: str, cost: float = 1.0) -> bool:
         with self._lock:
             now = self._clock()
-            tokens, then = self._buckets.get(client, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - then) * self.per_second)
+            tokens = self._tokens(client, now)
             if tokens < 1.0:
                 self._buckets[client] = (tokens, now)
                 self.refused += 1
                 return False
-            self._buckets[client] = (tokens - 1.0, now)
+            self._buckets[client] = (tokens - max(1.0, cost), now)
             return True
+
+    def refund(self, client: str, amount: float) -> None:
+        """Give back `amount` tokens an allowed event did not use (never more than a full bucket)."""
+        if amount <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            self._buckets[client] = (min(float(self.burst), self._tokens(client, now) + amount), now)
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until the client's next event would be allowed: at least one token's time."""
+        with self._lock:
+            missing = 1.0 - self._tokens(client, self._clock())
+        return max(1.0, missing) / self.per_second
 
     def forget(self, client: str) -> None:
         with self._lock:

@@ -18,6 +18,14 @@ each within its own rate can stall the server. An event over either rate is not 
 refused events is answered with a ``rate_limited`` event saying when to try again. At most
 MEMPLUGIN_MAX_SOCKET_CONNECTIONS clients are connected to the namespace at once; one more is refused.
 
+The buckets count what an event costs the server, not only that it came (`event_cost`): every event is one, and
+a ``subscribe_jobs`` page 3 (its queries) and one more per `ROWS_PER_EVENT` (5) jobs it may list, taken before it
+is handled (an event is handled while its client has a token, and may leave a debt) and given back for the rows it
+did not list. A page of 500 jobs (a 350 KB answer, 22 to 26 ms of the server's one thread, a hundred times a
+`subscribe_job`) costs 103, more than a client's burst of 40: ten clients each sending 40 of them get four pages
+between them at once, then about two a second, each client at most one every 5 s, and are told ``rate_limited``
+for the rest (they used to get 400 pages, 10 s of a server that answered nothing else; issue 23, item 3).
+
 The `jobs` room also gets ``job_iteration`` ``{"id", "iteration"}`` for each (throttled) iteration record, so the
 list's iteration follows training without the whole record (the `job` event comes only at changes of state and at
 snapshots).
@@ -28,6 +36,7 @@ default), and answers with that page.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +48,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from .. import __version__
 from ..errors import MemPluginError
 from ..inputs import shown
-from ..jobs.manager import DEFAULT_PAGE_SIZE
+from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed, socket_host_allowed
 
@@ -143,6 +152,28 @@ ALL_CLIENTS = ""
 """The key of the bucket every client's events share."""
 UNLIMITED_EVENTS = frozenset({"connect", "disconnect"})
 """Events the server raises itself, not a client's messages: never counted against a client."""
+ROWS_PER_EVENT = 5
+"""Jobs listed that cost the server about what one cheap event does. Server CPU per event, 1000 jobs stored, this
+2-core machine: `subscribe_job` 0.18 to 0.3 ms; `subscribe_jobs` listing no job 0.55 ms, 1 job 1.2 ms, 10 jobs
+1.8 ms, 50 4.4 ms, 500 22 to 26 ms (reading the rows, the documents, encoding and sending them): 0.05 ms a job."""
+PAGE_COST = 3
+"""What a page costs besides its jobs (its queries: the jobs counted, `before` looked up), in cheap events."""
+
+
+def event_cost(event: str, data: Any) -> int:
+    """What a client's event costs, in cheap events: 1, and for `subscribe_jobs` PAGE_COST and one more per
+    ROWS_PER_EVENT jobs its page may list (its `limit`; a limit the manager will refuse reads nothing: 1)."""
+    if event != "subscribe_jobs":
+        return 1
+    limit = _page_of(data)[0]
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+        return 1
+    return listing_cost(limit)
+
+
+def listing_cost(rows: int) -> int:
+    """The cost of an answer that lists `rows` jobs: PAGE_COST, and one more per ROWS_PER_EVENT jobs."""
+    return PAGE_COST + math.ceil(rows / ROWS_PER_EVENT)
 
 
 class MemPluginNamespace(Namespace):  # type: ignore[misc]
@@ -172,11 +203,11 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
             return len(self._connected)
 
     def trigger_event(self, event: str, *args: Any) -> Any:
-        """Every client event passes the client's rate limit first (the bucket is checked before any handler runs,
-        so a flood costs a dictionary lookup per event, not a job list)."""
+        """Every client event passes the client's rate limit first, charged its cost (the bucket is checked before
+        any handler runs, so a flood costs a dictionary lookup per event, not a job list)."""
         sid = str(args[0]) if args else ""
         if event not in UNLIMITED_EVENTS:
-            refusal = self._refusal(sid)
+            refusal = self._refusal(sid, event_cost(event, args[1] if len(args) > 1 else None))
             if refusal is not None:
                 if sid not in self._told:
                     self._told.add(sid)
@@ -185,21 +216,30 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
             self._told.discard(sid)
         return super().trigger_event(event, *args)
 
-    def _refusal(self, sid: str) -> dict[str, Any] | None:
-        """Why the client's event is not handled now (its own rate first, then everyone's), or None."""
-        if not self.limiter.allow(sid):
+    def _refusal(self, sid: str, cost: int) -> dict[str, Any] | None:
+        """Why the client's event, costing `cost`, is not handled now (its own rate first, then everyone's), or
+        None; a refused event takes nothing from either bucket."""
+        costs = f"; a page of jobs counts {PAGE_COST}, and one more per {ROWS_PER_EVENT} jobs it may list" if cost > 1 else ""
+        if not self.limiter.allow(sid, cost):
             return {
-                "error": f"more than {self.limiter.burst} events at once or {self.limiter.per_second:g} a second; "
-                "this one was not handled",
-                "retry_after": round(1.0 / self.limiter.per_second, 3),
+                "error": f"more than {self.limiter.burst} events at once or {self.limiter.per_second:g} a second"
+                f"{costs}; this one was not handled",
+                "retry_after": round(self.limiter.retry_after(sid), 3),
             }
-        if self.all_clients is not None and not self.all_clients.allow(ALL_CLIENTS):
+        if self.all_clients is not None and not self.all_clients.allow(ALL_CLIENTS, cost):
+            self.limiter.refund(sid, cost)
             return {
                 "error": f"the server takes at most {self.all_clients.per_second:g} events a second from all its "
-                "clients together (MEMPLUGIN_SOCKET_EVENTS_PER_SECOND); this one was not handled",
-                "retry_after": round(1.0 / self.all_clients.per_second, 3),
+                f"clients together (MEMPLUGIN_SOCKET_EVENTS_PER_SECOND){costs}; this one was not handled",
+                "retry_after": round(self.all_clients.retry_after(ALL_CLIENTS), 3),
             }
         return None
+
+    def _refund(self, sid: str, charged: int, used: int) -> None:
+        """Give back to both buckets what an event was charged beyond what it turned out to cost."""
+        self.limiter.refund(sid, charged - used)
+        if self.all_clients is not None:
+            self.all_clients.refund(ALL_CLIENTS, charged - used)
 
     def on_connect(self, auth: Any = None) -> None:
         """Refuse a connection naming a host this server does not answer to (DNS rebinding), then one the access
@@ -241,11 +281,15 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         """Join the `jobs` room; the page of the list asked for ({"limit", "before"}) comes at once as a `jobs`
         event (a `job_error` event when it cannot be given: a bad page, a damaged or locked database, another server
         on the data folder)."""
+        sid = request.sid  # type: ignore[attr-defined]
+        charged = event_cost("subscribe_jobs", data)
         try:
             page = current_app.extensions["memplugin"].started_jobs().page(*_page_of(data))
         except MemPluginError as error:
+            self._refund(sid, charged, 1)
             emit("job_error", {"id": None, "error": str(error)})
             return
+        self._refund(sid, charged, listing_cost(len(page.jobs)))
         join_room(JOBS_ROOM)
         emit("jobs", page.to_json())
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import NetError, ShapeError, UnsupportedLayerError
+from ..errors import BuildLimitError, NetError, ShapeError, UnsupportedLayerError
 
 Shape = tuple[int, ...]
 FLOAT_BYTES = 4  # Caffe's Dtype is float for training
@@ -176,6 +176,12 @@ class LayerContext:
             raise self.error("cannot build a net inside this layer here (no net builder given)")
         try:
             return self._build_subnet(net_param)
+        except BuildLimitError as error:
+            # Too large at this batch, not wrong: this layer's, and still a batch the planner may step over.
+            raise BuildLimitError(
+                error.message, source=self.source, line=self.line, layer=self.name, layer_type=self.type,
+                field="bottom",
+            ) from None
         except NetError as error:
             raise self.error(f"its unrolled net: {error}", field="recurrent_param") from None
 
@@ -250,6 +256,11 @@ class LayerRule:
         """Bottom index -> what a data layer's top feeding that bottom holds when the caller gives no shape for it
         (a fixed dataset layout this layer reads). None by default: the shape must be given."""
         return {}
+
+    def layers_held(self, param: Any) -> int:
+        """The most layers of the nets this layer holds (a recurrent layer's unrolled net) that one build sets up:
+        what the estimate's cost counts beside the layer itself (core/cost.py). 0 for a layer holding none."""
+        return 0
 
 
 _REGISTRY: dict[str, LayerRule] = {}

@@ -115,6 +115,16 @@ class RecurrentRule(LayerRule):
     """RecurrentInputBlobNames, in the order the exposed bottoms come."""
     output: ClassVar[str] = ""
     """OutputBlobNames (one output for both LSTM and RNN)."""
+    unrolled_per_step: ClassVar[int] = 0
+    """Layers of the unrolled net per timestep, the Split layers Net::Init inserts included (a static input adds
+    one), at most."""
+    unrolled_fixed: ClassVar[int] = 12
+    """Layers of the unrolled net besides its timesteps (inputs, slices, the static input's, concat, pseudo-loss,
+    their splits), at most."""
+
+    def layers_held(self, param: Any) -> int:
+        """The unrolled net at the most timesteps the estimator unrolls: the cost counts the worst a batch may ask."""
+        return self.unrolled_fixed + self.unrolled_per_step * MAX_UNROLLED_STEPS
 
     def recurrent_outputs(self, steps: int) -> list[str]:  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
@@ -228,6 +238,7 @@ class LSTMRule(RecurrentRule):
 
     recurrent_inputs = ("h_0", "c_0")
     output = "h"
+    unrolled_per_step = 7
 
     def recurrent_outputs(self, steps: int) -> list[str]:
         return [f"h_{steps}", "c_T"]
@@ -282,6 +293,7 @@ class RNNRule(RecurrentRule):
 
     recurrent_inputs = ("h_0",)
     output = "o"
+    unrolled_per_step = 8
 
     def recurrent_outputs(self, steps: int) -> list[str]:
         return [f"h_{steps}"]
