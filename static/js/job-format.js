@@ -75,7 +75,21 @@
       el("td", { dataset: { role: "batch" } }, plannedBatch(job.batch)),
       el("td", { dataset: { role: "iteration" }, className: "text-nowrap" }, iterationText(job, " / ")),
       el("td", { dataset: { role: "created" }, className: "text-nowrap" }, formatTime(job.created_at)),
-      el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""));
+      el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""),
+      el("td", { dataset: { role: "actions" }, className: "text-nowrap" }, jobActions(job, href)));
+  }
+
+  /** The list's action for a job (macros.html: job_actions): a form post to its confirmation step, with the
+   *  page's CSRF token (job-actions.js asks in a dialog instead). */
+  function jobActions(job, href) {
+    const action = ACTIVE.has(job.status) ? "cancel" : "delete";
+    const meta = document.querySelector('meta[name="csrf-token"]');
+    const label = action.charAt(0).toUpperCase() + action.slice(1);
+    return el("form", { method: "post", action: href + "/confirm/" + action, className: "d-inline mp-job-action",
+      dataset: { action } },
+    el("input", { type: "hidden", name: "csrf_token", value: meta ? meta.content : "" }),
+    el("button", { type: "submit", className: "btn btn-sm " + (action === "cancel" ? "btn-outline-danger" : "btn-outline-secondary"),
+      "aria-label": label + " the job " + job.name }, label));
   }
 
   /** The memory cell of an attempt, each figure labelled with what it counts (macros.html: attempt_row). */
@@ -97,13 +111,17 @@
     return parts;
   }
 
+  /** A word linked to its glossary entry (glossary.js, loaded later on the page: looked up when drawn). */
+  const term = (word) => (window.MemPlugin.term ? window.MemPlugin.term(word) : String(word));
+
   /** A row of a job's attempts table (macros.html: attempt_row). */
   function attemptRow(attempt) {
     const why = [];
     if (attempt.out_of_memory) {
-      why.push(el("code", {}, attempt.out_of_memory.signature), attempt.out_of_memory.ambiguous ? " (likely): " : ": ");
+      why.push(el("code", {}, term(attempt.out_of_memory.signature)), attempt.out_of_memory.ambiguous ? " (likely): " : ": ");
     }
-    why.push((attempt.message || "") + (attempt.signal ? " (" + attempt.signal + ")" : ""));
+    why.push(attempt.message || "");
+    if (attempt.signal) why.push(" (", term(attempt.signal), ")");
     const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
     return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
@@ -120,6 +138,6 @@
 
   window.MemPlugin.JobFormat = {
     ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, reported, number, duration, iterationText, jobRow,
-    attemptRow,
+    attemptRow, jobActions,
   };
 })();
