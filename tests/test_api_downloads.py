@@ -313,3 +313,38 @@ def test_a_caffemodel_sent_is_a_netparameter_pycaffe_wrote(api: FlaskClient, len
     sent = api.get(f"{API}/{lenet_job['id']}/snapshots/4/caffemodel")
     weights = caffe_pb2.NetParameter.FromString(sent.data)
     assert {layer.name for layer in weights.layer} >= {"features1", "features2", "hidden", "scores"}
+
+
+def _mean(values: float) -> bytes:
+    mean = caffe_pb2.BlobProto(num=1, channels=1, height=28, width=28)
+    mean.data.extend([values] * 28 * 28)
+    return mean.SerializeToString()
+
+
+def test_the_train_nets_mean_file_is_packed_beside_the_net_and_a_link_out_is_not(
+    api: FlaskClient, datasets: Path, outside: Path
+) -> None:
+    (datasets / "mnist_mean.binaryproto").write_bytes(_mean(12.5))
+    net = DIGITS_LENET.text.replace(
+        'include { stage: "train" }\n  data_param { batch_size: 64 }',
+        'include { stage: "train" }\n  transform_param { mean_file: "mnist_mean.binaryproto" }\n  data_param { batch_size: 64 }',
+    )
+    assert "mnist_mean" in net
+    job = trained(api, digits_lenet(net=net, max_iter=2))
+    _, files = _archive(api, f"{API}/{job['id']}/model.tar.gz")
+    assert files["mnist_mean.binaryproto"] == (datasets / "mnist_mean.binaryproto").read_bytes()
+    assert 'mean_file: "mnist_mean.binaryproto"' in files["train_val.prototxt"].decode()
+    assert json.loads(files["info.json"])["mean_file"] == "mnist_mean.binaryproto"
+    # The dataset's mean file swapped for a link out of the dataset folders: the archive comes without it.
+    (outside / "secret.binaryproto").write_bytes(b"SECRET-MEAN" * 100)
+    (datasets / "mnist_mean.binaryproto").unlink()
+    (datasets / "mnist_mean.binaryproto").symlink_to(outside / "secret.binaryproto")
+    watch = Watch(outside)
+    try:
+        response, files = _archive(api, f"{API}/{job['id']}/model.tar.gz")
+        assert b"SECRET" not in response.data and "mnist_mean.binaryproto" not in files
+        info = json.loads(files["info.json"])
+        assert "outside the dataset folders" in info["mean_file_note"]
+        assert watch.events() == []
+    finally:
+        watch.close()

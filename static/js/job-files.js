@@ -17,8 +17,8 @@
   const shown = MP.readJSON("mp-job");
   let lastSnapshot = shown && shown.snapshot ? shown.snapshot.iteration : null;
 
-  const MODEL_NOTE = (iteration) => "tar.gz: the weights at iteration " + iteration + ", the train/val net, the solver, " +
-    "the deploy net and the mean file, as DIGITS packs them";
+  const MODEL_NOTE = (iteration) => "tar.gz: the weights at iteration " + iteration + " with the train/val net, the " +
+    "solver and the deploy net that run them (and the mean file, where the net has one), as DIGITS packs them";
   const NONE_YET = "No snapshot yet: the weights can be downloaded once the job writes one (at its snapshot interval, " +
     "when it is cancelled, and at the end of training).";
 
