@@ -330,3 +330,14 @@ def test_the_job_page_offers_the_trained_model_and_each_snapshot(client: FlaskCl
     for iteration in (2, 4):
         assert f'href="{API}/{job["id"]}/snapshots/{iteration}/caffemodel" download>.caffemodel</a>' in section.group(0)
         assert f'href="{API}/{job["id"]}/snapshots/{iteration}/solverstate" download>.solverstate</a>' in section.group(0)
+
+
+def test_the_job_page_lists_the_latest_twenty_snapshots(client: FlaskClient) -> None:
+    job = api_job(client, name="many snapshots", max_iter=24, solver=SHORT_SOLVER.replace("snapshot: 2", "snapshot: 1"))
+    ended(client, job["id"])
+    assert len(client.get(f"{API}/{job['id']}/snapshots").get_json()["snapshots"]) == 24
+    page = client.get(f"{PAGES}/{job['id']}").get_data(as_text=True)
+    rows = re.findall(r'<tr data-iteration="(\d+)">', page)
+    assert rows == [str(iteration) for iteration in range(5, 25)]
+    older = re.search(r'<p class="small text-body-secondary mb-1" id="snapshots-older">(.*?)</p>', page, re.S)
+    assert older and "The latest 20 of 24 snapshots" in older.group(1)

@@ -19,6 +19,7 @@
 
   const MODEL_NOTE = (iteration) => "tar.gz: the weights at iteration " + iteration + " with the train/val net, the " +
     "solver and the deploy net that run them (and the mean file, where the net has one), as DIGITS packs them";
+  const SHOWN = 20; // as job_files.html: the latest snapshots in the table, the rest in the JSON
   const NONE_YET = "No snapshot yet: the weights can be downloaded once the job writes one (at its snapshot interval, " +
     "when it is cancelled, and at the end of training).";
 
@@ -40,7 +41,13 @@
       note.replaceChildren(el("span", { className: "small text-body-secondary", dataset: { role: "model-note" } }, NONE_YET));
     }
     box.hidden = !latest;
-    body.replaceChildren(...snapshots.map((snapshot) => el("tr", { dataset: { iteration: String(snapshot.iteration) } },
+    const older = document.getElementById("snapshots-older");
+    if (older) {
+      older.hidden = snapshots.length <= SHOWN;
+      older.replaceChildren("The latest " + SHOWN + " of " + snapshots.length + " snapshots; ",
+        el("a", { href: section.dataset.snapshotsUrl }, "all of them"), " (JSON).");
+    }
+    body.replaceChildren(...snapshots.slice(-SHOWN).map((snapshot) => el("tr", { dataset: { iteration: String(snapshot.iteration) } },
       el("td", {}, String(snapshot.iteration)), el("td", {}, String(snapshot.attempt)),
       fileCell("caffemodel", snapshot.files.caffemodel), fileCell("solverstate", snapshot.files.solverstate),
       el("td", {}, el("a", { href: snapshot.model_url, download: "" }, "tar.gz")))));
