@@ -19,8 +19,10 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_
 
 from digits_memplugin import create_app, glossary
 from digits_memplugin.extension import get_plugin
+from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ["test_jobs_fixtures"]
 
 API = "/memplugin/api/jobs"
 PAGES = "/memplugin/jobs"
@@ -341,3 +343,29 @@ def test_the_job_page_lists_the_latest_twenty_snapshots(client: FlaskClient) -> 
     assert rows == [str(iteration) for iteration in range(5, 25)]
     older = re.search(r'<p class="small text-body-secondary mb-1" id="snapshots-older">(.*?)</p>', page, re.S)
     assert older and "The latest 20 of 24 snapshots" in older.group(1)
+
+
+def test_a_gpu_process_that_is_one_of_our_attempts_is_marked_with_its_job(
+    data_dir: Path, datasets: Path, fake_gpus: FakeNvml, gpus: list[FakeGpu]
+) -> None:
+    """NVML lists a GPU's processes by pid: the one that is our attempt's child gets its job's name and link (the
+    job trains on the CPU here, the pid is what matters; no GPU job can run on this machine)."""
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "TESTING": True})
+    try:
+        client = app.test_client()
+        job = api_job(client, name="on a gpu", max_iter=100_000)
+        (attempt,) = wait_for(lambda: client.get("/memplugin/api/devices/attempts").get_json()["attempts"],
+                              timeout=60, what="the attempt to start")
+        gpus[0].processes.append(FakeProcess(pid=attempt["pid"], name="python", used_memory=1 << 30))
+        page = client.get("/memplugin/devices").get_data(as_text=True)
+        gpu_row = re.search(rf'<tr data-key="{gpus[0].uuid}">.*?</tr>', page, re.S)
+        assert gpu_row, page
+        processes = re.search(r'<td data-role="processes">(.*?)</td>', gpu_row.group(0), re.S)
+        assert processes
+        assert f'{attempt["pid"]} python (1.0 GiB) · <a href="{PAGES}/{job["id"]}">on a gpu</a>' in processes.group(1)
+        assert "4242 /usr/bin/python3 (6.0 GiB)</div>" in processes.group(1)  # another's process, unmarked
+        client.post(f"{API}/{job['id']}/cancel")
+        ended(client, job["id"])
+    finally:
+        get_plugin(app).close()
