@@ -138,7 +138,7 @@ def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str
     cap = document.get("memory_cap")
     if cap is not None:
         if "memory_cap" in NewModelForm.__dict__:
-            fields["memory_cap"] = str(cap)
+            fields["memory_cap"] = exact_size(cap)
         else:
             notes.append(f"its memory cap ({format_size(cap)}) has no field on the form")
     defaults = {"max_attempts": current_app.extensions["memplugin"].settings.job_max_attempts,
@@ -276,6 +276,15 @@ def _device_choice(device: Any, devices: DeviceList, notes: list[str]) -> str:
             return gpu.key
     notes.append(f"its device {device} is not among this server's devices now: “next available” is chosen")
     return DEVICE_NEXT
+
+
+def exact_size(count: int) -> str:
+    """A byte count as a size that reads back as the same count ("62MiB", "1GiB", "1000B"): a form's size field
+    takes a number with its unit, never a bare number."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count % factor == 0:
+            return f"{count // factor}{unit}"
+    return f"{count}B"
 
 
 def clone_url(job_id: str) -> str:
