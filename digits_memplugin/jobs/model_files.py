@@ -19,8 +19,8 @@ What is served, and how (docs/security.md, "Downloads"):
   `snapshots/` and the file itself must be real, so a link anywhere on the way is refused and never followed, a FIFO
   or device never opened; the file must have no other name (a hard link could be any file of the same disk);
 - read up to the size it had when it was opened, in chunks, never whole into memory; an archive is written as it
-  is sent (tar headers from `tarfile`, gzip by zlib at level 1: weights hardly compress, and the server's one thread
-  should not spend seconds on them).
+  is sent (tar headers from `tarfile`; gzip by zlib, the weights stored rather than deflated: they hardly
+  compress, and deflating them held the server's one thread for seconds).
 """
 
 from __future__ import annotations
@@ -420,36 +420,45 @@ def open_mean_file(path: Path, roots: Iterable[Path]) -> OpenFile:
     return OpenFile(fd, info.st_size, path.name, info.st_mtime)
 
 
+STORED = 0
+"""zlib level of a file member (weights, a mean file): stored, not deflated. Weights hardly compress (229 MiB of
+float32 deflate by 7% at level 1), and deflating them held the server's one thread 34 times as long in all and up
+to 116 ms at a time instead of 9 (docs/benchmarks.md, "Sending the trained model")."""
+DEFLATED = 6
+"""zlib level of a member made here (prototxts, info.json): text, which deflates well and is small."""
+
+
 def tar_gz(members: Iterable[Member]) -> Iterator[bytes]:
     """A gzip-compressed tar of `members`, written as it is read: each member's header (tarfile's PAX format),
-    its bytes and padding, then the end-of-archive blocks."""
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: the gzip container
-
-    def out(data: bytes) -> Iterator[bytes]:
-        packed = compressor.compress(data)
-        if packed:
-            yield packed
-
+    its bytes and padding, then the end-of-archive blocks. Each member is its own gzip member (RFC 1952 lets a
+    file hold several, and gzip, tar and Python's gzip read them as one stream): files stored, text deflated."""
     written = 0
     for member in members:
+        compressor = zlib.compressobj(STORED if member.file is not None else DEFLATED, zlib.DEFLATED, 31)
         info = tarfile.TarInfo(member.name)
         info.size = member.size
         info.mtime = int(member.mtime)
         info.mode = 0o644
         header = info.tobuf(format=tarfile.PAX_FORMAT)
-        yield from out(header)
+        yield from _packed(compressor, header)
         written += len(header)
         for chunk in member.chunks():
-            yield from out(chunk)
+            yield from _packed(compressor, chunk)
         padding = -member.size % tarfile.BLOCKSIZE
-        yield from out(b"\0" * padding)
+        yield from _packed(compressor, b"\0" * padding)
+        yield compressor.flush()
         written += member.size + padding
     end = 2 * tarfile.BLOCKSIZE
     end += -(written + end) % tarfile.RECORDSIZE
-    yield from out(b"\0" * end)
-    tail = compressor.flush()
-    if tail:
-        yield tail
+    compressor = zlib.compressobj(DEFLATED, zlib.DEFLATED, 31)
+    yield from _packed(compressor, b"\0" * end)
+    yield compressor.flush()
+
+
+def _packed(compressor: Any, data: bytes) -> Iterator[bytes]:
+    packed = compressor.compress(data)
+    if packed:
+        yield packed
 
 
 def close_members(members: Iterable[Member]) -> None:
