@@ -84,6 +84,19 @@ def _load(base: Path, path: str, max_bytes: int) -> tuple[str, str]:
 
 def _read_confined(root: Path, relative: PurePosixPath, path: str, max_bytes: int) -> bytes:
     """Open `relative` under `root` without following any symlink, then read at most max_bytes of a regular file."""
+    fd = open_confined(root, relative, path)
+    try:
+        return _read_regular(fd, path, max_bytes)
+    finally:
+        os.close(fd)
+
+
+def open_confined(root: Path, relative: PurePosixPath, path: str | None = None, *, where: str = "the solver's folder") -> int:
+    """A read-only descriptor of the regular file `relative` names under `root`, opened one component at a time
+    from `root`'s own descriptor with O_NOFOLLOW: a link anywhere on the way (a folder or the file itself, swapped
+    in at any time) is refused, never followed, and a FIFO or device is never opened. The caller closes it.
+    Refusals are NetErrors naming `path` (default: `relative`) and `where` it was looked for."""
+    shown = path if path is not None else str(relative)
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     directory = flags | getattr(os, "O_DIRECTORY", 0)
     fds: list[int] = []
@@ -98,17 +111,16 @@ def _read_confined(root: Path, relative: PurePosixPath, path: str, max_bytes: in
         fds.append(handle)
         mode = os.fstat(handle).st_mode
         if stat.S_ISLNK(mode):  # O_PATH | O_NOFOLLOW takes a link itself rather than failing
-            raise NetError(f"{path!r} changed while it was read (a symlink appeared); not read")
+            raise NetError(f"{shown!r} changed while it was read (a symlink appeared); not read")
         if not stat.S_ISREG(mode):
-            raise NetError(f"{path!r} is not a regular file")
-        fds.append(_reopen(handle))
-        return _read_regular(fds[-1], path, max_bytes)
+            raise NetError(f"{shown!r} is not a regular file")
+        return _reopen(handle)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR) and fds and _is_symlink(component, fds[-1]):
-            raise NetError(f"{path!r} changed while it was read (a symlink appeared); not read") from None
+            raise NetError(f"{shown!r} changed while it was read (a symlink appeared); not read") from None
         if error.errno == errno.ENOENT:
-            raise NetError(f"{path!r} does not exist in the solver's folder") from None
-        raise NetError(f"cannot read {path!r}: {_reason(error)}") from None
+            raise NetError(f"{shown!r} does not exist in {where}") from None
+        raise NetError(f"cannot read {shown!r}: {_reason(error)}") from None
     finally:
         for fd in reversed(fds):
             os.close(fd)

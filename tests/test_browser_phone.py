@@ -189,10 +189,14 @@ def test_tables_scroll_in_their_own_box(
         expect(phone.locator(f"#{table} tbody tr").first).to_be_attached()
     assert phone.evaluate(UNBOXED_TABLES, PHONE["width"]) == []
     assert_fits(phone)
-    # The widest of them is wider than the screen, and its box scrolls: its last column is reachable.
+    # The widest of them is wider than the screen, and its box scrolls: its last column is reachable. The jobs list
+    # is not: on a phone its rows are stacked cards (issue 26, point 8), every cell within the screen
+    # (test_browser_digits.py: test_every_cell_of_the_jobs_list_is_in_sight).
     wide = phone.locator(f"#{tables[0]}")
     box = wide.evaluate("(table) => [table.scrollWidth, table.parentElement.clientWidth]")
-    if name in ("devices", "jobs", "job"):
+    if name == "jobs":
+        assert box[0] <= box[1], box
+    if name in ("devices", "job"):
         assert box[0] > box[1], box
         scrolled = wide.evaluate(
             "(table) => { const box = table.parentElement; box.scrollLeft = box.scrollWidth; return box.scrollLeft; }"

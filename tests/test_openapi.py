@@ -302,3 +302,39 @@ def test_real_job_answers_whose_outputs_are_lists_and_means_match_the_document(j
     assert check(client, "GET", job).get_json()["status"] == "done"
     records = check(client, "GET", f"{job}/progress").get_json()["records"]
     assert any(isinstance(record.get("outputs", {}).get("row_sums"), list) for record in records)
+
+
+@pytest.mark.slow
+def test_a_jobs_downloads_clone_request_and_device_attempts_match_the_document(jobs_app: Flask) -> None:
+    """Issue 26, point 10: the snapshots list, each snapshot's files, the trained model, the job's request (to clone
+    it) and the devices' running attempts, answers and refusals, as the document describes them."""
+    client = jobs_app.test_client()
+    check = Checker(served(client, jobs_app))
+    root = api_root(jobs_app)
+    body = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 100_000}
+    created = check(client, "POST", f"{root}/jobs", json=body, request_too=True)
+    assert created.status_code == 201, created.get_json()
+    job = f"{root}/jobs/{created.get_json()['id']}"
+    wait_for(lambda: client.get(job).get_json()["iteration"] > 2, timeout=120, what="the job to train")
+    attempts = check(client, "GET", f"{root}/devices/attempts").get_json()["attempts"]
+    assert [attempt["device"] for attempt in attempts] == ["cpu"]
+    check(client, "POST", f"{job}/cancel")
+    wait_for(lambda: client.get(job).get_json()["status"] == "cancelled", timeout=120, what="the job to stop")
+    assert check(client, "GET", f"{root}/devices/attempts").get_json() == {"attempts": []}
+    snapshots = check(client, "GET", f"{job}/snapshots").get_json()["snapshots"]
+    assert snapshots, "the job wrote no snapshot"
+    first = snapshots[0]
+    assert check(client, "GET", first["files"]["caffemodel"]["url"]).status_code == 200
+    assert check(client, "GET", first["files"]["solverstate"]["url"]).status_code == 200
+    assert check(client, "GET", f"{job}/snapshots/999999/caffemodel").status_code == 404
+    assert check(client, "GET", f"{job}/model.tar.gz?iteration={first['iteration']}").mimetype == "application/gzip"
+    assert check(client, "GET", f"{job}/model.tar.gz?iteration=999999").status_code == 404
+    assert check(client, "GET", f"{job}/model.tar.gz?iteration=x").status_code == 400
+    request = check(client, "GET", f"{job}/request").get_json()
+    assert check(client, "POST", f"{root}/jobs", json={**request, "max_iter": 2}, request_too=True).status_code == 201
+    folder = Path(jobs_app.config["MEMPLUGIN_DATA_DIR"]) / "jobs" / created.get_json()["id"] / "snapshots"
+    weights = folder / first["files"]["caffemodel"]["name"]
+    weights.unlink()
+    weights.symlink_to(folder.parent / "net.prototxt")
+    assert check(client, "GET", first["files"]["caffemodel"]["url"]).status_code == 409
+    assert check(client, "GET", f"{root}/jobs/no-such-job/request").status_code == 404

@@ -389,6 +389,19 @@ class JobManager:
     def folder(self, job_id: str) -> Path:
         return self.jobs_root / self.get(job_id).folder
 
+    def running_attempts(self) -> list[tuple[Job, Attempt]]:
+        """Each running job with its attempt now training, as the store (and what is not written yet) says: on a
+        follower too, whose leader runs them. For the Devices page: which of our jobs each device trains."""
+        found = []
+        for job in self.store.list_jobs([RUNNING]):
+            viewed = self.progress.view(job)
+            if viewed.status != RUNNING:
+                continue
+            attempts = self.progress.view_attempts(job.id, self.store.attempts(job.id))
+            if attempts and attempts[-1].status == RUNNING:
+                found.append((viewed, attempts[-1]))
+        return found
+
     def log_path(self, job_id: str, attempt: int | None = None) -> Path:
         """Caffe's log of an attempt (the latest by default)."""
         attempts = self.attempts(job_id)

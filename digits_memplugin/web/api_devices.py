@@ -1,8 +1,12 @@
-"""`GET <prefix>/api/devices`: every device with its memory, as JSON (the document of `DeviceList.to_json`)."""
+"""`GET <prefix>/api/devices`: every device with its memory, as JSON (the document of `DeviceList.to_json`); and
+`GET <prefix>/api/devices/attempts`: which of this server's training attempts each device runs now (the Devices
+page lists them beside the device's processes)."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, url_for
 from flask.typing import ResponseReturnValue
 
 from ..caffe_build import devices_document
@@ -16,5 +20,25 @@ def list_devices() -> ResponseReturnValue:
     return jsonify(devices_document(plugin.devices.read(), plugin.caffe))
 
 
+def running_attempts() -> list[dict[str, Any]]:
+    """Each running job's attempt now training, with the device it trains on (its key: "cpu", "GPU-<uuid>"), its
+    process (the local child's pid, None under another backend) and the job's page."""
+    manager = current_app.extensions["memplugin"].started_jobs()
+    return [
+        {
+            "device": attempt.device, "job_id": job.id, "job_name": job.name, "attempt": attempt.number,
+            "batch_size": attempt.batch_size, "iter_size": attempt.iter_size, "pid": attempt.pid,
+            "started_at": attempt.started_at, "iteration": job.iteration, "max_iter": job.max_iter,
+            "url": url_for("memplugin.job_page", job_id=job.id),
+        }
+        for job, attempt in manager.running_attempts()
+    ]
+
+
+def list_device_attempts() -> ResponseReturnValue:
+    return jsonify(attempts=running_attempts())
+
+
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule(f"{API_PATH}/devices", "api_devices", list_devices)
+    blueprint.add_url_rule(f"{API_PATH}/devices/attempts", "api_device_attempts", list_device_attempts)

@@ -5,7 +5,19 @@ from __future__ import annotations
 from flask import Blueprint
 
 from ..resources import static_dir, templates_dir
-from . import access, api, api_datasets, api_devices, api_estimate, api_jobs, api_openapi, pages
+from . import (
+    access,
+    api,
+    api_datasets,
+    api_devices,
+    api_downloads,
+    api_estimate,
+    api_jobs,
+    api_openapi,
+    job_actions,
+    job_clone,
+    pages,
+)
 from .frame_guard import forbid_framing
 
 BLUEPRINT_NAME = "memplugin"
@@ -26,6 +38,9 @@ def create_blueprint() -> Blueprint:
     api_devices.register(blueprint)
     api_estimate.register(blueprint)
     api_jobs.register(blueprint)
+    api_downloads.register(blueprint)
+    job_clone.register(blueprint)
+    job_actions.register(blueprint)
     api_openapi.register(blueprint)
     blueprint.after_request(forbid_framing)
     return blueprint

@@ -32,6 +32,7 @@ from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
 from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
+from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
@@ -326,7 +327,8 @@ def _check_size() -> None:
 
 
 def _render_form(
-    form: NewModelForm, devices: DeviceList, planned: PlannedJob | None = None, status: int = 200
+    form: NewModelForm, devices: DeviceList, planned: PlannedJob | None = None, status: int = 200,
+    cloned: dict[str, Any] | None = None,
 ) -> ResponseReturnValue:
     networks = [
         {
@@ -348,14 +350,20 @@ def _render_form(
         planned=planned,
         dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
         datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
+        cloned=cloned,
         version=__version__,
     )
     return page, status
 
 
 def new_model() -> ResponseReturnValue:
+    """The form; with ?clone=<job id>, filled in with that job's settings (web/job_clone.py), as DIGITS' Clone Job."""
     devices = _read_devices()
-    return _render_form(_form(devices), devices)
+    clone = request.args.get("clone")
+    if clone is None:
+        return _render_form(_form(devices), devices)
+    job, fields, notes = clone_form_data(clone, devices)
+    return _render_form(_form(devices, **fields), devices, cloned={"job": job, "notes": notes})
 
 
 class Refused(Exception):

@@ -7,11 +7,12 @@ from typing import Any
 from flask import Blueprint, current_app, render_template, request, url_for
 from flask_wtf.csrf import generate_csrf
 
-from .. import __version__
+from .. import __version__, glossary
 from ..core.oom import signal_words
 from ..devices import DeviceList, is_simulated
+from ..errors import MemPluginError
 from ..sizes import format_size
-from . import job_pages, model_page
+from . import api_devices, api_downloads, job_actions, job_clone, job_pages, model_page
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -39,14 +40,30 @@ def home() -> str:
 
 
 def devices_page() -> str:
-    """The device table as the server sees it now; the live panel of the model form pushes the same over socketio."""
-    caffe = current_app.extensions["memplugin"].caffe
-    return render_template("memplugin/devices.html", devices=_read_devices(), caffe=caffe, version=__version__)
+    """The device table as the server sees it now, with the training attempts each device runs; the live panel of
+    the model form pushes the same devices over socketio, and static/js/devices.js keeps both up to date."""
+    plugin = current_app.extensions["memplugin"]
+    try:
+        attempts, attempts_error = api_devices.running_attempts(), None
+    except MemPluginError as error:  # the jobs database cannot be read: the devices still can
+        attempts, attempts_error = [], str(error)
+    policy = plugin.jobs.config.policy
+    return render_template(
+        "memplugin/devices.html", devices=_read_devices(), caffe=plugin.caffe, attempts=attempts,
+        attempts_error=attempts_error, engines={"cpu": policy.engine("cpu"), "gpu": policy.engine("gpu")},
+        version=__version__,
+    )
+
+
+def glossary_page() -> str:
+    """Every word the pages explain (digits_memplugin/glossary.py), by section; each page's terms link here."""
+    return render_template("memplugin/glossary.html", sections=glossary.sections(), version=__version__)
 
 
 def _page_context() -> dict[str, Any]:
     """What every page of the plugin may use: whether the GPUs are simulated (a banner says so), byte formatting,
-    the menu, where the live-update script connects, a CSRF token for pages whose scripts post, and times.
+    the menu, where the live-update script connects, a CSRF token for pages whose scripts post, times, and the
+    glossary's explanations of words (templates/memplugin/terms.html).
 
     App-wide, not blueprint-wide: the standalone app serves the home page at "/", outside the blueprint. The names
     carry the plugin's prefix so they cannot clash with a host app's own template variables.
@@ -60,6 +77,12 @@ def _page_context() -> dict[str, Any]:
         "memplugin_time": job_pages.format_time,
         "memplugin_duration": job_pages.format_duration,
         "memplugin_signal_words": signal_words,
+        "memplugin_term": glossary.find,
+        "memplugin_glossary": glossary.to_json,
+        "memplugin_job_files": api_downloads.page_files,
+        "memplugin_clone_url": job_clone.clone_url,
+        "memplugin_confirmations": job_actions.confirmations,
+        "memplugin_list_action": job_actions.list_action,
     }
 
 
@@ -90,6 +113,7 @@ def _live_settings() -> dict[str, str]:
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/", "home", home)
     blueprint.add_url_rule("/devices", "devices_page", devices_page)
+    blueprint.add_url_rule("/glossary", "glossary", glossary_page)
     model_page.register(blueprint)
     job_pages.register(blueprint)
     blueprint.app_context_processor(_page_context)

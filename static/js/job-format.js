@@ -75,7 +75,21 @@
       el("td", { dataset: { role: "batch" } }, plannedBatch(job.batch)),
       el("td", { dataset: { role: "iteration" }, className: "text-nowrap" }, iterationText(job, " / ")),
       el("td", { dataset: { role: "created" }, className: "text-nowrap" }, formatTime(job.created_at)),
-      el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""));
+      el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""),
+      el("td", { dataset: { role: "actions" }, className: "text-nowrap" }, jobActions(job, href)));
+  }
+
+  /** The list's action for a job (macros.html: job_actions): a form post to its confirmation step, with the
+   *  page's CSRF token (job-actions.js asks in a dialog instead). */
+  function jobActions(job, href) {
+    const action = ACTIVE.has(job.status) ? "cancel" : "delete";
+    const meta = document.querySelector('meta[name="csrf-token"]');
+    const label = action.charAt(0).toUpperCase() + action.slice(1);
+    return el("form", { method: "post", action: href + "/confirm/" + action, className: "d-inline mp-job-action",
+      dataset: { action } },
+    el("input", { type: "hidden", name: "csrf_token", value: meta ? meta.content : "" }),
+    el("button", { type: "submit", className: "btn btn-sm " + (action === "cancel" ? "btn-outline-danger" : "btn-outline-secondary"),
+      "aria-label": label + " the job " + job.name }, label));
   }
 
   /** The memory cell of an attempt, each figure labelled with what it counts, one to a line (macros.html:
@@ -104,16 +118,22 @@
     if (signalWords === null) signalWords = window.MemPlugin.readJSON("mp-signal-words") || {};
     return signalWords[name] || "the training process ended on " + name;
   }
+  /** A word linked to its glossary entry (glossary.js, loaded later on the page: looked up when drawn). */
+  const term = (word) => (window.MemPlugin.term ? window.MemPlugin.term(word) : String(word));
 
   /** A row of a job's attempts table (macros.html: attempt_row). */
   function attemptRow(attempt) {
     const why = [];
     if (attempt.out_of_memory) {
       why.push(el("abbr", { dataset: { role: "signature" }, title: "out-of-memory signature: " + attempt.out_of_memory.signature },
-        attempt.out_of_memory.ambiguous ? "Likely out of memory" : "Out of memory"), ": ");
+        attempt.out_of_memory.ambiguous ? "Likely out of memory" : "Out of memory"),
+        " (", el("code", {}, term(attempt.out_of_memory.signature)), "): ");
     }
     why.push(attempt.message || "");
-    if (attempt.signal) why.push("; ", el("abbr", { dataset: { role: "signal" }, title: attempt.signal }, signalText(attempt.signal)));
+    if (attempt.signal) {
+      why.push("; ", el("abbr", { dataset: { role: "signal" }, title: attempt.signal }, signalText(attempt.signal)),
+        " (", term(attempt.signal), ")");
+    }
     const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
     return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
@@ -130,6 +150,6 @@
 
   window.MemPlugin.JobFormat = {
     ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, reported, number, duration, iterationText, jobRow,
-    attemptRow,
+    attemptRow, jobActions,
   };
 })();

@@ -1,0 +1,295 @@
+"""Cloning a job, as DIGITS' "Clone Job" does: its settings again, to change one and train anew.
+
+    GET <prefix>/api/jobs/<id>/request     the job's request as a document POST <prefix>/api/jobs takes as it is
+    GET <prefix>/models/new?clone=<id>     the New model form filled in with the job's settings (model_page.py)
+
+DIGITS keeps the form's fields with each job and fills them in again; jobs here are made by the form, the REST API
+and the command line alike, so the form is filled in from the request the job keeps (its spec, and the net and
+solver as submitted in its folder): a net that is one of the standard networks (as the form rewrites it for the
+dataset format) is chosen as that network, any other is pasted as a custom network; a solver the form's settings
+make is read back into them, any other is pasted as a solver file. What the form has no field for (a memory cap
+where the form has none, the fallback's settings, a data shape other than the item's) is named on the page, and
+the REST document keeps it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, url_for
+from flask.typing import ResponseReturnValue
+from google.protobuf import text_format
+from werkzeug.exceptions import NotFound
+
+from ..core.errors import NetError
+from ..core.fallback import DEFAULT_GROWTH
+from ..core.prototxt import parse_net, parse_solver
+from ..devices import DeviceList
+from ..jobs.definition import NET_SOURCE, SOLVER_SOURCE, data_phases
+from ..jobs.errors import JobNotFound
+from ..jobs.manager import JobManager
+from ..jobs.model_files import DownloadError, open_job_file
+from ..jobs.records import Job
+from ..networks import STANDARD_NETWORKS
+from ..sizes import format_size
+from .api import API_PATH
+from .forms import (
+    DATA_TOP,
+    DEVICE_CPU,
+    DEVICE_NEXT,
+    NEEDS_GAMMA,
+    NEEDS_POWER,
+    NO_MOMENTUM,
+    NewModelForm,
+    solver_prototxt,
+)
+
+MAX_TEXT_BYTES = 8 * 1024 * 1024
+
+
+def _manager() -> JobManager:
+    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+
+
+def _read(manager: JobManager, job: Job, name: str) -> str:
+    opened = open_job_file(manager.jobs_root, job, name)
+    if opened.size > MAX_TEXT_BYTES:
+        opened.close()
+        raise DownloadError(f"the job's {name} is larger than {MAX_TEXT_BYTES} bytes", 409)
+    return b"".join(opened.chunks()).decode("utf-8", errors="replace")
+
+
+def request_document(manager: JobManager, job: Job) -> dict[str, Any]:
+    """The job's request (jobs/request.py's fields) as POST /jobs takes it: the net and solver as submitted, and
+    what the job keeps of the rest; fields it left to the server's defaults are left out."""
+    spec = job.spec
+    document: dict[str, Any] = {
+        "net": _read(manager, job, NET_SOURCE), "solver": _read(manager, job, SOLVER_SOURCE), "name": job.name,
+    }
+    for key in ("device", "batch", "data", "data_shapes", "classes", "max_iter", "memory_cap", "divergence"):
+        value = spec.get(key)
+        if value not in (None, {}, []):
+            document[key] = value
+    fallback = {key: value for key, value in (spec.get("fallback") or {}).items() if value is not None}
+    if fallback:
+        document["fallback"] = fallback
+    return document
+
+
+def job_request(job_id: str) -> ResponseReturnValue:
+    manager = _manager()
+    try:
+        job = manager.get(job_id)
+    except JobNotFound as error:
+        raise NotFound(str(error)) from None
+    try:
+        return jsonify(request_document(manager, job))
+    except DownloadError as error:
+        raise NotFound(str(error)) from None
+
+
+# --- the form, filled in ------------------------------------------------------------------------------------------
+
+
+def clone_form_data(job_id: str, devices: DeviceList) -> tuple[Job, dict[str, Any], list[str]]:
+    """The New model form's fields for a clone of the job, and notes on what the form cannot hold. NotFound for a
+    job that is not there (or whose folder lost its net)."""
+    manager = _manager()
+    try:
+        job = manager.get(job_id)
+        document = request_document(manager, job)
+    except (JobNotFound, DownloadError) as error:
+        raise NotFound(str(error)) from None
+    data, notes = form_fields(document, devices)
+    return job, data, notes
+
+
+def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str, Any], list[str]]:
+    """A job request's fields (request_document) as the New model form's, and what it has no field for."""
+    notes: list[str] = []
+    fields: dict[str, Any] = {"model_name": document.get("name") or ""}
+    net_text = document["net"]
+    try:
+        net = parse_net(net_text, NET_SOURCE)
+    except NetError:
+        net = None
+    train, val, backend = _sources(net, document.get("data") or {}, notes)
+    fields.update(data_backend=backend, train_source=train, val_source=val)
+    network = _standard_network(net)
+    if network is not None:
+        fields.update(network="standard", standard_network=network)
+    else:
+        fields.update(network="custom", custom_network=net_text)
+    fields.update(_solver_fields(document["solver"], document.get("max_iter"), validation=bool(val)))
+    shapes = dict(document.get("data_shapes") or {})
+    item = shapes.pop(DATA_TOP, None)
+    if item:
+        fields["item_shape"] = ",".join(str(d) for d in item)
+    if shapes:
+        notes.append("data shapes for other tops (" + ", ".join(sorted(shapes)) + ") have no field on the form")
+    if document.get("classes") is not None:
+        fields["classes"] = document["classes"]
+    batch = document.get("batch")
+    fields["batch_size"] = "" if batch is None else str(batch)
+    fields["device"] = _device_choice(document.get("device"), devices, notes)
+    if document.get("divergence"):
+        fields["divergence"] = document["divergence"]
+    cap = document.get("memory_cap")
+    if cap is not None:
+        if "memory_cap" in NewModelForm.__dict__:
+            fields["memory_cap"] = exact_size(cap)
+        else:
+            notes.append(f"its memory cap ({format_size(cap)}) has no field on the form")
+    defaults = {"max_attempts": current_app.extensions["memplugin"].settings.job_max_attempts,
+                "growth": DEFAULT_GROWTH, "safety_margin": None, "start": "plan"}
+    changed = {key: value for key, value in (document.get("fallback") or {}).items() if defaults.get(key) != value}
+    if changed:
+        notes.append("its out-of-memory fallback settings (" + ", ".join(f"{key} {value}" for key, value in
+                     sorted(changed.items())) + ") have no field on the form: the server's defaults apply")
+    return fields, notes
+
+
+def _sources(net: Any, data: dict[str, str], notes: list[str]) -> tuple[str, str, str]:
+    """The training and validation sources and the dataset format, from the request's data by layer or phase."""
+    train: list[str] = []
+    val: list[str] = []
+    backend = "lmdb"
+    layers = {layer.name: layer for layer in (net.layer if net is not None else [])}
+    for key, source in data.items():
+        if key.lower() in ("train", "test"):
+            phases = {key.lower()}
+        elif key in layers:
+            phases = data_phases(layers[key])
+            if layers[key].type == "HDF5Data":
+                backend = "hdf5"
+        else:
+            continue
+        if "train" in phases and source not in train:
+            train.append(source)
+        elif "test" in phases and source not in val:
+            val.append(source)
+    if len(train) > 1 or len(val) > 1:
+        notes.append("its data layers read several datasets (" + ", ".join(train + val) + "); the form takes one "
+                     "training and one validation dataset, the first of each")
+    return (train[0] if train else ""), (val[0] if val else ""), backend
+
+
+def _normalised(net: Any) -> bytes:
+    """A net as the form's dataset format leaves it, format undone: Data layers without a backend, HDF5Data layers
+    (the form's HDF5 choice) back to Data layers of the same batch."""
+    copy = type(net)()
+    copy.CopyFrom(net)
+    for layer in copy.layer:
+        if layer.type == "HDF5Data":
+            batch = layer.hdf5_data_param.batch_size
+            layer.type = "Data"
+            layer.ClearField("hdf5_data_param")
+            layer.data_param.batch_size = batch
+        if layer.type == "Data":
+            layer.data_param.ClearField("backend")
+            if not layer.data_param.ListFields():
+                layer.ClearField("data_param")
+    return bytes(copy.SerializeToString(deterministic=True))
+
+
+def _standard_network(net: Any) -> str | None:
+    """The key of the standard network this net is, as the form submitted it; None for any other net."""
+    if net is None:
+        return None
+    wanted = _normalised(net)
+    for network in STANDARD_NETWORKS:
+        try:
+            if _normalised(parse_net(network.text, network.filename)) == wanted:
+                return network.key
+        except NetError:  # pragma: no cover - the bundled networks parse
+            continue
+    return None
+
+
+def _float32(value: float) -> str:
+    """A float32 field's value as a person wrote it: the shortest decimal that is the same float32 (0.01, not
+    0.009999999776482582)."""
+    stored = struct.unpack("f", struct.pack("f", value))[0]
+    for digits in range(1, 18):
+        text = f"{value:.{digits}g}"
+        if struct.unpack("f", struct.pack("f", float(text)))[0] == stored:
+            return text
+    return repr(value)
+
+
+def _solver_fields(text: str, max_iter: int | None, *, validation: bool) -> dict[str, Any]:
+    """The form's solver fields: its settings when the solver is one they make (read back, made again, the same
+    text), else the solver pasted as a file (with the request's max_iter written into it)."""
+    try:
+        solver = parse_solver(text, SOLVER_SOURCE)
+    except NetError:
+        return {"solver": "file", "solver_text": text}
+    settings: dict[str, Any] = {
+        "type": solver.type or "SGD", "base_lr": float(_float32(solver.base_lr)), "lr_policy": solver.lr_policy,
+        "weight_decay": float(_float32(solver.weight_decay)), "max_iter": solver.max_iter, "snapshot": solver.snapshot,
+    }
+    if settings["type"] not in NO_MOMENTUM:
+        settings["momentum"] = float(_float32(solver.momentum))
+    if solver.lr_policy in NEEDS_GAMMA:
+        settings["gamma"] = float(_float32(solver.gamma))
+    if solver.lr_policy in NEEDS_POWER:
+        settings["power"] = float(_float32(solver.power))
+    if solver.lr_policy == "step":
+        settings["stepsize"] = solver.stepsize
+    if solver.lr_policy == "multistep":
+        settings["stepvalue"] = list(solver.stepvalue)
+    tests = validation and len(solver.test_iter) == 1
+    if tests:
+        settings["test_interval"] = solver.test_interval
+        settings["test_iter"] = solver.test_iter[0]
+    try:
+        made = solver_prototxt(settings, validation=tests)
+    except (TypeError, ValueError):
+        made = None
+    if made != text:
+        if max_iter is not None and solver.max_iter != max_iter:
+            solver.max_iter = max_iter
+            text = text_format.MessageToString(solver)
+        return {"solver": "file", "solver_text": text}
+    fields: dict[str, Any] = {"solver": "settings", "solver_type": settings["type"], "lr_policy": solver.lr_policy}
+    for name in ("base_lr", "weight_decay", "momentum", "gamma", "power"):
+        if name in settings:
+            fields[name] = settings[name]
+    for name in ("stepsize", "snapshot", "test_interval", "test_iter"):
+        if name in settings:
+            fields[name] = settings[name]
+    fields["max_iter"] = max_iter if max_iter is not None else settings["max_iter"]
+    if "stepvalue" in settings:
+        fields["stepvalues"] = ",".join(str(step) for step in settings["stepvalue"])
+    return fields
+
+
+def _device_choice(device: Any, devices: DeviceList, notes: list[str]) -> str:
+    """The form's device choice for the job's device: "next" for "auto", the CPU, or the GPU by its UUID."""
+    if device in (None, "auto"):
+        return DEVICE_NEXT
+    if device == "cpu":
+        return DEVICE_CPU
+    for gpu in devices.gpus:
+        if device in (gpu.uuid, gpu.key):
+            return gpu.key
+    notes.append(f"its device {device} is not among this server's devices now: “next available” is chosen")
+    return DEVICE_NEXT
+
+
+def exact_size(count: int) -> str:
+    """A byte count as a size that reads back as the same count ("62MiB", "1GiB", "1000B"): a form's size field
+    takes a number with its unit, never a bare number."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count % factor == 0:
+            return f"{count // factor}{unit}"
+    return f"{count}B"
+
+
+def clone_url(job_id: str) -> str:
+    return url_for("memplugin.new_model", clone=job_id)
+
+
+def register(blueprint: Blueprint) -> None:
+    blueprint.add_url_rule(f"{API_PATH}/jobs/<job_id>/request", "api_job_request", job_request, methods=["GET"])
