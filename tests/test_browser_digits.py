@@ -308,8 +308,8 @@ def test_words_are_explained_where_they_appear_and_lead_to_the_glossary(at: Page
         return [...row.querySelectorAll("a.mp-term")].map((a) => [a.textContent, a.title.slice(0, 20), a.getAttribute("href")]);
     }""")
     assert drawn == [
-        ["host_allocation_failed", "Caffe asked for more", "/memplugin/glossary#term-host_allocation_failed"],
-        ["SIGABRT", "The process stopped ", "/memplugin/glossary#term-SIGABRT"],
+        ["Out of memory", "Caffe asked for more", "/memplugin/glossary#term-host_allocation_failed"],
+        ["the training process aborted", "The process stopped ", "/memplugin/glossary#term-SIGABRT"],
     ]
     expect(at.locator('#attempts thead a.mp-term[data-term="iter_size"]')).to_have_attribute(
         "title", re.compile("weights once"))

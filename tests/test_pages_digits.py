@@ -18,6 +18,7 @@ from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_for, write_lmdb
 
 from digits_memplugin import create_app, glossary
+from digits_memplugin.core import oom
 from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
@@ -193,7 +194,8 @@ def test_a_clone_of_an_api_job_pastes_its_net_and_solver_and_names_what_the_form
     assert "max_iter: 4" in values["solver_text"]  # the request's max_iter written into the pasted solver
     assert values["train_source"] == "mnist_train_lmdb" and values["val_source"] == "mnist_test_lmdb"
     notes = re.findall(r'data-role="clone-note">(.*?)</div>', text)
-    assert any("memory cap (1.0 GiB)" in note for note in notes), notes
+    # The form has a memory-cap field: the cap goes back into it, as a size that reads back exactly.
+    assert values["memory_cap"] == "1GiB" and not any("memory cap" in note for note in notes), notes
     assert any("max_attempts 2" in note for note in notes), notes
     assert client.get("/memplugin/models/new?clone=no-such-job").status_code == 404
 
@@ -316,9 +318,11 @@ def test_an_out_of_memory_attempt_explains_its_signature_and_signal(client: Flas
     signature = attempt["out_of_memory"]["signature"]
     page = client.get(f"{PAGES}/{job['id']}").get_data(as_text=True)
     why = re.search(r'<td data-role="why".*?</td>', page, re.S)
-    assert why and f'<code><a class="mp-term" href="/memplugin/glossary#term-{signature}"' in why.group(0)
+    # The plain words link to the glossary entry of the signature and of the signal (the names stay as titles).
+    assert why and f'<a class="mp-term" href="/memplugin/glossary#term-{signature}"' in why.group(0)
+    assert f'data-term="{signature}">Out of memory</a>' in why.group(0)
     if attempt["signal"]:
-        assert f'data-term="{attempt["signal"]}">{attempt["signal"]}</a>' in why.group(0)
+        assert f'data-term="{attempt["signal"]}">{oom.signal_words(attempt["signal"])}</a>' in why.group(0)
 
 
 def test_the_job_page_offers_the_trained_model_and_each_snapshot(client: FlaskClient) -> None:
@@ -375,8 +379,6 @@ def test_every_signal_and_out_of_memory_signature_the_pages_can_show_has_a_gloss
     """The Why cells link the attempt's signal and out-of-memory signature to the glossary: each one core/oom.py can
     report (its SIGNAL_WORDS, and the name of each out-of-memory predicate it combines) has an entry."""
     import inspect
-
-    from digits_memplugin.core import oom
 
     signatures = {name for name, function in inspect.getmembers(oom, inspect.isfunction)
                   if function.__module__ == oom.__name__

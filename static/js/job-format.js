@@ -119,20 +119,18 @@
     return signalWords[name] || "the training process ended on " + name;
   }
   /** A word linked to its glossary entry (glossary.js, loaded later on the page: looked up when drawn). */
-  const term = (word) => (window.MemPlugin.term ? window.MemPlugin.term(word) : String(word));
+  const term = (word, text) => (window.MemPlugin.term ? window.MemPlugin.term(word, text) : String(text === undefined ? word : text));
 
   /** A row of a job's attempts table (macros.html: attempt_row). */
   function attemptRow(attempt) {
     const why = [];
     if (attempt.out_of_memory) {
       why.push(el("abbr", { dataset: { role: "signature" }, title: "out-of-memory signature: " + attempt.out_of_memory.signature },
-        attempt.out_of_memory.ambiguous ? "Likely out of memory" : "Out of memory"),
-        " (", el("code", {}, term(attempt.out_of_memory.signature)), "): ");
+        term(attempt.out_of_memory.signature, attempt.out_of_memory.ambiguous ? "Likely out of memory" : "Out of memory")), ": ");
     }
     why.push(attempt.message || "");
     if (attempt.signal) {
-      why.push("; ", el("abbr", { dataset: { role: "signal" }, title: attempt.signal }, signalText(attempt.signal)),
-        " (", term(attempt.signal), ")");
+      why.push("; ", el("abbr", { dataset: { role: "signal" }, title: attempt.signal }, term(attempt.signal, signalText(attempt.signal))));
     }
     const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
