@@ -235,7 +235,7 @@ def test_a_failed_create_opens_at_its_first_error(browser: Browser, server: Serv
         with page.expect_navigation():
             page.click("#create-model")
         field = page.locator("#batch_size")
-        expect(page.locator("#batch_size-error")).to_contain_text("0 is not a batch size")
+        expect(page.locator("#batch_size-error")).to_contain_text("batch size")
         expect(field).to_be_focused()
         expect(field).to_be_in_viewport()
         expect(page.locator("#batch_size-error")).to_be_in_viewport()
