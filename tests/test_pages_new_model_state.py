@@ -122,3 +122,28 @@ def test_the_form_says_a_job_trains_on_one_device(client: FlaskClient, app: Flas
     page = client.get(FORM_URL).text
     assert "A job trains on one device: one GPU or the CPU, never several GPUs at once" in page
     assert 'id="term-one-gpu"' in page
+
+
+def test_the_pages_estimate_is_a_write_as_the_apis_is(data_dir: Any) -> None:
+    """Another site's page cannot have a visitor's browser run estimates here, and with a token only a signed-in
+    page or a bearer may: the same rules as POST api/estimate (access.py), and JSON answers, not a sign-in page."""
+    from digits_memplugin import create_app
+
+    token = "t" * 32
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_API_TOKEN": token})
+    client = app.test_client()
+    estimates = app.extensions["memplugin"].estimates
+    calls: list[Any] = []
+    original = estimates.estimate
+    estimates.estimate = lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs)
+    for url in (PAGE_ESTIMATE_URL, API_ESTIMATE_URL):
+        anonymous = client.post(url, json=LENET_REQUEST)
+        assert anonymous.status_code == 401 and "API token" in anonymous.get_json()["error"], url
+        cross = client.post(url, json=LENET_REQUEST, headers={"Origin": "http://evil.example",
+                                                              "Authorization": f"Bearer {token}"})
+        assert cross.status_code == 403 and "cross-site" in cross.get_json()["error"], url
+        assert calls == []  # nothing was estimated
+        allowed = client.post(url, json=LENET_REQUEST, headers={"Authorization": f"Bearer {token}"})
+        assert allowed.status_code == 200 and allowed.get_json()["total_bytes"] > 0, url
+        calls.clear()
