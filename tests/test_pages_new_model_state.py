@@ -109,9 +109,10 @@ def test_auto_without_javascript_shows_the_memory_by_kind(fake_gpus: FakeNvml, c
     assert response.status_code == 200
     batch = int(re.search(r'id="batch_size" [^>]*value="(\d+)"', response.text).group(1))  # type: ignore[union-attr]
     document = direct_estimate(LENET.text, target.free, batch=batch)
-    rows = re.findall(r'<tr data-category="(\w+)"><td><a [^>]*>([^<]+)</a></td><td class="text-end">([^<]+)</td>',
-                      response.text)
-    expected = [(key, term.label, format_size(size))
+    rows = re.findall(r'<tr data-category="(\w+)"><td><a [^>]*>([^<]+)</a></td><td class="text-end">([^<]+)</td>'
+                      r'<td class="text-end">(\d+) %</td>', response.text)
+    total = document["total_bytes"]
+    expected = [(key, term.label, format_size(size), str(int(100 * size / total + 0.5)))
                 for key, term in CATEGORY_TERMS.items() if (size := document["categories"][key])]
     assert rows == expected
     assert {"workspace", "context"} <= {row[0] for row in rows}  # a GPU's own kinds
