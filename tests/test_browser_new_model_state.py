@@ -323,6 +323,9 @@ def test_the_jargon_is_explained_where_it_appears(quiet: Page, server: Server) -
     for words in ("nvml_v2", "meminfo", "gpu-cudnn", "batch 32 × 100 passes reads 3,200 validation items",
                   "each job on a single device"):
         expect(terms).to_contain_text(words)
+    page.goto(server.form_url + "#term-memory-source")  # another page's link to an entry opens it
+    expect(page.locator("#term-memory-source")).to_be_in_viewport()
+    expect(page.locator("#term-memory-source")).to_contain_text("NVML")
 
 
 def test_the_page_says_a_job_trains_on_one_device(quiet: Page, server: Server) -> None:

@@ -584,12 +584,21 @@
     if (where === input) input.focus({ preventScroll: true });
   }
 
-  /** A term's link opens the terms section first (a closed <details> hides its entry). */
+  /** A term's link opens the terms section first (a closed <details> hides its entry), and so does an address
+   * naming an entry (another page may link to models/new#term-memory-source). */
+  const termsSection = document.getElementById("terms");
   document.addEventListener("click", (event) => {
     const link = event.target.closest && event.target.closest("a.mp-term");
-    const details = document.getElementById("terms");
-    if (link && details) details.open = true;
+    if (link && termsSection) termsSection.open = true;
   });
+  function openNamedTerm() {
+    const named = location.hash.length > 1 && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    if (!named || !termsSection || !termsSection.contains(named)) return;
+    termsSection.open = true;
+    named.scrollIntoView({ block: "center" });
+  }
+  window.addEventListener("hashchange", openNamedTerm);
+  openNamedTerm();
 
   showSections();
   showDefaults();
