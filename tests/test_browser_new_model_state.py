@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, ViewportSize, exp
 from test_browser_new_model import LENET, open_form, use_custom_network
 
 from digits_memplugin.sizes import format_size
-from digits_memplugin.web.glossary import CATEGORY_TERMS
+from digits_memplugin.web.panel_words import CATEGORY_TERMS
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]

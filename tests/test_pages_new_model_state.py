@@ -19,7 +19,7 @@ from test_pages_new_model import FORM_URL, LENET, POST_URL, csrf_token, direct_e
 
 from digits_memplugin.fake_nvml import FakeNvml
 from digits_memplugin.sizes import format_size
-from digits_memplugin.web.glossary import CATEGORY_TERMS
+from digits_memplugin.web.panel_words import CATEGORY_TERMS
 
 PAGE_ESTIMATE_URL = "/memplugin/models/estimate.json"
 API_ESTIMATE_URL = "/memplugin/api/estimate"

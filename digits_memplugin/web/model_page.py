@@ -32,7 +32,7 @@ from ..jobs.errors import JobValidationError
 from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
-from . import api_estimate, glossary
+from . import api_estimate, panel_words
 from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .model_job import SIMULATED_GPU, MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
@@ -111,10 +111,10 @@ class PlannedJob:
         return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
 
     @property
-    def categories(self) -> list[tuple[glossary.Term, int]]:
+    def categories(self) -> list[tuple[panel_words.Term, int]]:
         """The estimate by kind of memory, in the memory model's order, without the kinds this net has none of."""
         found = self.estimate["categories"]
-        return [(term, found[key]) for key, term in glossary.CATEGORY_TERMS.items() if found.get(key)]
+        return [(term, found[key]) for key, term in panel_words.CATEGORY_TERMS.items() if found.get(key)]
 
 
 def device_label(device: Device) -> str:
@@ -355,7 +355,7 @@ def _render_form(
         planned=planned,
         first_error=first_error(form),
         max_curve_batch=MAX_BATCH,
-        terms=glossary.page_terms(current_app.extensions["memplugin"].jobs.config.policy),
+        terms=panel_words.page_terms(current_app.extensions["memplugin"].jobs.config.policy),
         dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
         datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
         version=__version__,

@@ -7,7 +7,7 @@
  * (kept, greyed, when an estimate fails: staleCurve), the estimate by kind of memory, and the largest layers.
  * The verdict of one device (a job's target) can be repeated elsewhere, e.g. beside the batch field (showTarget).
  * Terms (iter_size, usable, the kinds of memory) link to their entry in the page's terms section, with their
- * meaning as a tooltip, when the page gives the words (glossary.py's page_terms).
+ * meaning as a tooltip, when the page gives the words (panel_words.py's page_terms).
  * It draws what it is given and fetches nothing, so other pages (a job's page) can reuse it.
  */
 (function () {
