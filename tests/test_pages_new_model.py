@@ -355,7 +355,8 @@ def test_plain_post_shows_a_prototxt_error_with_its_line(gpus_app: FakeNvml, cli
     box = error_box(response.text, "custom_network")
     assert f"Line {line}, column 5:" in box
     assert "stride_typo" in box
-    assert re.search(r'<textarea [^>]*aria-invalid="true" class="[^"]*is-invalid"[^>]*id="custom_network"', response.text)
+    assert re.search(r'<textarea [^>]*aria-invalid="true" (autofocus )?class="[^"]*is-invalid"[^>]*id="custom_network"',
+                     response.text)
 
 
 def test_user_text_is_escaped_on_the_job_page(gpus_app: FakeNvml, client: FlaskClient, datasets: Any) -> None:
@@ -496,7 +497,7 @@ def test_json_twin_on_a_simulated_gpu_is_refused(gpus_app: FakeNvml, client: Fla
     [
         ({"train_source": "/d"}, "model_name", "required"),
         ({"model_name": "m"}, "train_source", "required"),
-        ({"model_name": "m", "train_source": "/d", "batch_size": 0}, "batch_size", "between 1 and"),
+        ({"model_name": "m", "train_source": "/d", "batch_size": 0}, "batch_size", "0 is not a batch size: give 1 or more"),
         ({"model_name": "m", "train_source": "/d", "item_shape": [3, 0, 2]}, "item_shape", "positive"),
         ({"model_name": "m", "train_source": "/d", "device": "GPU-nope"}, "device", "Not a valid choice"),
         ({"model_name": "m", "train_source": "/d", "standard_network": "vgg"}, "standard_network", "Not a valid choice"),

@@ -51,8 +51,12 @@ SIZE_FIELDS = ("free_bytes",)
 MAX_DIMS = 8
 
 
-def _validation_error(errors: dict[str, Any]) -> ResponseReturnValue:
-    return jsonify(errors=errors), 400
+class Invalid(Exception):
+    """The request cannot be estimated as sent: {field: message}, the API's 400 and the page's `{"errors"}`."""
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
 
 
 def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
@@ -100,11 +104,22 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def post_estimate() -> ResponseReturnValue:
+    """The REST API's answer: the document, or its validation errors with HTTP 400 (DIGITS' habit, which scripts
+    check)."""
+    body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
+    try:
+        return jsonify(estimate_document(body))
+    except Invalid as invalid:
+        return jsonify(errors=invalid.errors), 400
+
+
+def estimate_document(body: Any) -> dict[str, Any]:
+    """The estimate document for a request body already read; raises `Invalid` with {field: message} when the
+    request cannot be estimated (the New model page answers the same with 200: model_page.estimate_for_page)."""
     plugin = current_app.extensions["memplugin"]
-    body = read_json(plugin.settings.max_request_bytes)
     values, errors = parse_request(body)
     if errors:
-        return _validation_error(errors)
+        raise Invalid(errors)
 
     policy = plugin.jobs.config.policy
     values["policy"] = policy
@@ -115,12 +130,12 @@ def post_estimate() -> ResponseReturnValue:
         listed = plugin.devices.read()
     if device_key is not None:
         if "free_bytes" in values:
-            return _validation_error({"device": "give either device or free_bytes, not both"})
+            raise Invalid({"device": "give either device or free_bytes, not both"})
         device = listed.get(device_key)
         if device is None:
-            return _validation_error({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
+            raise Invalid({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
         if device.error or device.memory_free is None:
-            return _validation_error({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
+            raise Invalid({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
         values["free_bytes"] = device.memory_free
         # The engine that trains there, as jobs plan (one policy for the form, this API and the job manager).
         values.setdefault("engine", policy.engine(device.kind))
@@ -128,12 +143,12 @@ def post_estimate() -> ResponseReturnValue:
         if device_keys == "all":
             device_keys = [device.key for device in listed.devices]
         elif not isinstance(device_keys, list) or not all(isinstance(key, str) for key in device_keys):
-            return _validation_error({"devices": 'must be a list of device keys or "all"'})
+            raise Invalid({"devices": 'must be a list of device keys or "all"'})
         budgets: dict[str, int] = {}
         for key in device_keys:
             device = listed.get(key)
             if device is None:
-                return _validation_error({"devices": f"no device {key!r} (see {API_PATH}/devices)"})
+                raise Invalid({"devices": f"no device {key!r} (see {API_PATH}/devices)"})
             if device.error or device.memory_free is None:
                 device_errors[key] = f"free memory unknown: {device.error or 'n/a'}"
             else:
@@ -149,19 +164,19 @@ def post_estimate() -> ResponseReturnValue:
         # Large texts go to a worker process (estimate_pool.py): a full queue is a 503 with Retry-After.
         document = plugin.estimates.estimate(estimate_request, dataset_roots=roots)
     except DatasetsFailed as failed:
-        return _validation_error({"read_datasets": failed.error.to_dict()})
+        raise Invalid({"read_datasets": failed.error.to_dict()}) from None
     except NetError as error:
         key = error.field if error.source is None and error.layer is None and error.field in FIELDS else "net"
         if error.source is not None and "solver" in str(error.source):
             key = "solver"
-        return _validation_error({key: error.to_dict()})
+        raise Invalid({key: error.to_dict()}) from None
     if device_key is not None:
         document["device"] = device_key
     if device_keys is not None:
         document.setdefault("plans", {})
         for key, message in device_errors.items():
             document["plans"][key] = {"error": message}
-    return jsonify(document)
+    return document  # type: ignore[no-any-return]
 
 
 def register(blueprint: Blueprint) -> None:

@@ -290,6 +290,10 @@ class FormError(ValueError):
         self.message = message
 
 
+BATCH_LIMIT = f"a batch size is at most {INT_MAX} (Caffe keeps it in a 32-bit int)"
+"""Said once, in the same words by the page's script (new-model.js), when a batch is past what Caffe takes."""
+
+
 def parse_batch(value: str | None) -> int | str | None:
     """The batch field: empty (the net's own), "auto" (the largest that fits on the device), or a positive integer."""
     text = (value or "").strip().lower()
@@ -298,10 +302,14 @@ def parse_batch(value: str | None) -> int | str | None:
     if text == BATCH_AUTO:
         return BATCH_AUTO
     batch = ascii_int(text, max_digits=10)
+    if batch is None and text.isascii() and text.isdigit():  # a whole number, only too long to read
+        raise ValueError(f"{shown(text)} is too large: {BATCH_LIMIT}")
     if batch is None:
         raise ValueError(f"{shown(value)!r} is not a batch size: give a positive integer (0-9), or 'auto'")
-    if not 0 < batch <= INT_MAX:
-        raise ValueError(f"the batch size must be between 1 and {INT_MAX} (Caffe's INT_MAX), got {batch}")
+    if batch <= 0:
+        raise ValueError(f"{batch} is not a batch size: give 1 or more, or 'auto'")
+    if batch > INT_MAX:
+        raise ValueError(f"{batch} is too large: {BATCH_LIMIT}")
     return batch
 
 

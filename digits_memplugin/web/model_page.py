@@ -6,6 +6,9 @@ path) creates the job.
 
     GET  <prefix>/models/new     the form (works without JavaScript; the panel then shows the devices as read)
     POST <prefix>/models         the form's plain POST: 303 to the new job's page, or the form with its errors (400)
+    GET  <prefix>/models         the address a failed POST leaves in the browser: 303 to the form
+    POST <prefix>/models/estimate.json  the page's own estimate: api/estimate's document, its validation errors
+                                 answered 200 with {"errors": ...} (an unfinished form is an expected answer)
     POST <prefix>/models.json    the JSON twin: 201 with the job document, or {"errors": {field: ...}} with 400
     POST <prefix>/models/preview.json   the plan the job would get (the manager's preview), nothing created
 """
@@ -22,7 +25,7 @@ from wtforms.fields.choices import SelectChoice
 from .. import __version__, dataset_scan
 from ..core.errors import NetError
 from ..core.job_plan import PlanningPolicy
-from ..core.planner import auto_batch_limit
+from ..core.planner import MAX_BATCH, auto_batch_limit
 from ..dataset_scan import FoundDataset
 from ..devices import Device, DeviceList, is_simulated
 from ..jobs.errors import JobValidationError
@@ -30,6 +33,7 @@ from ..jobs.records import Job
 from ..jobs.scheduler import MEMORY_CAP_ON_GPU
 from ..networks import STANDARD_NETWORKS, standard_network
 from ..sizes import format_size
+from . import api_estimate, panel_words
 from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
@@ -107,6 +111,12 @@ class PlannedJob:
     @property
     def top_layers(self) -> list[dict[str, Any]]:
         return sorted(self.estimate["layers"], key=lambda layer: layer["bytes"], reverse=True)[:TOP_LAYERS]
+
+    @property
+    def categories(self) -> list[tuple[panel_words.Term, int]]:
+        """The estimate by kind of memory, in the memory model's order, without the kinds this net has none of."""
+        found = self.estimate["categories"]
+        return [(term, found[key]) for key, term in panel_words.CATEGORY_TERMS.items() if found.get(key)]
 
 
 def device_label(device: Device) -> str:
@@ -348,12 +358,32 @@ def _render_form(
         devices=devices,
         networks=networks,
         planned=planned,
+        first_error=first_error(form),
+        max_curve_batch=MAX_BATCH,
+        terms=panel_words.page_terms(current_app.extensions["memplugin"].jobs.config.policy),
         dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
         datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
         cloned=cloned,
         version=__version__,
     )
     return page, status
+
+
+PAGE_ORDER = (
+    "csrf_token", "data_backend", "train_source", "val_source", "item_shape", "classes", "network",
+    "standard_network", "custom_network", "custom_network_file", "solver", "solver_type", "base_lr", "lr_policy",
+    "gamma", "power", "stepsize", "stepvalues", "momentum", "weight_decay", "max_iter", "snapshot", "test_interval",
+    "test_iter", "solver_text", "solver_file", "divergence", "batch_size", "device", "model_name",
+)
+"""The form's fields in the order the page shows them (new_model.html); one it does not name comes after them."""
+
+
+def first_error(form: NewModelForm) -> str | None:
+    """The field whose error comes first on the page: it gets the focus when the form comes back (`autofocus`,
+    so even without JavaScript the page opens at the error, not at its top)."""
+    wrong = [name for name, field in form._fields.items() if field.errors]
+    order = {name: index for index, name in enumerate(PAGE_ORDER)}
+    return min(wrong, key=lambda name: order.get(name, len(order)), default=None)
 
 
 def new_model() -> ResponseReturnValue:
@@ -364,6 +394,13 @@ def new_model() -> ResponseReturnValue:
         return _render_form(_form(devices), devices)
     job, fields, notes = clone_form_data(clone, devices)
     return _render_form(_form(devices, **fields), devices, cloned={"job": job, "notes": notes})
+
+
+def models_address() -> ResponseReturnValue:
+    """GET of the address a failed Create leaves in the browser (the form's POST target): the form, not a 405.
+    Nothing of the failed post is kept (it may hold uploads), so this is the empty form; reloading the failed
+    page itself posts again and shows the same errors."""
+    return redirect(url_for(".new_model"), code=303)
 
 
 class Refused(Exception):
@@ -492,8 +529,28 @@ def preview_model_json() -> ResponseReturnValue:
         return json_error(error)
 
 
+def estimate_for_page() -> ResponseReturnValue:
+    """The New model page's estimates: the body and the document of POST api/estimate, but a request that cannot be
+    estimated is answered 200 with {"errors": {field: message}}, as the API words it with its 400.
+
+    Why not the API's 400: the page estimates the form while it is being typed, so "not valid yet" is an expected
+    answer, several times per edit (one request per device); browsers report every 4xx answer of a fetch in the
+    console, which no script can prevent, and that noise hides real failures. A failure of the request itself
+    (too large, a server busy, not allowed) keeps its status. Scripts use the API, whose 400s stay."""
+    try:
+        body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
+        try:
+            return jsonify(api_estimate.estimate_document(body))
+        except api_estimate.Invalid as invalid:
+            return jsonify(errors=invalid.errors)
+    except Exception as error:  # noqa: BLE001 - json_error logs what was not expected and answers 500
+        return json_error(error)
+
+
 def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/models/new", "new_model", new_model)
     blueprint.add_url_rule("/models", "create_model", create_model, methods=["POST"])
+    blueprint.add_url_rule("/models", "models_address", models_address, methods=["GET"])
+    blueprint.add_url_rule("/models/estimate.json", "estimate_for_page", estimate_for_page, methods=["POST"])
     blueprint.add_url_rule("/models.json", "create_model_json", create_model_json, methods=["POST"])
     blueprint.add_url_rule("/models/preview.json", "preview_model_json", preview_model_json, methods=["POST"])

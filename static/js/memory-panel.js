@@ -3,14 +3,21 @@
  * One row per device (server-rendered first, then kept up to date from the `devices` document): a stacked bar of
  * used / reserved / free memory, utilisation and the processes holding memory. Over each bar, the estimated
  * footprint of the network on that device with its verdict ("fits", "fits with iter_size k", "does not fit");
- * below, a chart of memory against batch size with each device's free memory as a line, and the largest layers.
+ * below, a chart of memory against batch size with the free memory of the devices of the target's kind as lines
+ * (kept, greyed, when an estimate fails: staleCurve), the estimate by kind of memory, and the largest layers.
  * The verdict of one device (a job's target) can be repeated elsewhere, e.g. beside the batch field (showTarget).
+ * Terms (iter_size, usable, the kinds of memory) link to their entry in the page's terms section, with their
+ * meaning as a tooltip, when the page gives the words (panel_words.py's page_terms).
  * It draws what it is given and fetches nothing, so other pages (a job's page) can reuse it.
  */
 (function () {
   "use strict";
 
   const { el, formatBytes } = window.MemPlugin;
+
+  /** A free-memory line more than this many times the curve's top is not drawn to scale (it would flatten the
+   *  curve): the chart says how much is free in words instead. */
+  const FREE_LINE_REACH = 3;
 
   function pct(part, total) {
     if (part === null || part === undefined || !total) return 0;
@@ -35,17 +42,31 @@
   }
 
   class MemoryPanel {
-    constructor(root) {
+    constructor(root, terms = null) {
       this.root = root;
+      this.terms = terms;
       this.list = root.querySelector("#device-list");
       this.template = root.querySelector("#device-row-template");
       this.updated = root.querySelector("#panel-updated");
       this.layersBody = root.querySelector("#top-layers tbody");
+      this.categoriesBody = root.querySelector("#memory-categories tbody");
       this.canvas = root.querySelector("#batch-chart");
+      this.chartBox = root.querySelector("#batch-chart-box");
+      this.chartMessage = root.querySelector("#chart-message");
+      this.chartNote = root.querySelector("#chart-note");
       this.devices = new Map();
       this.estimates = new Map();
       this.chart = null;
       this.target = null;
+    }
+
+    /** A term of the page as a link to its entry in the terms section, its meaning as the tooltip; the bare word
+     *  when the page has no such entry. */
+    term(key, text = null) {
+      const known = this.terms && (this.terms.terms[key] || this.terms.engines[key]);
+      const word = text || (known ? known.label : key);
+      if (!known || !this.root.ownerDocument.getElementById(known.anchor)) return word;
+      return el("a", { className: "mp-term", href: "#" + known.anchor, title: known.meaning }, word);
     }
 
     /** Repeat the verdict of the device `key()` names in `node` (its label first), or show `fallback()` (text)
@@ -144,14 +165,13 @@
       this.drawEstimate(key);
     }
 
-    /** Forget every estimate: the bars, verdicts, chart and layer table no longer show a network. */
-    clearEstimates() {
+    /** Forget every estimate: the bars, verdicts and tables no longer show a network; the chart of the last good
+     *  estimate stays, greyed, saying why (`reason`). */
+    clearEstimates(reason = "") {
       for (const key of [...this.estimates.keys()]) this.setEstimate(key, null);
       this.setLayers([]);
-      if (this.chart) {
-        this.chart.data.datasets = [];
-        this.chart.update("none");
-      }
+      this.setCategories(null);
+      this.staleCurve(reason);
     }
 
     drawEstimate(key) {
@@ -186,45 +206,91 @@
 
       const words = verdictWords(plan);
       const badge = el("span", { className: "badge " + (plan.fits ? (plan.iter_size > 1 ? "text-bg-warning" : "text-bg-success") : "text-bg-danger") }, words);
-      let detail = " batch " + plan.batch_size + " × iter_size " + plan.iter_size + ": " + formatBytes(plan.bytes) +
-        " of " + formatBytes(estimate.usable_bytes) + " usable";
+      let detail = [" batch " + plan.batch_size + " × ", this.term("iter_size"), " " + plan.iter_size + ": " +
+        formatBytes(plan.bytes) + " of " + formatBytes(estimate.usable_bytes) + " ", this.term("usable")];
       if (plan.fits && plan.iter_size > 1) {
-        detail += " (batch " + estimate.batch_size + " in one pass: " + formatBytes(estimate.total_bytes) + ")";
+        detail.push(" (batch " + estimate.batch_size + " in one pass: " + formatBytes(estimate.total_bytes) + ")");
       }
       if (!plan.fits) {
-        detail = " even batch 1 is too big: " + formatBytes(estimate.usable_bytes) + " usable; batch " +
-          estimate.batch_size + " needs " + formatBytes(estimate.total_bytes);
+        detail = [" even batch 1 is too big: " + formatBytes(estimate.usable_bytes) + " ", this.term("usable"),
+          "; batch " + estimate.batch_size + " needs " + formatBytes(estimate.total_bytes)];
       }
       const largest = estimate.max_batch_size ? " · largest batch " + estimate.max_batch_size : "";
-      verdict.replaceChildren(badge, detail + largest);
+      verdict.replaceChildren(badge, ...detail, largest);
       row.dataset.verdict = words;
       row.dataset.estimateBytes = String(estimate.total_bytes);
       row.dataset.maxBatch = String(estimate.max_batch_size);
       this.drawTarget();
     }
 
-    /** The largest consumers of an estimate document, largest first. */
+    /** The largest consumers of an estimate document, largest first. On a phone the Type column is left out (the
+     *  type is the name's tooltip there), so that the Memory column is in sight. */
     setLayers(layers, count = 10) {
       const rows = [...(layers || [])]
         .sort((a, b) => b.bytes - a.bytes)
         .slice(0, count)
         .map((layer) =>
           el("tr", {},
-            el("td", {}, layer.name), el("td", {}, layer.type), el("td", {}, layer.phase),
-            el("td", { className: "text-end" }, formatBytes(layer.bytes))),
+            el("td", { className: "mp-break", title: layer.type }, layer.name),
+            el("td", { className: "d-none d-sm-table-cell" }, layer.type), el("td", {}, layer.phase),
+            el("td", { className: "text-end text-nowrap" }, formatBytes(layer.bytes))),
         );
       this.layersBody.replaceChildren(...rows);
     }
 
-    /** Memory against batch size: `points` [{batch, bytes}] of one engine, the current batch marked, and each
-     *  device's free memory (GPUs, or the CPU when there is no GPU) as a horizontal line. */
-    drawCurve(points, current, engine) {
+    /** The estimate by kind of memory (its `categories`), in the memory model's order, with each kind's share of
+     *  `total`; kinds the net has none of are left out. null empties the table. */
+    setCategories(categories, total = 0) {
+      if (!this.categoriesBody) return;
+      const order = this.terms ? this.terms.categories : Object.keys(categories || {}).map((key) => ({ key, label: key }));
+      const rows = order
+        .filter((category) => categories && categories[category.key])
+        .map((category) => {
+          const bytes = categories[category.key];
+          const share = total ? Math.round((100 * bytes) / total) + " %" : "";
+          const label = this.root.ownerDocument.getElementById(category.anchor)
+            ? el("a", { className: "mp-term", href: "#" + category.anchor, title: category.meaning }, category.label)
+            : category.label;
+          return el("tr", { dataset: { category: category.key } },
+            el("td", {}, label), el("td", { className: "text-end text-nowrap" }, formatBytes(bytes)),
+            el("td", { className: "text-end text-nowrap" }, share));
+        });
+      this.categoriesBody.replaceChildren(...rows);
+    }
+
+    /** The estimate failed: the chart of the last good one stays, greyed, and the message above it says so
+     *  (`reason`); with no chart yet, the message stands in its place (never an empty 0-1 B grid). */
+    staleCurve(reason) {
+      if (!this.chartMessage) return;
+      const drawn = Boolean(this.chart && this.chart.data.datasets.length);
+      const why = reason ? ": " + reason : ".";
+      this.chartMessage.textContent = drawn
+        ? "Greyed: the chart of the last good estimate. The form has no estimate now" + why
+        : "No chart: the form has no estimate" + why;
+      this.chartMessage.hidden = false;
+      if (this.chartNote) this.chartNote.replaceChildren(); // it spoke of the chart as current
+      if (this.chartBox) {
+        this.chartBox.hidden = !drawn;
+        this.chartBox.classList.toggle("mp-stale", drawn);
+        if (drawn) this.chartBox.dataset.stale = "true";
+        else delete this.chartBox.dataset.stale;
+      }
+    }
+
+    /** Memory against batch size: `points` [{batch, bytes}] of one `engine` (the target device's), the current
+     *  batch marked, and the free memory of `lined` (the devices of the target's kind) as horizontal lines.
+     *  `marks` [{batch, label}] are batches worth a vertical line (the training dataset's size). A free line far
+     *  above the curve would flatten it against the axis: the y axis then ends above the curve, and #chart-note
+     *  gives that device's free memory in words. */
+    drawCurve(points, current, engine, { lined = [], marks = [] } = {}) {
       if (!this.canvas || typeof window.Chart !== "function") return;
-      const gpus = this.plannableDevices().filter((d) => d.kind === "gpu");
-      const lined = engine === "cpu" ? this.plannableDevices().filter((d) => d.kind === "cpu") : gpus;
       const xs = points.map((p) => p.batch);
       const xmin = Math.min(...xs);
       const xmax = Math.max(...xs);
+      const curveTop = Math.max(...points.map((p) => p.bytes));
+      const near = lined.filter((device) => device.memory_free <= FREE_LINE_REACH * curveTop);
+      const far = lined.filter((device) => device.memory_free > FREE_LINE_REACH * curveTop);
+      const ymax = Math.max(curveTop, ...near.map((device) => device.memory_free)) * 1.1;
       const palette = ["#198754", "#fd7e14", "#6f42c1", "#d63384", "#20c997", "#0dcaf0"];
       const datasets = [
         {
@@ -248,8 +314,40 @@
           borderColor: palette[index % palette.length], backgroundColor: palette[index % palette.length],
         });
       });
+      for (const mark of marks) {
+        datasets.push({
+          label: mark.label,
+          data: [{ x: mark.batch, y: 0 }, { x: mark.batch, y: ymax }],
+          showLine: true, borderDash: [2, 3], pointRadius: 0, borderWidth: 1.5, borderColor: "#6c757d",
+          backgroundColor: "#6c757d",
+        });
+      }
+      const scales = {
+        x: { type: "linear", title: { display: true, text: "batch size" }, min: xmin, max: xmax },
+        y: { beginAtZero: true, max: ymax, title: { display: true, text: "memory" }, ticks: { callback: (v) => formatBytes(v) } },
+      };
+      if (this.chartBox) {
+        this.chartBox.hidden = false;
+        this.chartBox.classList.remove("mp-stale");
+        delete this.chartBox.dataset.stale;
+      }
+      if (this.chartMessage) {
+        this.chartMessage.textContent = "";
+        this.chartMessage.hidden = true;
+      }
+      if (this.chartNote) {
+        this.chartNote.replaceChildren(
+          "The network's memory with the ", this.term(engine), " ", this.term("engine"), ", from batch " + xmin +
+          " to " + xmax + ".",
+          ...far.map((device) => " " + deviceLabel(device) + " has " + formatBytes(device.memory_free) +
+            " free, far above this range (its line is off the chart)."),
+        );
+      }
       if (this.chart) {
         this.chart.data.datasets = datasets;
+        this.chart.options.scales.x.min = xmin;
+        this.chart.options.scales.x.max = xmax;
+        this.chart.options.scales.y.max = ymax;
         this.chart.update("none");
         return;
       }
@@ -259,10 +357,7 @@
         options: {
           animation: false,
           maintainAspectRatio: false,
-          scales: {
-            x: { type: "linear", title: { display: true, text: "batch size" }, min: xmin },
-            y: { beginAtZero: true, title: { display: true, text: "memory" }, ticks: { callback: (v) => formatBytes(v) } },
-          },
+          scales,
           plugins: {
             legend: { labels: { boxWidth: 12 } },
             tooltip: {

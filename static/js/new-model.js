@@ -1,9 +1,17 @@
 /* digits-memplugin: the "New model" page. The form works without this script; with it, the page
  *
  * - shows only the chosen network and solver sections, and copies a standard network into the custom one;
- * - re-estimates the network ~300 ms after the last edit (POST api/estimate, once per device, each against that
- *   device's free memory with the engine and margin jobs are planned with there), cancelling stale estimates;
- * - shows a definition error beside the field that caused it (a line number only beside text the user typed);
+ * - re-estimates the network ~300 ms after the last edit (POST models/estimate.json, api/estimate's twin that
+ *   answers a request it cannot estimate with 200 and {"errors"}: no console error per keystroke; once per
+ *   device, each against that device's free memory with the engine and margin jobs are planned with there, then
+ *   once for the chart), cancelling stale estimates; a batch past Caffe's limit is refused before asking;
+ * - shows a definition error beside the field that caused it (a line number only beside text the user typed), and
+ *   says in the status line which field is wrong;
+ * - draws the chart for the engine of the device the job would be planned on, over the batches that matter there
+ *   (up to a little past the batch asked for, the largest that fits and the training dataset's size), and keeps
+ *   the last good chart, greyed, while the form has an error;
+ * - shows the estimate by kind of memory (parameters, activations, solver state...) beside the largest layers;
+ * - after a failed Create, brings the first error into sight with the focus on its field;
  * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
  * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, no more
  *   than the training dataset holds), and estimates a typed "auto" at that batch;
@@ -18,7 +26,10 @@
   const MP = window.MemPlugin;
   const form = document.getElementById("new-model-form");
   if (!form) return;
-  const panel = new MP.MemoryPanel(document.getElementById("memory-panel"));
+  const panelRoot = document.getElementById("memory-panel");
+  const terms = MP.readJSON("mp-terms");
+  const panel = new MP.MemoryPanel(panelRoot, terms);
+  const estimateUrl = panelRoot.dataset.estimateUrl || MP.config.estimateUrl;
   const networks = JSON.parse(document.getElementById("mp-standard-networks").textContent);
   const datasets = JSON.parse(document.getElementById("mp-datasets").textContent).datasets.filter((d) => !d.error);
   const statusLine = document.getElementById("estimate-status");
@@ -27,6 +38,16 @@
 
   const DEBOUNCE_MS = 300;
   const CHART_POINTS = 7;
+  const CHART_SPAN = 1.5; // the chart runs to this many times the largest batch that matters on the target
+  const MAX_CHART_BATCH = Number(panelRoot.dataset.maxCurveBatch) || 1 << 20; // core.planner.MAX_BATCH
+  const INT_MAX = 2147483647;
+  const BATCH_LIMIT = "a batch size is at most 2147483647 (Caffe keeps it in a 32-bit int)"; // forms.BATCH_LIMIT
+  /** How the status line names a field whose value stops the estimate. */
+  const FIELD_WORDS = {
+    batch_size: "the batch size", item_shape: "the item shape", classes: "the number of classes",
+    custom_network: "the network definition", standard_network: "the standard network", solver_text: "the solver",
+    solver_type: "the solver", device: "the device",
+  };
   const DATA_LAYER_TYPES = new Set(["Data", "ImageData", "HDF5Data", "WindowData"]);
   const REESTIMATE_FRACTION = 0.005; // of a device's total memory: free memory moving less does not re-estimate
 
@@ -121,8 +142,10 @@
         "Line " + error.line + (error.column ? ", column " + error.column : "") + ":"), " ");
     }
     if (error.layer) parts.push("layer “" + error.layer + "”" + (error.layer_type ? " (" + error.layer_type + ")" : "") + ": ");
-    if (error.field) parts.push(error.field + ": ");
-    parts.push(error.detail || error.message);
+    const message = error.detail || error.message;
+    // A request field's own error already names it ("batch must be at most ..."): its name is not said twice.
+    if (error.field && !String(message).startsWith(error.field)) parts.push(error.field + ": ");
+    parts.push(message);
     return MP.el("div", {}, ...parts);
   }
 
@@ -212,7 +235,9 @@
     let batch = null;
     if (batchText && batchText !== "auto") {
       batch = Number(batchText);
-      if (!(Number.isInteger(batch) && batch > 0)) {
+      if (/^\d+$/.test(batchText) && batch > INT_MAX) {
+        errors.batch_size = batchText + " is too large: " + BATCH_LIMIT; // said as the form says it (parse_batch)
+      } else if (!(Number.isInteger(batch) && batch > 0)) {
         errors.batch_size = batchText + " is not a batch size: give a positive integer, or 'auto'";
       }
     }
@@ -251,10 +276,22 @@
   let replanAfter = false;
   const requestKey = (request, devices) => JSON.stringify([request, devices.map((d) => d.key).sort()]);
 
-  function setStatus(text) {
-    statusLine.textContent = text;
+  /** The status line: text, or text and nodes (a term's link). */
+  function setStatus(...parts) {
+    statusLine.replaceChildren(...parts);
     panel.drawTarget();
   }
+
+  /** "No estimate: the batch size has an error, shown beside it." Names what is wrong: the batch is not the
+   * definition. */
+  function noEstimate(names) {
+    const words = [...new Set(names.map((name) => FIELD_WORDS[name] || "a field"))];
+    const which = words.length > 1 ? words.slice(0, -1).join(", ") + " and " + words[words.length - 1] : words[0];
+    return "No estimate: " + which + (words.length > 1 ? " have errors, shown beside them." : " has an error, shown beside it.");
+  }
+
+  /** An answer of the page's estimate endpoint that is a document: not an HTTP failure, not {"errors"}. */
+  const estimated = (answer) => answer.ok && answer.data && !answer.data.errors;
 
   /** Estimate on every device; resolves when the panel's verdicts are drawn (the chart follows on its own). */
   function runEstimate(force = false, auto = false) {
@@ -286,15 +323,16 @@
     clearEstimateErrors();
     if (errors) {
       for (const [name, message] of Object.entries(errors)) setError(name, message);
-      panel.clearEstimates();
+      const status = noEstimate(Object.keys(errors));
+      panel.clearEstimates(status.replace(/^No estimate: /, ""));
       results.clear();
-      setStatus("No estimate: fix the fields marked in red.");
+      setStatus(status);
       return;
     }
     if (!devices.length) return;
     setStatus("Estimating…");
     let answers;
-    const ask = (device, extra) => MP.requestJSON(MP.config.estimateUrl, {
+    const ask = (device, extra) => MP.requestJSON(estimateUrl, {
       method: "POST",
       signal,
       body: { ...request, ...extra, device: device.key }, // the server picks the engine jobs train with there
@@ -305,7 +343,7 @@
         // "auto": each device at the largest batch that fits there (capped), as a job would run; one that cannot
         // fit even batch 1 keeps the network's own batch, and its verdict says it does not fit.
         answers = await Promise.all(answers.map((answer, index) => {
-          const largest = answer.ok && answer.data.max_batch_size;
+          const largest = estimated(answer) && answer.data.max_batch_size;
           return largest && largest !== answer.data.batch_size ? ask(devices[index], { batch: largest }) : answer;
         }));
       }
@@ -321,21 +359,27 @@
     pendingKey = null;
     if (replanAfter) {
       replanAfter = false;
-      if (!answers.find((answer) => !answer.ok)) scheduleForced(); // an error does not depend on free memory
+      if (answers.every(estimated)) scheduleForced(); // an error does not depend on free memory
     }
-    const failed = answers.find((answer) => !answer.ok);
+    const failed = answers.find((answer) => !estimated(answer));
     if (failed) {
-      panel.clearEstimates();
       results.clear();
       const found = (failed.data && failed.data.errors) || {};
+      const shownAt = [];
+      let unplaced = null;
       for (const [key, error] of Object.entries(found)) {
         const name = fieldFor(key, error);
         const shown = value("network") === "standard" && typeof error === "object" && error.layer
           ? { ...error, network: chosenNetwork().title } : error;
-        if (!setError(name, shown)) setStatus(key + ": " + (error.message || error));
+        if (setError(name, shown)) shownAt.push(name);
+        else unplaced = key + ": " + (error.message || error);
       }
-      if (!Object.keys(found).length) setStatus("No estimate: " + ((failed.data && failed.data.error) || "HTTP " + failed.status));
-      else setStatus("No estimate: the definition has an error (shown beside its field).");
+      let status;
+      if (unplaced) status = "No estimate: " + unplaced;
+      else if (shownAt.length) status = noEstimate(shownAt);
+      else status = "No estimate: " + ((failed.data && failed.data.error) || "HTTP " + failed.status);
+      panel.clearEstimates(status.replace(/^No estimate: /, ""));
+      setStatus(status);
       return;
     }
     results.clear();
@@ -343,19 +387,36 @@
       results.set(device.key, answers[index].data);
       panel.setEstimate(device.key, answers[index].data);
     });
+    answeredRequest = request;
+    showTargetEstimate();
     const target = targetDevice();
     const shown = results.get(target ? target.key : devices[0].key);
-    panel.setLayers(shown.layers);
-    setStatus(
-      "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
-      MP.deviceLabel(target || devices[0]) + " (" + shown.engine + (shown.flavour === "nvcaffe" ? ", NVcaffe" : "") + ").",
-    );
     showBlobLimit(shown.blob_limit);
     if (auto && !autoButton && target) {
       delete batchNote.dataset.from;
       batchNote.textContent = autoNote(target, results.get(target.key), request);
     }
-    drawCurve(request, devices, current, signal);
+  }
+
+  /** The request of the estimate last answered well (the chart and the tables are drawn from it). */
+  let answeredRequest = null;
+
+  /** What the panel shows of the target device's estimate: the status line, the kinds of memory, the largest
+   * layers and the chart, for the device a job would be planned on (drawn again when the device field changes). */
+  function showTargetEstimate() {
+    const devices = panel.plannableDevices().filter((d) => results.has(d.key));
+    if (!answeredRequest || !devices.length) return;
+    const chosen = targetDevice();
+    const target = devices.find((d) => chosen && d.key === chosen.key) || devices[0];
+    const shown = results.get(target.key);
+    panel.setLayers(shown.layers);
+    panel.setCategories(shown.categories, shown.total_bytes);
+    setStatus(
+      "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
+      MP.deviceLabel(target) + " (", panel.term("engine"), " ", panel.term(shown.engine),
+      (shown.flavour === "nvcaffe" ? ", NVcaffe" : "") + ").",
+    );
+    drawCurve(answeredRequest, target, shown);
   }
 
   /** Beside the batch field: why the batch asked for is split into passes although memory is not the reason
@@ -370,33 +431,58 @@
     }
   }
 
-  /** Memory at a few batch sizes from 1 to past the largest batch that fits anywhere. */
-  async function drawCurve(request, devices, current, signal) {
-    const gpus = devices.filter((d) => d.kind === "gpu");
-    const onEngine = (gpus.length ? gpus : devices).map((d) => results.get(d.key));
-    const engine = onEngine[0].engine; // the engine the server planned with there (its policy)
-    const wanted = onEngine[0].batch_size;
-    const largest = Math.max(wanted, ...onEngine.map((doc) => doc.max_batch_size || 0));
-    const top = Math.max(Math.ceil(largest * 1.25), 8);
+  /** The batches the chart spans on the target device: from 1 to a little past the batches that matter there,
+   * the batch asked for, the largest that fits, and the training dataset's size when the form names one (Auto
+   * goes no further): LeNet on a dataset of 512 images is drawn up to ~768, not to the 100,000 a GPU would hold. */
+  function chartBatches(estimate) {
+    const wanted = estimate.batch_size;
+    const largest = estimate.max_batch_size || wanted;
+    const dataset = trainDataset();
+    const entries = dataset && dataset.entries ? dataset.entries : null;
+    const top = Math.min(MAX_CHART_BATCH, Math.max(8, Math.ceil(CHART_SPAN * Math.max(wanted, entries ? Math.min(largest, entries) : largest))));
     const batches = new Set([1, wanted]);
     for (let i = 1; i < CHART_POINTS; i++) batches.add(Math.max(1, Math.round((top * i) / (CHART_POINTS - 1))));
-    const sorted = [...batches].sort((a, b) => a - b);
-    let answers;
-    try {
-      answers = await Promise.all(
-        sorted.map((batch) =>
-          MP.requestJSON(MP.config.estimateUrl, { method: "POST", signal, body: { ...request, engine, batch } }),
-        ),
-      );
-    } catch (error) {
+    if (largest <= top) batches.add(largest);
+    if (entries && entries <= top) batches.add(entries);
+    return { batches: [...batches].filter((b) => b <= MAX_CHART_BATCH).sort((a, b) => a - b), entries, dataset };
+  }
+
+  let curveController = null;
+  const curves = new Map(); // what the server answered, by request: a device change redraws without asking again
+
+  /** Memory against batch size for the target device's engine, in one request (api/estimate's curve_batches). */
+  async function drawCurve(request, target, estimate) {
+    const engine = estimate.engine; // the engine the server planned with there (its policy)
+    const { batches, entries, dataset } = chartBatches(estimate);
+    const body = { ...request, engine, batch: estimate.batch_size, curve_batches: batches };
+    const key = JSON.stringify(body);
+    const current = generation;
+    if (curveController) curveController.abort();
+    let answer = curves.get(key);
+    if (!answer) {
+      curveController = new AbortController();
+      try {
+        answer = await MP.requestJSON(estimateUrl, { method: "POST", signal: curveController.signal, body });
+      } catch (error) {
+        return;
+      }
+      if (!estimated(answer)) return;
+      if (curves.size > 16) curves.clear();
+      curves.set(key, answer);
+    }
+    const now = targetDevice();
+    if (current !== generation || (now && now.key !== target.key)) {
+      if (current === generation) showTargetEstimate(); // the device changed while the curve was asked for
       return;
     }
-    if (current !== generation) return;
     // A batch past Caffe's limits (a blob over INT_MAX elements) has no estimate: the curve stops before it.
-    const points = answers.filter((a) => a.ok).map((a) => ({ batch: a.data.batch_size, bytes: a.data.total_bytes }));
+    const points = answer.data.curve.filter((p) => p.total_bytes !== null).map((p) => ({ batch: p.batch, bytes: p.total_bytes }));
     if (points.length < 2) return;
-    const mark = points.find((p) => p.batch === wanted);
-    panel.drawCurve(points, mark, engine);
+    const mark = points.find((p) => p.batch === estimate.batch_size);
+    const lined = panel.plannableDevices().filter((d) => d.kind === target.kind);
+    const marks = entries && entries <= points[points.length - 1].batch
+      ? [{ batch: entries, label: "dataset: " + entries + " items (" + dataset.name + ")" }] : [];
+    panel.drawCurve(points, mark, engine, { lined, marks });
   }
 
   const schedule = MP.debounce(() => runEstimate(), DEBOUNCE_MS);
@@ -453,10 +539,14 @@
       delete batchNote.dataset.from;
     }
     if (event.target.name === "train_source" || event.target.name === "val_source") useDataset(event.target);
+    if (event.target.name === "train_source") showTargetEstimate(); // the chart spans the dataset's size
     schedule();
   });
   form.addEventListener("change", (event) => {
-    if (event.target.name === "device") panel.drawTarget();
+    if (event.target.name === "device") {
+      panel.drawTarget();
+      showTargetEstimate(); // the chart and the tables follow the device the job would be planned on
+    }
     if (event.target.name === "network" || event.target.name === "solver" || event.target.name === "standard_network") {
       showSections();
       showDefaults();
@@ -479,8 +569,40 @@
   }
   const plannableDevice = (device) => MP.plannable(device);
 
+  // --- after a failed Create: the first error in sight, its field focused ----------------------------------------
+
+  /** The form came back with errors (a plain POST): bring the first into sight with the focus on its field (the
+   * server marks it `autofocus` too, for browsers without JavaScript), rather than leave the page at its top. */
+  function focusFirstError() {
+    const box = [...form.querySelectorAll(".invalid-feedback.d-block")].find((node) => node.textContent.trim());
+    if (!box) return;
+    const control = field(box.dataset.errorFor);
+    const input = control && control.length !== undefined && !control.tagName
+      ? [...control].find((node) => node.checked) || control[0] : control;
+    const where = input && input.offsetParent !== null ? input : box;
+    where.scrollIntoView({ block: "center" });
+    if (where === input) input.focus({ preventScroll: true });
+  }
+
+  /** A term's link opens the terms section first (a closed <details> hides its entry), and so does an address
+   * naming an entry (another page may link to models/new#term-memory-source). */
+  const termsSection = document.getElementById("terms");
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest && event.target.closest("a.mp-term");
+    if (link && termsSection) termsSection.open = true;
+  });
+  function openNamedTerm() {
+    const named = location.hash.length > 1 && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    if (!named || !termsSection || !termsSection.contains(named)) return;
+    termsSection.open = true;
+    named.scrollIntoView({ block: "center" });
+  }
+  window.addEventListener("hashchange", openNamedTerm);
+  openNamedTerm();
+
   showSections();
   showDefaults();
+  focusFirstError();
   panel.showTarget(
     document.getElementById("batch-verdict"),
     () => { const target = targetDevice(); return target ? target.key : null; },
