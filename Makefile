@@ -16,7 +16,7 @@ DATA   ?= var
 CAFFE_CUDA ?= $(shell { test -e /proc/driver/nvidia/version || timeout 20 nvidia-smi -L >/dev/null 2>&1; } \
                 && echo 1 || echo 0)
 export CAFFE_CUDA
-CAFFE_INPUTS   := scripts/build-caffe.sh $(wildcard scripts/caffe-patches/*.patch)
+CAFFE_INPUTS   := scripts/build-caffe.sh $(wildcard scripts/caffe-patches/*.patch scripts/caffe-patches/cuda/*.patch)
 # What the installed environment depends on: when one of these changes, `make` installs again.
 INSTALL_INPUTS := setup.py constraints/ray.txt scripts/system-deps.sh scripts/build-pycaffe.sh $(CAFFE_INPUTS) Makefile
 # The browser libraries: scripts/frontend.sh runs `npm ci` and copies them into static/vendor/ (ignored by git).

@@ -45,7 +45,10 @@ CUDA_LIBRARY_PACKAGES=(nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.2.14 nvi
 CACHE_ROOT=${DIGITS_MEMPLUGIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/digits-memplugin}
 BUILD_JOBS=${BUILD_JOBS:-$(nproc)}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The source edits: those in caffe-patches/ for both builds, those in caffe-patches/cuda/ for the CUDA build only
+# (they change CUDA code alone, or code only a CUDA build links), so that editing them leaves the CPU root's key be.
 PATCHES=("$HERE"/caffe-patches/*.patch)
+[[ "$VARIANT" == cuda ]] && PATCHES+=("$HERE"/caffe-patches/cuda/*.patch)
 LOCK_WAIT=7200   # seconds to wait for another build of the same key (a cold CUDA build takes tens of minutes)
 
 log() { echo "build-caffe[$VARIANT]: $*" >&2; }
@@ -172,11 +175,11 @@ build_root() {
   local src="$work/$SDIST_NAME-$SDIST_VERSION"
 
   # The edits this tree needs, each a patch that must apply exactly (no fuzz) or the build stops: see the head
-  # of each file in scripts/caffe-patches/ for what it changes and why.
+  # of each file in scripts/caffe-patches/ (and cuda/) for what it changes and why.
   local patch_file
   for patch_file in "${PATCHES[@]}"; do
     patch -d "$src" -p1 --forward --fuzz=0 --batch --no-backup-if-mismatch --quiet <"$patch_file" \
-      || die "patch $(basename "$patch_file") no longer applies to $SDIST_NAME $SDIST_VERSION"
+      || die "patch ${patch_file#"$HERE/caffe-patches/"} no longer applies to $SDIST_NAME $SDIST_VERSION"
   done
 
   # Caffe's Makefile.config: Debian's libraries (serial HDF5, OpenBLAS, LMDB, boost_python<XY>), the environment's
@@ -213,6 +216,8 @@ build_root() {
     # CUDA 13 keeps thrust and cub under include/cccl, which nvcc finds by itself and g++ does not.
     include_dirs="$include_dirs $toolkit/include $toolkit/include/cccl $CUDA_LIBS/nvidia/cu13/include $CUDA_LIBS/nvidia/cudnn/include"
     runpath="$runpath -Wl,-rpath,\\\$\$ORIGIN/../../cuda-libs/nvidia/cu13/lib -Wl,-rpath,\\\$\$ORIGIN/../../cuda-libs/nvidia/cudnn/lib"
+    # Where the linker finds what those libraries load in turn (libcublasLt for libcublas): link time only.
+    runpath="$runpath -Wl,-rpath-link,$CUDA_LIBS/nvidia/cu13/lib:$CUDA_LIBS/nvidia/cudnn/lib"
     {
       echo "USE_CUDNN := 1"
       echo "CUDA_DIR := $toolkit"
@@ -281,7 +286,7 @@ info = {
     "flavour": "BVLC",
     "caffe_version": "$CAFFE_VERSION",
     "source": "$SDIST_NAME $SDIST_VERSION (BVLC caffe $CAFFE_COMMIT), patched: scripts/caffe-patches",
-    "patches": sorted("$(for p in "${PATCHES[@]}"; do basename "$p"; done | tr '\n' ' ')".split()),
+    "patches": "$(for p in "${PATCHES[@]}"; do echo "${p#"$HERE/caffe-patches/"}"; done | tr '\n' ' ')".split(),
     "build_key": "$key",
     "binary": "build/tools/caffe",
     "library": "build/lib/libcaffe.so.$CAFFE_VERSION",
