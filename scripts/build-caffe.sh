@@ -25,7 +25,8 @@
 #                           nvidia-smi lists; without a GPU 90, the H100/H200)
 #   CAFFE_ROOTS_DIR         where to install the root (default <venv>/share/digits-memplugin/caffe): <dir>/<variant>
 #   CUDA_HOME               a CUDA 13 toolkit to build with (default: /usr/local/cuda or the nvcc on PATH, where
-#                           either is CUDA 13; else the registry's nvidia-cuda-nvcc packages, cached)
+#                           either is CUDA 13; else, or with CUDA_HOME=registry, the registry's nvidia-cuda-nvcc
+#                           packages, cached)
 set -euo pipefail
 
 PYTHON=${1:?usage: build-caffe.sh PYTHON cpu|cuda}
@@ -95,7 +96,9 @@ nvcc_release() { "$1/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-
 CUDA_KEY=""
 if [[ "$VARIANT" == cuda ]]; then
   toolkit=""
-  for candidate in "${CUDA_HOME:-}" /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/bin/nvcc)")")"; do
+  candidates=("${CUDA_HOME:-}" /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc || echo /none/bin/nvcc)")")")
+  [[ "${CUDA_HOME:-}" == registry ]] && candidates=()
+  for candidate in "${candidates[@]}"; do
     [[ -n "$candidate" && -x "$candidate/bin/nvcc" ]] || continue
     release=$(nvcc_release "$candidate")
     if [[ "$release" == 13.* ]]; then toolkit=$candidate; break; fi
