@@ -7,8 +7,8 @@
 set -euo pipefail
 
 packages=(
-  # toolchain for pycaffe's CMake build
-  cmake g++ make pkg-config
+  # toolchain for pycaffe's CMake build and the caffe binary's Makefile build (which applies patches)
+  cmake g++ make pkg-config patch
   # libraries pycaffe links against (BVLC caffe, CPU-only)
   libboost-python-dev libboost-system-dev libboost-thread-dev libboost-filesystem-dev libboost-regex-dev
   libgoogle-glog-dev libgflags-dev libprotobuf-dev protobuf-compiler libopenblas-dev libhdf5-dev
