@@ -50,6 +50,11 @@ ENVIRONMENT = ("CAFFE_ROOT", "CAFFE_HOME")
 """Read as DIGITS reads them, in this order, when the setting is not given."""
 BUNDLED = "bundled"
 BUNDLED_BINARY_ROOT = Path(sys.prefix) / "share" / "digits-memplugin" / "caffe" / "cpu"
+BUNDLED_CUDA_ROOT = Path(sys.prefix) / "share" / "digits-memplugin" / "caffe" / "cuda"
+"""The bundled CUDA + cuDNN build (`make install CAFFE_CUDA=1`, by itself where an NVIDIA driver is found)."""
+BUNDLED_CUDA = "the bundled CUDA build"
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+"""There where an NVIDIA driver is loaded (the Makefile's test for building the CUDA root, too)."""
 """Where `make install` puts the bundled Caffe's binary build: a Caffe root (build/tools/caffe) without python/ (its
 pycaffe is this Python's own), so that naming it trains jobs through the binary."""
 PROBE_SECONDS = 30.0
@@ -137,11 +142,14 @@ def caffe_root(setting: str | os.PathLike[str] | None, environ: Mapping[str, str
 
 def find_caffe(
     setting: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
-    timeout: float = PROBE_SECONDS,
+    timeout: float = PROBE_SECONDS, driver: Path = NVIDIA_DRIVER,
 ) -> CaffeBuild:
-    """The Caffe that trains: the one named by the setting or the environment, else the bundled pycaffe.
-    CaffeBuildError when the named one cannot train."""
+    """The Caffe that trains: the one named by the setting or the environment; else, where an NVIDIA driver is loaded
+    and `make install` built it, the bundled CUDA build (the CPU-only pycaffe cannot train on the GPUs a DIGITS user
+    has); else the bundled pycaffe. CaffeBuildError when the named one cannot train."""
     root, source = caffe_root(setting, environ)
+    if root is None and driver.exists() and (BUNDLED_CUDA_ROOT / BINARIES[0]).is_file():
+        root, source = BUNDLED_CUDA_ROOT, BUNDLED_CUDA
     if root is None:
         return bundled()
     return probe_root(root, source, timeout)
@@ -319,6 +327,6 @@ def _last_line(text: str) -> str:
 
 
 __all__ = [
-    "BINARY", "BUNDLED", "BUNDLED_BINARY_ROOT", "BVLC", "NVCAFFE", "PYCAFFE", "SETTING", "CaffeBuild", "CaffeBuildError", "bundled",
+    "BINARY", "BUNDLED", "BUNDLED_BINARY_ROOT", "BUNDLED_CUDA", "BUNDLED_CUDA_ROOT", "BVLC", "NVCAFFE", "PYCAFFE", "SETTING", "CaffeBuild", "CaffeBuildError", "bundled",
     "caffe_root", "devices_document", "find_caffe", "flavour_of_version", "linked_libraries", "probe_root",
 ]

@@ -167,3 +167,23 @@ def test_the_devices_api_page_and_estimates_follow_the_caffe_that_trains(tmp_pat
         assert (caffe["flavour"], caffe["runner"], caffe["version"]) == ("nvcaffe", "binary", "0.17.4")
         assert f"NVcaffe 0.17.4 (at {root}, MEMPLUGIN_CAFFE_ROOT)</strong>: CUDA without cuDNN" in page
         assert estimate["flavour"] == "nvcaffe" and policy.gpu_engine == "gpu"
+
+
+def test_where_a_driver_is_loaded_the_bundled_cuda_build_trains_unless_a_caffe_is_named(tmp_path: Path) -> None:
+    """A DIGITS user with GPUs who names no Caffe gets the bundled CUDA build `make install` made where the driver
+    is (the CPU-only pycaffe could not train on their GPUs); without a driver, or with a Caffe named, it is not taken."""
+    import os
+
+    from digits_memplugin.caffe_build import BUNDLED_CUDA, BUNDLED_CUDA_ROOT, bundled, find_caffe
+
+    if not (BUNDLED_CUDA_ROOT / "build" / "tools" / "caffe").is_file():
+        if os.environ.get("CAFFE_CUDA") == "1":
+            pytest.fail(f"CAFFE_CUDA=1 but no CUDA Caffe root in {BUNDLED_CUDA_ROOT}: `make install CAFFE_CUDA=1`")
+        pytest.skip("no CUDA Caffe root (built by `make install CAFFE_CUDA=1`)")
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06\n")
+    chosen = find_caffe(None, environ={}, driver=driver)
+    assert (chosen.root, chosen.source, chosen.cuda, chosen.cudnn) == (str(BUNDLED_CUDA_ROOT), BUNDLED_CUDA, True, True)
+    assert find_caffe(None, environ={}, driver=tmp_path / "none") == bundled()
+    named = caffe_root(tmp_path / "mine", version="1.0.0", cuda=True)
+    assert find_caffe(None, environ={"CAFFE_ROOT": str(named)}, driver=driver).root == str(named)
