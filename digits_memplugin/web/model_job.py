@@ -10,6 +10,8 @@ fields.
     data_backend -> "lmdb": those layers' Data backend is LMDB; "hdf5": they become HDF5Data layers
     device       -> "next": "auto"; a GPU's key: its UUID; "cpu": "cpu"
     divergence   -> "divergence" ("stop" or "continue": what a NaN or infinite loss does)
+    epochs, test_interval, test_iter -> the same (solver settings: the length by epochs, validation once per epoch
+                    and one pass over the validation set unless given; core.epochs)
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
         body["data_shapes"] = {DATA_TOP: list(spec.item_shape)}
     if spec.classes is not None:
         body["classes"] = spec.classes
+    for key in ("epochs", "test_interval", "test_iter"):  # the solver settings' length and validation, by dataset
+        if getattr(spec, key) is not None:
+            body[key] = getattr(spec, key)
     return JobBody(body, sources)
 
 

@@ -58,6 +58,7 @@ def _page_context() -> dict[str, Any]:
         "memplugin_csrf_token": generate_csrf,
         "memplugin_time": job_pages.format_time,
         "memplugin_duration": job_pages.format_duration,
+        "memplugin_pace": job_pages.pace_text,
     }
 
 

@@ -4,7 +4,8 @@
  *   then grows it from `job_progress` events; points are kept by iteration, so a record seen twice (in the history
  *   and in an event) is drawn once, in order; a value that is NaN or infinite (the server writes "NaN", "Infinity",
  *   "-Infinity") is a gap in its line and a red ✕ at the top of the chart, listed below the chart too;
- * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events;
+ * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events, and the
+ *   speed and time left from the iteration events (`iterations_per_second`, `seconds_left`, measured by the server);
  * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines;
  * - after a reconnection, subscribes again (the server answers with the whole job document) and re-fetches the
  *   progress and the log, so what happened while the connection was down is not missed;
@@ -235,6 +236,14 @@
     bar.firstElementChild.style.width = percent.toFixed(1) + "%";
   }
 
+  /** The speed and time left a job document or an iteration event carries (null until two records say). */
+  function showPace(source) {
+    if (!("iterations_per_second" in source)) return;
+    job.iterations_per_second = source.iterations_per_second;
+    job.seconds_left = source.seconds_left;
+    setText("pace", F.paceText(job) || "n/a");
+  }
+
   function setText(role, text) {
     part(role).textContent = text;
   }
@@ -255,6 +264,7 @@
     setText("validation", job.batch.test_batch_size
       ? "batch " + job.batch.test_batch_size + " × " + job.batch.test_iter + " passes" : "none");
     setText("snapshot", job.snapshot ? "iteration " + job.snapshot.iteration : "none yet");
+    showPace(document_);
     setText("created", MP.formatTime(job.created_at));
     setText("started", MP.formatTime(job.started_at) || "not yet");
     setText("finished", MP.formatTime(job.finished_at) || "not yet");
@@ -342,6 +352,7 @@
   MP.on("job_progress", (record) => {
     if (!mine(record)) return;
     addRecord(record);
+    if (record.event === "iteration" && record.attempt >= lastAttempt()) showPace(record);
     draw();
   });
   MP.on("job_attempt", (attempt) => {
