@@ -1,5 +1,5 @@
-"""Issue 26, 2 in a real browser: a running job's speed and time left on its page and in the jobs list, at 1280 and
-at 375 px, measured by the server from the job's records (REST `iterations_per_second`, `seconds_left`; the
+"""Issue 26, 2 in a real browser: how long a job will train, on the New model page (by epochs, at the planned batch),
+and a running job's speed and time left on its page and in the jobs list, at 1280 and at 375 px, measured by the server from the job's records (REST `iterations_per_second`, `seconds_left`; the
 `job_progress` and `job_iteration` events) and kept live; once the job ends they go.
 
 The server is browser_fixtures.py's (`serve --simulate-gpus 2x24GiB`): jobs train LeNet on the CPU, one at a time,
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_fixtures import Server, screenshot, watch
+from browser_fixtures import TRAIN_DB, VAL_DB, Server, screenshot, watch
 from playwright.sync_api import Browser, Page, ViewportSize, expect
 from test_browser_jobs import TRAINING, cancel, twin
 
@@ -90,3 +90,27 @@ def test_the_jobs_list_shows_each_running_jobs_speed_and_time_left(screen: tuple
         cancel(server, job["id"])
     expect(pace).to_have_text("", timeout=TRAINING)
     assert page.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)") <= width
+
+
+def test_the_new_model_page_says_how_long_the_job_trains_by_epochs(page: Page, server: Server) -> None:
+    """The form asks for epochs, as DIGITS does, and shows the iterations they make at the batch planned: the
+    512-image training set at Auto's batch 25 (a twentieth of it) is 21 iterations an epoch, validated on one pass
+    over the 64 validation images (2 batches of LeNet's 32)."""
+    page.goto(server.form_url)
+    expect(page.locator("#mp-connection")).to_have_text("live")
+    expect(page.locator("#epochs")).to_have_value("30")
+    page.fill("#train_source", TRAIN_DB)
+    page.fill("#val_source", VAL_DB)
+    page.fill("#batch_size", "auto")
+    note = page.locator("#length-note")
+    expect(note).to_have_text(
+        "Trains 630 iterations (30 epochs of 21 at batch 25); validates every 21 iterations, 2 batches of 32."
+    )
+    page.fill("#epochs", "10")
+    expect(note).to_have_text(
+        "Trains 210 iterations (10 epochs of 21 at batch 25); validates every 21 iterations, 2 batches of 32."
+    )
+    page.fill("#max_iter", "100")
+    page.fill("#test_iter", "1")
+    expect(note).to_have_text("Trains 100 iterations (21 per epoch at batch 25); validates every 21 iterations, "
+                              "1 batch of 32.")

@@ -436,7 +436,10 @@
       const testBatch = (estimate.test_plan && estimate.test_plan.batch_size) || estimate.test_batch_size;
       const passes = positive("test_iter") || (validation && validation.entries && testBatch
         ? Math.ceil(validation.entries / testBatch) : null);
-      if (interval && passes) text += "; validates every " + interval + " iterations, " + passes + " batches of " + testBatch;
+      if (interval && passes) {
+        text += "; validates every " + interval + " iterations, " + passes + (passes === 1 ? " batch of " : " batches of ") +
+          testBatch;
+      }
     }
     note.textContent = text + ".";
   }
