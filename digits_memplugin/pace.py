@@ -4,7 +4,8 @@ Every iteration record the training child writes carries `iteration` and `second
 The speed is measured over the last `WINDOW_SECONDS` of them, so that it follows a change of pace (another job
 starting on the device, a resumed attempt) while test passes inside the window are counted in, as they will be
 for the iterations left. Pure functions over (iteration, seconds) pairs of one attempt: the command line calls
-them, and the job pages can call them on the same records.
+them, and the job manager keeps a bounded `Window` of them per running attempt, from which the job documents and
+events give the speed and the time left.
 """
 
 from __future__ import annotations
@@ -52,6 +53,36 @@ def recent(points: Sequence[Point], window: float = WINDOW_SECONDS) -> list[Poin
     if not points:
         return []
     return list(points[_window_start(points, window):])
+
+
+class Window:
+    """The points `pace` needs of one attempt, bounded however fast it goes: those of the last `window` seconds
+    (and the one before them), at least `window / MAX_POINTS` seconds apart, the newest always kept. A server
+    follows every running attempt with one (a LeNet attempt reports hundreds of iterations a second), so that a
+    job's speed is computed from at most MAX_POINTS points, never from its progress file."""
+
+    MAX_POINTS = 120
+
+    def __init__(self, window: float = WINDOW_SECONDS) -> None:
+        self.window = window
+        self.spacing = window / self.MAX_POINTS
+        self.points: list[Point] = []
+
+    def add(self, iteration: int, seconds: float) -> None:
+        """A record's (iteration, seconds); one older than the newest (a record seen twice) is ignored."""
+        points = self.points
+        if points and (seconds < points[-1][1] or iteration < points[-1][0]):
+            return
+        if len(points) >= 2 and seconds - points[-2][1] < self.spacing:
+            points[-1] = (iteration, seconds)  # too close to the one before: the newest replaces it
+        else:
+            points.append((iteration, seconds))
+        start = _window_start(points, self.window)
+        if start > 0:
+            del points[:start]
+
+    def pace(self, max_iter: int) -> Pace | None:
+        return pace(self.points, max_iter, self.window)
 
 
 def _window_start(points: Sequence[Point], window: float) -> int:

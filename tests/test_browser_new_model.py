@@ -21,6 +21,12 @@ LENET = standard_network("lenet")
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]
 
+CAPPED_AT_25 = (
+    "Batch 25: capped at 25 so that an epoch of the 512 training items has 21 iterations (at most 1/20 of the training "
+    "set); GPU 0 has memory for more."
+)
+"""Auto's note on the 512-image training set (core/planner.py auto_cap)."""
+
 
 def open_form(page: Page, server: Server) -> None:
     page.goto(server.form_url)
@@ -72,15 +78,18 @@ def test_pasted_lenet_and_auto_fill_a_batch_that_fits(page: Page, server: Server
     page.click("#auto-batch")
     expect(page.locator("#batch_size")).to_have_value(re.compile(r"^\d+$"))
     batch = int(page.input_value("#batch_size"))
-    # The same estimate through the API: the batch filled in is the largest that fits on GPU 0, and it fits.
-    document = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=batch))
-    assert document["max_batch_size"] == batch
+    # The same estimate through the API: the batch filled in is the largest that fits on GPU 0 within the cap of
+    # "auto" (no training set chosen: its ceiling, 256), and it fits.
+    document = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=batch, auto=True))
+    assert document["max_batch_size"] == batch == 256
     assert document["plan"] == {**document["plan"], "fits": True, "iter_size": 1, "batch_size": batch}
     row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
     expect(row).to_have_attribute("data-estimate-bytes", str(document["total_bytes"]))
     expect(row).to_have_attribute("data-verdict", "fits")
     expect(row.locator('[data-role="verdict"]')).to_contain_text(f"batch {batch} × iter_size 1")
-    expect(page.locator("#batch-note")).to_contain_text(f"Batch {batch}: the largest that fits on GPU 0")
+    expect(page.locator("#batch-note")).to_have_text(
+        "Batch 256: capped at 256, the largest batch of Caffe's reference models; GPU 0 has memory for more."
+    )
     # The chart: the network's curve and one free-memory line per GPU.
     labels = page.evaluate("MemPlugin.newModel.panel.chart.data.datasets.map(d => d.label)")
     assert labels[0] == "this network (gpu-cudnn)"
@@ -251,8 +260,8 @@ def test_without_javascript_auto_fills_the_suggested_batch(browser: Browser, ser
         batch = int(page.input_value("#batch_size"))
         solver = 'type: "SGD"\ntrain_state { stage: "train" }\n'
         document = server.api("estimate", {"net": LENET.text, "solver": solver, "data_shapes": {"data": [1, 28, 28]},
-                                           "classes": 10, "engine": "gpu-cudnn", "device": gpu0["key"]})
-        assert batch == document["max_batch_size"]
+                                           "classes": 10, "engine": "gpu-cudnn", "device": gpu0["key"], "auto": True})
+        assert batch == document["max_batch_size"] == 256  # the training set cannot be read: the ceiling caps
     finally:
         context.close()
 
@@ -315,8 +324,9 @@ def test_placeholders_do_not_look_like_values(page: Page, server: Server) -> Non
     assert (placeholder, typed) == ("italic", "normal")
 
 
-def test_auto_is_capped_at_the_training_datasets_size(page: Page, server: Server) -> None:
-    """Issue 14, 6: Auto gave LeNet batches of 100000+ on a 24 GiB GPU; the training set here has 512 images."""
+def test_auto_is_capped_at_a_twentieth_of_the_training_set(page: Page, server: Server) -> None:
+    """Issue 14, 6: Auto gave LeNet batches of 100000+ on a 24 GiB GPU; issue 26, 2: capped at the training set's
+    size it gave the whole set (one update an epoch). The training set here has 512 images: 25, an epoch of 21."""
     open_form(page, server)
     gpu0 = server.api("devices")["devices"][0]
     page.select_option("#device", gpu0["key"])
@@ -325,31 +335,31 @@ def test_auto_is_capped_at_the_training_datasets_size(page: Page, server: Server
     use_custom_network(page, LENET.text)
     page.fill("#train_source", TRAIN_DB)
     page.click("#auto-batch")
-    expect(page.locator("#batch_size")).to_have_value("512")
-    expect(page.locator("#batch-note")).to_have_text(
-        f"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images ({TRAIN_DB})."
-    )
+    expect(page.locator("#batch_size")).to_have_value("25")
+    expect(page.locator("#batch-note")).to_have_text(CAPPED_AT_25)
     row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
-    expect(row.locator('[data-role="verdict"]')).to_contain_text("batch 512 × iter_size 1")
+    expect(row.locator('[data-role="verdict"]')).to_contain_text("batch 25 × iter_size 1")
 
 
 def test_auto_typed_is_estimated_at_the_batch_auto_would_give(page: Page, server: Server) -> None:
-    """Typing "auto" estimated the network's own 64; it is the largest batch that fits on each device (within the
-    dataset when one is chosen), as Auto and a job with batch "auto" would run."""
+    """Typing "auto" estimated the network's own 64; it is the largest batch that fits on each device within the
+    cap of "auto" (256, or a twentieth of the training set when one is chosen), as Auto and a job with batch "auto"
+    would run."""
     open_form(page, server)
     gpu0 = server.api("devices")["devices"][0]
     use_custom_network(page, LENET.text)
-    largest = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"]))["max_batch_size"]
+    largest = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], auto=True))["max_batch_size"]
+    assert largest == 256
     at_largest = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=largest))
     row = page.locator(f'#device-list > li[data-device-key="{gpu0["key"]}"]')
     page.fill("#batch_size", "auto")
     expect(row).to_have_attribute("data-estimate-bytes", str(at_largest["total_bytes"]))
     expect(row.locator('[data-role="verdict"]')).to_contain_text(f"batch {largest} × iter_size 1")
-    page.fill("#train_source", TRAIN_DB)  # now within the dataset: 512
-    at_512 = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=512))
-    expect(row).to_have_attribute("data-estimate-bytes", str(at_512["total_bytes"]))
+    page.fill("#train_source", TRAIN_DB)  # now within a twentieth of the dataset: 25
+    at_25 = server.api("estimate", lenet_request(engine="gpu-cudnn", device=gpu0["key"], batch=25))
+    expect(row).to_have_attribute("data-estimate-bytes", str(at_25["total_bytes"]))
     page.select_option("#device", gpu0["key"])
-    expect(page.locator("#batch-note")).to_contain_text("capped at the dataset's 512 images")
+    expect(page.locator("#batch-note")).to_contain_text("capped at 25 so that an epoch of the 512 training items")
 
 
 def test_without_javascript_auto_is_capped_at_the_training_datasets_size(browser: Browser, server: Server) -> None:
@@ -361,9 +371,7 @@ def test_without_javascript_auto_is_capped_at_the_training_datasets_size(browser
         page.fill("#model_name", "lenet")
         page.select_option("#device", server.api("devices")["devices"][0]["key"])
         page.click("#auto-batch")
-        expect(page.locator("#batch_size")).to_have_value("512")
-        expect(page.locator("#batch-note")).to_have_text(
-            f"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images ({TRAIN_DB})."
-        )
+        expect(page.locator("#batch_size")).to_have_value("25")
+        expect(page.locator("#batch-note")).to_have_text(CAPPED_AT_25)
     finally:
         context.close()

@@ -198,3 +198,25 @@ def test_detectnet_estimates_from_its_image_shape_alone() -> None:
         solver_source=str(DETECTNET_SOLVER), data_shapes={"data": (3, 384, 1248)},
     ))
     assert json.loads(document.stdout)["total_bytes"] == expected["total_bytes"] > 0
+
+
+def test_batch_auto_is_capped_as_a_jobs_auto_and_says_why(tmp_path: Path) -> None:
+    """Issue 26, 2: the CLI's estimate plans "auto" as jobs do: the largest batch that fits, within a twentieth of
+    the training set (read from the net's training LMDB here, or given) and 256."""
+    (tmp_path / "examples" / "mnist").mkdir(parents=True)  # where Caffe's LeNet reads its datasets from
+    write_lmdb(tmp_path / "examples" / "mnist" / "mnist_train_lmdb", (1, 28, 28), records=1438)
+    write_lmdb(tmp_path / "examples" / "mnist" / "mnist_test_lmdb", (1, 28, 28))
+    result = run(LENET, "--batch", "auto", "--free-bytes", "8GiB", "--json", "--no-pycaffe", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["auto_cap"]["batch_size"] == 71 and document["auto_cap"]["train_items"] == 1438
+    assert (document["batch_size"], document["max_batch_size"], document["plan"]["batch_size"]) == (71, 71, 71)
+    table = run(LENET, "--batch", "auto", "--free-bytes", "8GiB", "--no-pycaffe", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert ("largest batch that fits: 71  (auto: capped at 71 so that an epoch of the 1438 training items has 21 "
+            "iterations (at most 1/20 of the training set))") in table.stdout
+    given = run(LENET, "--data-shape", "data=1,28,28", "--batch", "auto", "--train-items", "60000",
+                "--free-bytes", "8GiB", "--no-pycaffe")
+    assert given.returncode == 0, given.stderr
+    assert "largest batch that fits: 256  (auto: capped at 256, the largest batch of Caffe's reference models" in (
+        given.stdout)

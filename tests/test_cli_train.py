@@ -277,3 +277,26 @@ def test_training_prints_regular_steps_of_n_with_speed_time_left_and_absolute_sn
         assert Path(state).is_absolute() and Path(state).is_file() and state.endswith(".solverstate")
         assert Path(model).is_relative_to(bundled / "var" / "jobs")
     assert lines[-1] == "done: training finished at iteration 40"
+
+
+def test_epochs_and_batch_auto_train_as_long_as_the_sample_set_and_the_planned_batch_say(bundled: Path) -> None:
+    """Issue 26, 2: `--epochs` counts the length as DIGITS does (ceil(1438 / 71) = 21 iterations an epoch at the
+    batch "auto" plans, a twentieth of the set), validating once an epoch on one pass over the 359 validation
+    images; the plan's cap is printed."""
+    result = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", "--classes", "10", "--batch", "auto",
+                       "--epochs", "2", "--data", "train=datasets/digits_train_lmdb",
+                       "--data", "test=datasets/digits_val_lmdb")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert ("  batch auto: capped at 71 so that an epoch of the 1438 training items has 21 iterations (at most 1/20 "
+            "of the training set)") in lines, result.stdout
+    assert any(line.startswith("attempt 1 on cpu: batch 71 x iter_size 1 = 71") for line in lines)
+    iterations = [line for line in lines if line.startswith("  iteration ")]
+    assert iterations and all(" of 42: loss " in line for line in iterations), iterations
+    tests = [line.split()[5].rstrip(":") for line in lines if line.startswith("  test net 0 at iteration ")]
+    assert tests == ["0", "21", "42"]
+    assert lines[-1] == "done: training finished at iteration 42"
+    both = in_folder(bundled, "lenet.prototxt", "lenet_solver.prototxt", "--classes", "10", "--epochs", "2",
+                     "--max-iter", "5", "--data", "train=datasets/digits_train_lmdb")
+    assert both.returncode == 2 and both.stderr.strip().endswith(
+        "--epochs: give the length once: epochs or max_iter, not both"), both.stderr

@@ -37,9 +37,10 @@ def batch(decision: Decision) -> tuple[int, int]:
 
 
 def test_auto_takes_the_largest_batch_under_the_margin_of_the_engines_kind() -> None:
-    assert batch(plan()) == (412, 1)  # 512 MiB usable, 100 MiB fixed
-    assert batch(plan(engine=ENGINE_CUDNN)) == (668, 1)  # 768 MiB usable
-    assert batch(plan(fallback={"safety_margin": 0.0})) == (924, 1)
+    small = 350 * MIB  # the cap of "auto" (256) is not reached
+    assert batch(plan(limit_bytes=small)) == (75, 1)  # 175 MiB usable, 100 MiB fixed
+    assert batch(plan(limit_bytes=small, engine=ENGINE_CUDNN)) == (162, 1)  # 262.5 MiB usable
+    assert batch(plan(limit_bytes=small, fallback={"safety_margin": 0.0})) == (250, 1)
 
 
 def test_the_wanted_batch_is_the_requests_the_nets_or_the_one_training_started_with() -> None:
@@ -58,7 +59,7 @@ def test_the_wanted_start_tries_the_batch_as_given_first() -> None:
     assert decision.message == 'the wanted batch 1000 as given first (fallback start "wanted")'
     assert batch(plan(requested_batch=1000, fallback={"start": "wanted"}, placing=True)) == (334, 3)
     assert batch(plan(requested_batch=1000, fallback={"start": "wanted"}, attempts_made=1)) == (334, 3)
-    assert batch(plan(requested_batch="auto", fallback={"start": "wanted"})) == (412, 1)
+    assert batch(plan(requested_batch="auto", fallback={"start": "wanted"}, limit_bytes=350 * MIB)) == (75, 1)
 
 
 def test_no_plan_is_left_alone_by_the_wanted_start() -> None:
@@ -67,11 +68,29 @@ def test_no_plan_is_left_alone_by_the_wanted_start() -> None:
     assert plan(attempts_made=3).plan is None  # the retry budget
 
 
-def test_auto_is_capped_at_the_training_sets_size_and_says_so() -> None:
-    decision = plan(train_items=300)
-    assert batch(decision) == (300, 1) and decision.limited_by == "max_batch"
-    assert plan().limited_by == "memory" and plan().largest == 412
+def test_auto_is_capped_at_a_twentieth_of_the_training_set_and_says_so() -> None:
+    """Issue 26, 2: Auto filled batch 1438, the whole sample training set (one update an epoch)."""
+    decision = plan(train_items=1438)  # memory for 412
+    assert batch(decision) == (71, 1) and decision.limited_by == "max_batch"
+    assert decision.auto_cap == (
+        "capped at 71 so that an epoch of the 1438 training items has 21 iterations (at most 1/20 of the training set)"
+    )
+    assert decision.message.endswith(f"; auto {decision.auto_cap}")
+    assert batch(plan(train_items=15)) == (1, 1)  # fewer items than iterations an epoch keeps: batch 1
+    tight = plan(limit_bytes=300 * MIB, train_items=1438)  # memory for 50 only: memory chose it, not the cap
+    assert batch(tight) == (50, 1) and tight.limited_by == "memory" and tight.auto_cap is None
     assert batch(plan(requested_batch=1000, train_items=300)) == (334, 3)  # a number asked for is not capped
+    assert plan(requested_batch=1000, train_items=300).auto_cap is None
+
+
+def test_auto_never_goes_past_the_batch_of_caffes_reference_models() -> None:
+    decision = plan(train_items=60000)  # MNIST: a twentieth is 3000, memory has room for 412
+    assert batch(decision) == (256, 1) and decision.limited_by == "max_batch"
+    assert decision.auto_cap is not None and decision.auto_cap.startswith("capped at 256, the largest batch of Caffe")
+    assert "an epoch of the 60000 training items has 235 iterations" in decision.auto_cap
+    assert batch(plan()) == (256, 1)  # the training set's size unknown: the ceiling alone
+    small = plan(limit_bytes=350 * MIB, train_items=60000)
+    assert batch(small) == (75, 1) and small.limited_by == "memory" and small.auto_cap is None
 
 
 def test_the_policy_gives_each_kind_of_device_its_engine_and_margin() -> None:

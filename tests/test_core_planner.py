@@ -16,6 +16,7 @@ from digits_memplugin.core.planner import (
     MAX_BATCH,
     MemoryCurve,
     auto_batch_limit,
+    auto_cap,
     max_batch,
     max_buildable,
     plan_batch,
@@ -219,6 +220,17 @@ def test_a_net_whose_own_batch_or_batch_one_is_past_the_limit_stays_an_error() -
         estimate(EstimateRequest(net=net, batch=64, data_shapes={"data": (1, 100000, 100000)}))
 
 
-@pytest.mark.parametrize(("items", "limit"), [(None, MAX_BATCH), (0, MAX_BATCH), (1797, 1797), (MAX_BATCH + 5, MAX_BATCH)])
-def test_auto_is_limited_by_the_datasets_size(items: int | None, limit: int) -> None:
-    assert auto_batch_limit(items) == limit
+@pytest.mark.parametrize(("items", "limit", "reason", "per_epoch"), [
+    (None, 256, "ceiling", None), (0, 256, "ceiling", None), (10, 1, "epoch", 10), (1438, 71, "epoch", 21),
+    (1797, 89, "epoch", 21), (5119, 255, "epoch", 21), (5120, 256, "ceiling", 20), (60000, 256, "ceiling", 235),
+    (MAX_BATCH + 5, 256, "ceiling", 4097),
+])
+def test_auto_is_a_twentieth_of_the_training_set_at_most_256(
+    items: int | None, limit: int, reason: str, per_epoch: int | None,
+) -> None:
+    """Issue 26, 2: "the largest that fits" gave batch 1438 for the 1438-image sample set, one update an epoch."""
+    cap = auto_cap(items)
+    assert (cap.batch, cap.reason, cap.epoch_iterations) == (limit, reason, per_epoch)
+    assert auto_batch_limit(items) == limit and auto_batch_limit(items, limit=7) == min(7, limit)
+    if items and reason == "epoch":
+        assert per_epoch is not None and per_epoch >= min(20, items)  # an epoch keeps its 20 iterations

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from digits_memplugin.pace import Pace, format_duration, format_rate, pace, recent
+from digits_memplugin.pace import Pace, Window, format_duration, format_rate, pace, recent
 
 
 def test_no_speed_until_two_records_say_how_fast() -> None:
@@ -61,3 +61,30 @@ def test_rates_have_three_significant_digits() -> None:
     assert format_rate(0.58712) == "0.587 it/s"
     assert format_rate(99.94) == "99.9 it/s"
     assert format_rate(1234.7) == "1235 it/s"
+
+
+def test_a_window_keeps_what_pace_needs_however_fast_the_records_come() -> None:
+    """The server follows every running attempt with one: a LeNet attempt reports hundreds of records a second, and
+    the job documents must not re-read a progress file for its speed."""
+    window = Window()
+    points = [(i, 2.0 + i / 500) for i in range(1, 100_001)]  # 500 it/s for 200 s
+    for iteration, seconds in points:
+        window.add(iteration, seconds)
+        assert len(window.points) <= Window.MAX_POINTS + 2
+    assert window.points[-1] == points[-1]  # the newest is always kept
+    measured, exact = window.pace(200_000), pace(points, 200_000)
+    assert measured is not None and exact is not None
+    assert measured.iterations_per_second == pytest.approx(exact.iterations_per_second, rel=0.01)
+    assert measured.seconds_left == pytest.approx(exact.seconds_left, rel=0.01)
+    window.add(5, 3.0)  # an older record (seen twice): ignored
+    assert window.points[-1] == points[-1]
+
+
+def test_a_window_gives_a_speed_from_its_second_record() -> None:
+    window = Window()
+    window.add(1, 2.0)
+    assert window.pace(100) is None
+    window.add(2, 2.1)
+    measured = window.pace(100)
+    assert measured is not None and measured.iterations_per_second == pytest.approx(10.0)
+    assert measured.seconds_left == pytest.approx(9.8)

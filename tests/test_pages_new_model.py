@@ -324,7 +324,7 @@ def test_without_javascript_an_empty_item_shape_is_the_datasets_own(
 ) -> None:
     """The standard LeNet expects 1x28x28, but the training dataset holds 3x32x32 items: the plan is for those."""
     (datasets / "rgb").mkdir()
-    write_lmdb(datasets / "rgb" / "cifar_lmdb", records=40, shape=(3, 32, 32))
+    write_lmdb(datasets / "rgb" / "cifar_lmdb", records=800, shape=(3, 32, 32))  # Auto's cap: 800 / 20 = 40
     target = gpus_app.gpus[1]
     response = client.post(POST_URL, data=form_data(csrf_token(client), device=target.uuid, action="suggest",
                                                     train_source="rgb/cifar_lmdb"))
@@ -394,41 +394,52 @@ def test_auto_button_without_javascript_fills_the_largest_batch_that_fits(
     response = client.post(POST_URL, data=form_data(csrf_token(client), device=target.uuid, action="suggest"))
     assert response.status_code == 200
     largest = direct_estimate(LENET.text, target.free)["max_batch_size"]
-    assert largest and largest > 64
-    assert re.search(rf'id="batch_size" [^>]*value="{largest}"', response.text)
+    assert largest and largest > 256  # the training set cannot be read here: the ceiling of "auto" caps
+    assert re.search(r'id="batch_size" [^>]*value="256"', response.text)
     assert "Planned model" not in response.text  # the form again, not a submission
-    at_largest = direct_estimate(LENET.text, target.free, batch=largest)
-    assert at_largest["plan"] == {**at_largest["plan"], "fits": True, "iter_size": 1, "batch_size": largest}
-
-
-def test_auto_without_javascript_is_capped_at_the_training_datasets_size(
-    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
-) -> None:
-    """Issue 14, 6: Auto suggested batches past the dataset's size (124256 for LeNet, MNIST has 60000 images). The
-    training set here holds 16 images: Auto gives 16, and says why."""
-    target = gpus_app.gpus[1]
-    assert direct_estimate(LENET.text, target.free)["max_batch_size"] > 16
-    response = client.post(POST_URL, data=form_data(csrf_token(client), **{**JOB, "device": target.uuid},
-                                                    action="suggest"))
-    assert response.status_code == 200
-    assert re.search(r'id="batch_size" [^>]*value="16"', response.text)
     note = re.search(r'id="batch-note"[^>]*>([^<]*)<', response.text)
     assert note and note.group(1) == (
-        f"Batch 16: the largest that fits on GPU 1, capped at the dataset&#39;s 16 images ({TRAIN_DB})."
+        "Batch 256: capped at 256, the largest batch of Caffe&#39;s reference models; GPU 1 has memory for more."
+    )
+    at_cap = direct_estimate(LENET.text, target.free, batch=256)
+    assert at_cap["plan"] == {**at_cap["plan"], "fits": True, "iter_size": 1, "batch_size": 256}
+
+
+def test_auto_without_javascript_is_capped_at_a_twentieth_of_the_training_set(
+    gpus_app: FakeNvml, client: FlaskClient, datasets: Any
+) -> None:
+    """Issue 14, 6: Auto suggested batches past the dataset's size (124256 for LeNet, MNIST has 60000 images); issue
+    26, 2: capped at the dataset's size it was the whole 1438-image sample set, one update an epoch. A training set
+    of 1438 images here: Auto gives 71 (an epoch of 21 iterations), and says why."""
+    write_lmdb(datasets / "sample_train_lmdb", records=1438)
+    target = gpus_app.gpus[1]
+    assert direct_estimate(LENET.text, target.free)["max_batch_size"] > 1438
+    response = client.post(POST_URL, data=form_data(
+        csrf_token(client), **{**JOB, "device": target.uuid, "train_source": "sample_train_lmdb"}, action="suggest"
+    ))
+    assert response.status_code == 200
+    assert re.search(r'id="batch_size" [^>]*value="71"', response.text)
+    note = re.search(r'id="batch-note"[^>]*>([^<]*)<', response.text)
+    assert note and note.group(1) == (
+        "Batch 71: capped at 71 so that an epoch of the 1438 training items has 21 iterations (at most 1/20 of the "
+        "training set); GPU 1 has memory for more."
     )
 
 
 def test_a_job_with_batch_auto_is_planned_within_the_training_datasets_size(
     app: Flask, client: FlaskClient, datasets: Any
 ) -> None:
-    """The job manager caps "auto" the same way: the CPU could take thousands of LeNet items, the dataset has 16."""
-    response = client.post(JSON_URL, json={**JOB, "model_name": "auto", "batch_size": "auto", "val_source": None})
+    """The job manager caps "auto" the same way: the CPU could take thousands of LeNet items; a twentieth of the
+    400-image training set is 20."""
+    write_lmdb(datasets / "train_400_lmdb", records=400)
+    response = client.post(JSON_URL, json={**JOB, "model_name": "auto", "batch_size": "auto", "val_source": None,
+                                           "train_source": "train_400_lmdb"})
     assert response.status_code == 201, response.get_json()
     manager = get_plugin(app).started_jobs()
     job = manager.wait(response.get_json()["id"], timeout=180)
     assert job.status == "done", job.message
     (attempt,) = manager.store.attempts(job.id)
-    assert (attempt.batch_size, attempt.iter_size) == (16, 1)
+    assert (attempt.batch_size, attempt.iter_size) == (20, 1)
 
 
 def test_form_errors_come_back_beside_their_fields(gpus_app: FakeNvml, client: FlaskClient) -> None:

@@ -21,7 +21,16 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("net", type=Path, metavar="NET", help="net prototxt (train_val)")
     parser.add_argument("--solver", type=Path, help="solver prototxt (its net/train_net fields are replaced by NET)")
-    parser.add_argument("--batch", type=positive_int, help="batch size of the TRAIN data layers (default: the net's)")
+    parser.add_argument(
+        "--batch", type=batch_or_auto,
+        help='batch size of the TRAIN data layers (default: the net\'s), or "auto": the largest that fits as a job\'s '
+        '"auto" is capped (a twentieth of the training set, at most 256; with --free-bytes)',
+    )
+    parser.add_argument(
+        "--train-items", type=positive_int, metavar="N",
+        help="items in the training set, for the cap of --batch auto (default: read from the net's training data "
+        "layer when its LMDB or HDF5 list is here)",
+    )
     parser.add_argument("--test-batch", type=positive_int, help="batch size of the TEST data layers")
     parser.add_argument("--engine", choices=ENGINES, default="cpu", help="what trains the net (default: %(default)s)")
     parser.add_argument(
@@ -45,6 +54,10 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the JSON document the REST API returns")
     parser.set_defaults(run=run)
+
+
+def batch_or_auto(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
 
 
 def positive_int(text: str) -> int:
@@ -82,6 +95,7 @@ def size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
 
     from ..core.errors import NetError
@@ -94,15 +108,20 @@ def run(args: argparse.Namespace) -> int:
     net_text = _read(args.net)
     solver_text = _read(args.solver) if args.solver else None
     given = data_shapes(args.data_shape)
+    auto = args.batch == "auto"
     try:
-        found = shapes_from_sources([parse_net(net_text, str(args.net))], Path.cwd())
+        net = parse_net(net_text, str(args.net))
+        found = shapes_from_sources([net], Path.cwd())
+        train_items = args.train_items or (_train_items(net) if auto else None)
         request = EstimateRequest(
             net=net_text,
             solver=solver_text,
             net_source=str(args.net),
             solver_source=str(args.solver) if args.solver else "solver.prototxt",
-            batch=args.batch,
+            batch=None if auto else args.batch,
             test_batch=args.test_batch,
+            auto=auto,
+            train_items=train_items,
             engine=args.engine,
             free_bytes=args.free_bytes,
             safety_margin=args.safety_margin,
@@ -110,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
             classes=args.classes,
         )
         load = confined_loader(args.solver.resolve().parent) if args.solver else None
-        document = estimate(request, load=load, oracle=None if args.no_pycaffe else _oracle())
+        oracle = None if args.no_pycaffe else _oracle()
+        document = estimate(request, load=load, oracle=oracle)
+        if auto and document["max_batch_size"] and document["max_batch_size"] != document["batch_size"]:
+            # "auto" is the largest batch that fits within its cap: the report at that batch, as a job trains it
+            document = estimate(dataclasses.replace(request, batch=document["max_batch_size"]), load=load,
+                                oracle=oracle)
     except NetError as error:
         raise CommandError(command_line_words(error, classes_given=args.classes is not None)) from None
     if args.json:
@@ -118,6 +142,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(document))
     return 0
+
+
+def _train_items(net: Any) -> int | None:
+    """Items of the training set the net's TRAIN data layers name, when one is here (relative to the current folder):
+    the smallest, as a job counts them (jobs.definition.phase_items)."""
+    from ..jobs.definition import phase_items
+
+    return phase_items([net], [Path.cwd()], "train", base=Path.cwd())
 
 
 def data_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -169,6 +201,14 @@ def _oracle() -> Any:
     return pycaffe_oracle
 
 
+def _at_auto_cap(document: dict[str, Any]) -> bool:
+    """Whether the cap of "auto" chose the largest batch (memory had room for more)."""
+    cap = document.get("auto_cap")
+    if not cap or document.get("max_batch_limited_by") != "max_batch":
+        return False
+    return bool((document["max_batch_size"] or 0) >= cap["batch_size"])
+
+
 def render(document: dict[str, Any], top_layers: int = 12) -> str:
     """The estimate as a table a person reads: totals, categories, the largest layers, the plan."""
     from ..sizes import format_size
@@ -195,7 +235,8 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
             (f"free {format_size(document['free_bytes'])}, usable {format_size(document['usable_bytes'])} "
             f"after a {document['safety_margin']:.0%} margin"),
             f"largest batch that fits: {document['max_batch_size']}"
-            + ("  (Caffe's INT_MAX blob limit)" if document.get("max_batch_limited_by") == "blob_limit" else ""),
+            + ("  (Caffe's INT_MAX blob limit)" if document.get("max_batch_limited_by") == "blob_limit" else "")
+            + (f"  (auto: {document['auto_cap']['note']})" if _at_auto_cap(document) else ""),
             f"plan: batch_size {plan['batch_size']} x iter_size {plan['iter_size']} = {plan['effective_batch']}"
             + ("" if plan["fits"] else "  (DOES NOT FIT, even at batch 1)"),
         ]

@@ -55,6 +55,11 @@ def add_parser(subparsers: Any) -> None:
         help="item shape of a data top whose dataset's shape cannot be read (repeatable; TOP or LAYER/TOP), as estimate",
     )
     parser.add_argument("--max-iter", type=positive_int, help="train this many iterations instead of the solver's")
+    parser.add_argument(
+        "--epochs", type=positive_int, metavar="N",
+        help="train N passes over the training set instead (as DIGITS asks: N x training items / batch iterations), "
+        "validating once per epoch on one pass over the validation set",
+    )
     parser.add_argument("--classes", type=positive_int, help="classes, for DIGITS networks that leave num_output unset")
     parser.add_argument("--memory-cap", type=size, metavar="B", help="memory cap of a CPU job, e.g. 2GiB")
     parser.add_argument("--max-attempts", type=positive_int, help="attempts before giving up (default: 5)")
@@ -112,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         "net": _read(args.net), "solver": _read(args.solver), "device": args.device, "divergence": args.divergence,
     }
     for key, value in (
-        ("batch", args.batch), ("max_iter", args.max_iter), ("classes", args.classes), ("memory_cap", args.memory_cap),
+        ("batch", args.batch), ("max_iter", args.max_iter), ("epochs", args.epochs), ("classes", args.classes),
+        ("memory_cap", args.memory_cap),
     ):
         if value is not None:
             body[key] = value
@@ -156,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             job = manager.submit(request)
         except InvalidDefinition as error:
+            if error.field == "epochs":  # --epochs on a training set whose size cannot be read
+                raise CommandError(f"--epochs: {error.error.message}") from None
             raise CommandError(definition_words(error.error, args, roots)) from None
         except JobValidationError as error:
             raise CommandError(_errors(error.errors, args)) from None
@@ -201,6 +209,10 @@ class Printer:
                 followed.max_iter = payload["max_iter"]
             if payload.get("status") in ("queued",) and payload.get("message"):
                 return f"{payload['message']}"
+            cap = str(payload.get("message") or "").partition("; auto capped at ")[2]
+            if payload.get("status") == "running" and cap and cap != followed.auto_cap:
+                followed.auto_cap = cap  # the plan's note (core.job_plan), once per attempt that says it
+                return f"  batch auto: capped at {cap}"
             return None
         if name == "job_attempt":
             head = (
@@ -281,6 +293,8 @@ class _Followed:
     """The last iteration printed in this attempt."""
     non_finite: bool = False
     """A loss that is not finite was printed in this attempt (the first one always is, whatever the step)."""
+    auto_cap: str | None = None
+    """The cap of "auto" last printed."""
 
 
 def print_step(max_iter: int | None, display: int) -> int:
@@ -346,7 +360,7 @@ def _read(path: Path) -> str:
 
 FLAGS = {
     "batch": "--batch", "data": "--data", "data_shapes": "--data-shape", "classes": "--classes",
-    "max_iter": "--max-iter", "memory_cap": "--memory-cap", "device": "--device",
+    "max_iter": "--max-iter", "memory_cap": "--memory-cap", "device": "--device", "epochs": "--epochs",
 }
 """The flag that gives each field of the job request."""
 FALLBACK_FLAGS = {"max_attempts": "--max-attempts", "safety_margin": "--safety-margin", "start": "--start"}

@@ -20,7 +20,7 @@ from .job_plan import JobAsk, PlanningPolicy, plan_job
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_buildable, passes
+from .planner import MAX_BATCH, BatchPlan, MemoryCurve, auto_cap, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -97,7 +97,12 @@ class EstimateRequest:
     curve_batches: tuple[int, ...] = ()
     """Batch sizes to report the footprint at (the panel's chart of memory against batch size)."""
     max_batch: int | None = None
-    """Largest batch the planner may choose (the dataset's size, say); None: no limit but Caffe's own."""
+    """Largest batch the planner may choose; None: no limit but Caffe's own."""
+    auto: bool = False
+    """Plan as a job's batch "auto" is planned: the largest batch that fits within the cap of "auto"
+    (planner.auto_cap: a twentieth of `train_items`, at most 256); the document's `auto_cap` says why."""
+    train_items: int | None = None
+    """Items in the training set, for `auto`'s cap (None: unknown, the ceiling alone caps)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -130,10 +135,10 @@ class EstimateRequest:
             raise NetError(f"data_shapes must map data tops to shapes, got {self.data_shapes!r}", field="data_shapes")
         if not isinstance(self.budgets, Mapping):
             raise NetError(f"budgets must map device keys to bytes, got {self.budgets!r}", field="budgets")
-        if self.max_batch is not None and (
-            not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch <= 0
-        ):
-            raise NetError(f"max_batch must be a positive integer, got {self.max_batch!r}", field="max_batch")
+        for name in ("max_batch", "train_items"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
         for key, free in self.budgets.items():
             if not isinstance(free, int) or isinstance(free, bool) or free < 0:
                 raise NetError(f"free memory of {key!r} must be a non-negative integer, got {free!r}", field="budgets")
@@ -353,10 +358,13 @@ def _estimate(
         document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
         document["linear_model"] = _linear_model(estimator, request.test_batch)
     # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
+    cap = auto_cap(request.train_items) if request.auto else None
+    document["auto_cap"] = None if cap is None else cap.to_dict()
+    caps = [value for value in (request.max_batch, cap.batch if cap else None) if value]
     ask = JobAsk(
         batch=request.batch if blob_limit is not None else batch, net_batch=batch,
         test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
-        max_batch=request.max_batch, safety_margin=margin,
+        max_batch=min(caps) if caps else None, safety_margin=margin,
     )
     if batch is not None and request.free_bytes is not None:
         document.update(_device_plan(estimator, ask, request, request.free_bytes))

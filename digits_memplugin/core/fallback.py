@@ -125,6 +125,9 @@ class Decision:
     limited_by: str = LIMITED_BY_MEMORY
     """Why `largest` is not larger: LIMITED_BY_MEMORY, _BLOB_LIMIT, _UNROLL_LIMIT, _MAX_BATCH or _FAILURES."""
     safety_margin: float = DEFAULT_SAFETY_MARGIN
+    auto_cap: str | None = None
+    """Why an "auto" plan stops where it does when the cap of "auto" chose it (planner.AutoCap.note): "capped at 71
+    so that an epoch of the 1438 training items has 21 iterations ..."; None otherwise."""
 
     @property
     def stop(self) -> bool:
@@ -141,6 +144,7 @@ class Decision:
             "largest": self.largest,
             "limited_by": self.limited_by,
             "safety_margin": self.safety_margin,
+            "auto_cap": self.auto_cap,
         }
 
 
@@ -173,7 +177,7 @@ def decide(
     memory the next attempt may use, `failures` every out-of-memory attempt of the job so far, `attempts_made` how
     many attempts ran already, `test_batch`/`test_iter` the test nets' own batch and iterations (the test batch
     only shrinks when not even train batch 1 fits beside it), `max_batch` the largest batch worth a pass (the
-    training set's size, for "auto": planner.auto_batch_limit), `known` footprints already computed at `test_batch`
+    training set's size and a ceiling, for "auto": planner.auto_cap), `known` footprints already computed at `test_batch`
     (the search starts from them; only before any failure, when the estimate is not corrected).
     """
     if wanted is not None and wanted <= 0:

@@ -4,7 +4,8 @@ job manager all plan with, so that the batch a page suggests is the batch the jo
 A job asks for a batch (a number, "auto", or the net's own) and runs on a device of some kind. The policy says
 which engine trains on that kind of device and how much of its free memory is kept back; the plan then follows the
 fallback policy's rules (core.fallback.decide): the wanted batch, kept through iter_size when it does not fit (or
-cannot be built in one pass); for "auto" the largest batch that fits, never more than the training set holds; the
+cannot be built in one pass); for "auto" the largest batch that fits within the cap of "auto" (planner.auto_cap: a
+twentieth of the training set, at most 256); the
 test batch shrunk only when not even train batch 1 fits beside it. A job that asked to start with its wanted batch
 as given ("start": "wanted") gets it for its first attempt. After out-of-memory failures, the same function plans
 the retry on the estimate the failures corrected.
@@ -29,7 +30,7 @@ from .fallback import (
 )
 from .flavour import BVLC, FLAVOURS, NVCAFFE
 from .layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
-from .planner import BatchPlan, auto_batch_limit, usable_bytes
+from .planner import BatchPlan, auto_cap, usable_bytes
 
 AUTO = "auto"
 """The batch of a job that asks for the largest that fits."""
@@ -87,7 +88,7 @@ class JobAsk:
     """The test nets' own batch (None: no test net)."""
     test_iter: int = 1
     train_items: int | None = None
-    """Items in the training set, when known: "auto" never plans a pass larger."""
+    """Items in the training set, when known: "auto" plans no pass over a twentieth of it (planner.auto_cap)."""
     max_batch: int | None = None
     """A cap on one pass asked for explicitly (the estimate API's max_batch)."""
     safety_margin: float | None = None
@@ -134,11 +135,18 @@ def plan_job(
         max_attempts=ask.max_attempts if ask.max_attempts is not None else policy.max_attempts,
     )
     wanted = ask.wanted()
-    caps = [cap for cap in (ask.max_batch, auto_batch_limit(ask.train_items) if wanted is None else None) if cap]
+    auto = auto_cap(ask.train_items) if wanted is None else None
+    caps = [cap for cap in (ask.max_batch, auto.batch if auto else None) if cap]
     decision = decide(
         fallback, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
         test_batch=ask.test_batch, test_iter=ask.test_iter, max_batch=min(caps) if caps else None, known=known,
     )
+    if auto is not None and decision.plan is not None and decision.plan.batch_size >= auto.batch and (
+        ask.max_batch is None or auto.batch <= ask.max_batch
+    ):  # memory had room for more: the cap of "auto" chose the batch, and the plan says why
+        decision = dataclasses.replace(
+            decision, auto_cap=auto.note(), message=f"{decision.message}; auto {auto.note()}"
+        )
     if placing or decision.plan is None or attempts_made or failures or ask.start != START_WANTED or not wanted:
         return decision
     try:

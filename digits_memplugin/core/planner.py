@@ -19,11 +19,65 @@ MAX_BATCH = 1 << 20
 """No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""
 
 
+AUTO_MIN_EPOCH_ITERATIONS = 20
+"""An "auto" batch is at most this fraction (1/20, 5%) of the training set, so that an epoch has at least 20 weight
+updates. Keskar et al. (ICLR 2017, "On Large-Batch Training for Deep Learning") found that batches of 10% of the
+training set already generalise worse than small ones; a batch of the whole set (what "the largest that fits" gave
+for the 1438-image sample set) makes an epoch one update and 30 epochs 30 updates."""
+AUTO_CEILING = 256
+"""No "auto" batch above this: the largest batch of Caffe's reference models (CaffeNet's and AlexNet's 256; DIGITS'
+standard networks train with 64 (LeNet), 128 (AlexNet) and 32 (GoogLeNet)), for which their learning rates were
+chosen. Larger batches need the learning rate scaled with them and a warm-up (Goyal et al. 2017, "Accurate, Large
+Minibatch SGD"), which a solver's fixed base_lr does not do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoCap:
+    """The largest batch "auto" may choose and why: the ceiling, or the training set's size."""
+
+    batch: int
+    train_items: int | None
+    """Items in the training set (None: unknown, the ceiling alone caps)."""
+    reason: str
+    """"ceiling" (AUTO_CEILING) or "epoch" (an epoch keeps AUTO_MIN_EPOCH_ITERATIONS iterations)."""
+
+    @property
+    def epoch_iterations(self) -> int | None:
+        """Iterations of one epoch at the capped batch (None when the training set's size is unknown)."""
+        return math.ceil(self.train_items / self.batch) if self.train_items else None
+
+    def note(self) -> str:
+        """Why "auto" stops there, as the New model page, the plan document and the command line say it."""
+        if self.reason == "epoch" and self.train_items:
+            return (f"capped at {self.batch} so that an epoch of the {self.train_items} training items has "
+                    f"{self.epoch_iterations} iterations (at most 1/{AUTO_MIN_EPOCH_ITERATIONS} of the training set)")
+        if self.train_items:
+            return (f"capped at {self.batch}, the largest batch of Caffe's reference models (an epoch of the "
+                    f"{self.train_items} training items has {self.epoch_iterations} iterations)")
+        return f"capped at {self.batch}, the largest batch of Caffe's reference models"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch, "train_items": self.train_items, "reason": self.reason,
+            "epoch_iterations": self.epoch_iterations, "note": self.note(),
+        }
+
+
+def auto_cap(dataset_items: int | None) -> AutoCap:
+    """The cap of an "auto" batch: at most 1/AUTO_MIN_EPOCH_ITERATIONS of the training set (an epoch keeps that
+    many iterations; batch 1 for a set smaller than that), and never above AUTO_CEILING. The form's Auto, the
+    estimate API's `train_items` and jobs with batch "auto" all take their cap from here."""
+    if dataset_items and dataset_items > 0:
+        by_epoch = max(1, dataset_items // AUTO_MIN_EPOCH_ITERATIONS)
+        if by_epoch < AUTO_CEILING:
+            return AutoCap(by_epoch, dataset_items, "epoch")
+        return AutoCap(AUTO_CEILING, dataset_items, "ceiling")
+    return AutoCap(AUTO_CEILING, None, "ceiling")
+
+
 def auto_batch_limit(dataset_items: int | None, limit: int = MAX_BATCH) -> int:
-    """The largest batch "auto" may choose: never more items than the training set holds (a pass larger than the
-    dataset only repeats items, and a suggestion of 124256 for MNIST's 60000 images makes no sense). The form's
-    Auto, the estimate API's `max_batch` and jobs with batch "auto" all take their cap from here."""
-    return min(limit, dataset_items) if dataset_items and dataset_items > 0 else limit
+    """The largest batch "auto" may choose (`auto_cap`), within `limit`."""
+    return min(limit, auto_cap(dataset_items).batch)
 
 
 @dataclasses.dataclass(frozen=True)

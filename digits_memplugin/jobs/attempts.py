@@ -285,9 +285,12 @@ class AttemptLoop:
         binary = caffe.runner == BINARY
         if caffe.pycaffe and not binary:  # a Caffe root's own pycaffe, before this Python's
             environment["PYTHONPATH"] = os.pathsep.join(filter(None, [caffe.pycaffe, os.environ.get("PYTHONPATH")]))
+        # A job by epochs trains as long as its effective batch says, the same in every attempt once it is fixed.
+        length = definition.length(job.effective_batch if job.effective_batch and job.iteration else plan.effective_batch)
         files = write_attempt(
             definition, folder, attempt_dir, batch_size=plan.batch_size, iter_size=plan.iter_size,
-            test_batch=test_batch, gpu=device.cuda_index, caffe_runs=binary,
+            test_batch=test_batch, gpu=device.cuda_index, caffe_runs=binary, max_iter=length.max_iter,
+            test_interval=length.test_interval,
         )
         resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
         solver = definition.solver
@@ -302,15 +305,15 @@ class AttemptLoop:
             iter_size=plan.iter_size,
             resume=resume,
             memory_cap=limit.cap_bytes,
-            max_iter=definition.max_iter,
-            test_interval=int(solver.test_interval) if definition.training.tests else 0,
+            max_iter=length.max_iter,
+            test_interval=length.test_interval,
             test_iter=tuple(test_iters(definition, test_batch)),
             test_initialization=bool(solver.test_initialization),
             snapshot=int(solver.snapshot),
             snapshot_after_train=bool(solver.snapshot_after_train),
             snapshot_prefix=snapshot_prefix(solver),
             snapshot_format="HDF5" if solver.snapshot_format == 0 else "BINARYPROTO",
-            schedule=definition.schedule.to_dict(),
+            schedule=definition.schedule_for(length).to_dict(),
             nice=self.config.job_nice,
             divergence=job.spec.get("divergence") or DEFAULT_POLICY,
             runner=BINARY_RUNNER if binary else PYCAFFE_RUNNER,
@@ -348,7 +351,7 @@ class AttemptLoop:
             test_iter=attempt.test_iter, message=f"attempt {number}: {decision.message}",
             # The job is where this attempt starts: an earlier attempt's iteration, loss and tests are not its own
             # (a restart from 0, or from a snapshot before them), and would read as the current run.
-            iteration=attempt.start_iteration, progress=None,
+            iteration=attempt.start_iteration, max_iter=spec.max_iter, progress=None,
             **({} if spec.resume else {"snapshot": None}),  # a snapshot not resumed from is gone: none to show
         )
         progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
@@ -362,9 +365,8 @@ class AttemptLoop:
             cancel_seconds=self.config.cancel_seconds,
         )
         with self._lock:
-            entry.attempt, entry.peak = number, None
+            entry.start_attempt(number, spec.max_iter)
             entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
-            entry.progress = {"train": None, "test": []}
         try:  # outside the lock: a backend may take a request's time (the Ray backend submits over HTTP)
             process = self.backend.launch(launch)
         except Exception as error:

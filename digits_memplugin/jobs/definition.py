@@ -35,6 +35,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from ..core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
 from ..core.flavour import BVLC, NVCAFFE, flavour_of, solver_storage
@@ -97,6 +98,22 @@ DATA_SOURCE_FIELDS = {
 SOURCE_FIELDS = frozenset(f"{param}.source" for param in DATA_SOURCE_FIELDS.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingLength:
+    """How long an attempt trains and how often it validates (JobDefinition.length)."""
+
+    max_iter: int
+    test_interval: int
+    """0 without test nets."""
+    per_epoch: int | None = None
+    """Iterations per epoch at the attempt's batch (None when the training set's size is unknown)."""
+    epochs: int | None = None
+    """The epochs asked for (None: max_iter was given)."""
+
+    def to_dict(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+
 class DataSourceError(NetError):
     """A data source the request's `data` gave (not the net's own text) cannot be used: the request's `data` field
     is at fault, and the API says so rather than pointing at the net."""
@@ -124,6 +141,34 @@ class JobDefinition:
     it. None when unknown (an ImageData list, a LevelDB)."""
     flavour: str = BVLC
     """The Caffe it is estimated as: NVcaffe's when it needs NVcaffe's schema or NVcaffe trains it."""
+    epochs: int | None = None
+    """The length in epochs (core.epochs), resolved at each attempt's effective batch; None: `max_iter` as given."""
+    val_items: int | None = None
+    """Items in the validation nets' dataset (the smallest), when it can be read."""
+    test_interval: int | str | None = None
+    """Iterations between validations: a number, core.epochs.EVERY_EPOCH, or None (the solver's)."""
+
+    def length(self, effective_batch: int | None) -> TrainingLength:
+        """max_iter and test_interval of an attempt that trains `effective_batch` items per update: by epochs as
+        DIGITS computes them when the job asked so, else as given (the solver's, or the request's)."""
+        by_epoch = None
+        if self.train_items and effective_batch:
+            by_epoch = EpochLength(self.epochs or 1, self.train_items, effective_batch)
+        max_iter = self.max_iter
+        if self.epochs is not None and by_epoch is not None:
+            max_iter = by_epoch.max_iter
+        interval = int(self.solver.test_interval) if self.training.tests else 0
+        if self.training.tests and isinstance(self.test_interval, int):
+            interval = self.test_interval
+        elif self.training.tests and self.test_interval == EVERY_EPOCH and by_epoch is not None:
+            interval = min(by_epoch.per_epoch, max_iter)  # DIGITS: one epoch's iterations, max_iter past the end
+        return TrainingLength(max_iter, interval, by_epoch.per_epoch if by_epoch is not None else None, self.epochs)
+
+    def schedule_for(self, length: TrainingLength) -> LearningRate:
+        """The learning rate of an attempt of that length ("poly" decays to max_iter)."""
+        if self.schedule.policy == "poly":
+            return dataclasses.replace(self.schedule, max_iter=length.max_iter)
+        return self.schedule
 
     @property
     def test_batch(self) -> int | None:
@@ -163,10 +208,15 @@ def load_definition(
     max_iter: int | None = None,
     oracle: ShapeOracle | None = None,
     trainer: Trainer | None = None,
+    epochs: int | None = None,
+    test_interval: int | str | None = None,
+    test_iter: int | str | None = None,
 ) -> JobDefinition:
     """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
-    `data` replaces data layers' sources by layer name."""
+    `data` replaces data layers' sources by layer name. `max_iter`, `epochs`, `test_interval` and `test_iter` are
+    the request's (jobs.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
+    from the datasets' sizes."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     trainer = trainer or Trainer()
     _refuse_nvcaffe(training, trainer)
@@ -199,20 +249,51 @@ def load_definition(
     for key, value in (data_shapes or {}).items():
         shapes[key] = value if isinstance(value, DataSpec) else DataSpec(tuple(value))
     schedule = LearningRate.from_solver(solver, SOLVER_SOURCE)
+    items_roots = [*resolved_roots, (folder / "data").resolve()]
+    train_items = phase_items([training.train.param], items_roots, "train")
+    if epochs is not None and not train_items:
+        raise NetError(
+            "the length in epochs needs the training set's size, which cannot be read from its data layers (an LMDB "
+            "or an HDF5 list has one); give max_iter instead", field="epochs",
+        )
     iterations = int(max_iter if max_iter is not None else solver.max_iter)
-    if iterations <= 0:
+    if iterations <= 0 and epochs is None:
         raise NetError("max_iter must be positive", source=SOLVER_SOURCE, field="max_iter")
-    if schedule.policy == "poly":
+    if schedule.policy == "poly" and epochs is None:
         schedule = dataclasses.replace(schedule, max_iter=iterations)
+    if test_interval is None and epochs is not None:
+        test_interval = EVERY_EPOCH
+    if training.tests and test_interval == EVERY_EPOCH and not train_items:
+        raise NetError(
+            "validating once per epoch needs the training set's size, which cannot be read from its data layers (an "
+            "LMDB or an HDF5 list has one); give test_interval", field="test_interval",
+        )
+    if test_iter is None and epochs is not None:
+        test_iter = ONE_PASS
+    val_items = phase_items([test.param for test in training.tests], items_roots, "test") if training.tests else None
+    if training.tests and test_iter == ONE_PASS and not val_items:
+        raise NetError(
+            "one validation pass needs the validation set's size, which cannot be read from its data layers (an LMDB "
+            "or an HDF5 list has one); give test_iter", field="test_iter",
+        )
     definition = JobDefinition(
-        training, shapes, schedule, None, [], iterations, roots=tuple(resolved_roots),
-        train_items=_train_items([training.train.param], [*resolved_roots, (folder / "data").resolve()]),
-        flavour=NVCAFFE if NVCAFFE in (training.flavour, trainer.flavour) else BVLC,
+        training, shapes, schedule, None, [], max(iterations, 1), roots=tuple(resolved_roots),
+        train_items=train_items, flavour=NVCAFFE if NVCAFFE in (training.flavour, trainer.flavour) else BVLC,
+        epochs=epochs, val_items=val_items, test_interval=test_interval,
     )
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
     _, train, tests = definition.estimator("cpu", oracle).report(None, None)
     definition.net_batch = net_batch(train)
     definition.test_batches = [net_batch(test) for test in tests]
+    if isinstance(test_iter, int):
+        training.test_iters = [test_iter] * len(tests)
+    elif test_iter == ONE_PASS and val_items:
+        training.test_iters = [
+            validation_iterations(val_items, own) if own else iters
+            for own, iters in zip(definition.test_batches, training.test_iters, strict=True)
+        ]
+    if epochs is not None and definition.net_batch and train_items:  # at the net's own batch until planned
+        definition.max_iter = epochs * iterations_per_epoch(train_items, definition.net_batch)
     definition.threads = sum(
         2 if layer.type == "Data" else 1
         for net in (train, *tests)
@@ -222,17 +303,18 @@ def load_definition(
     return definition
 
 
-def _train_items(params: list[Any], roots: list[Path]) -> int | None:
-    """Items of the datasets the training net's data layers read (sources confined already), the smallest."""
+def phase_items(params: list[Any], roots: list[Path], phase: str, base: Path | None = None) -> int | None:
+    """Items of the datasets the data layers of `phase` ("train", "test") read (sources confined already; relative
+    ones taken from `base`), the smallest; None when none can be read."""
     counts = []
     for param in params:
         for layer in param.layer:
-            if "train" not in data_phases(layer):
+            if phase not in data_phases(layer):
                 continue
             if layer.type == "Data" and layer.data_param.backend == caffe_pb2.DataParameter.LMDB:
-                found = describe(Path(layer.data_param.source), LMDB, roots)
+                found = describe((base or Path()) / layer.data_param.source, LMDB, roots)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
-                found = describe(Path(layer.hdf5_data_param.source), HDF5, roots)
+                found = describe((base or Path()) / layer.hdf5_data_param.source, HDF5, roots)
             else:
                 continue
             if found.entries:
@@ -800,12 +882,15 @@ def write_attempt(
     test_batch: int | None,
     gpu: int | None,
     caffe_runs: bool = False,
+    max_iter: int | None = None,
+    test_interval: int | None = None,
 ) -> AttemptFiles:
     """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
     nets at `test_batch` (None: their own), the solver with `iter_size`, the snapshot prefix in the job's folder,
     CPU or GPU `gpu` (CUDA's number in the child). Caffe's own testing and snapshots are off (the pycaffe runner
     does both), or, with `caffe_runs` (`caffe train` trains: the binary runner), on as the job's solver has them,
-    with `display: 1`, so that its log says every test, update and snapshot. Each message is written with its own
+    with `display: 1`, so that its log says every test, update and snapshot; `max_iter` and `test_interval` are the
+    attempt's (JobDefinition.length; None: the definition's). Each message is written with its own
     schema (NVcaffe's for an NVcaffe net). The job's data and outputs are checked again first (`confirm_data`,
     `confirm_outputs`): a NetError then, and nothing is written."""
     training = definition.training
@@ -846,10 +931,12 @@ def write_attempt(
         else:
             solver.test_state.add()  # an empty state merges nothing, as if none were given
     solver.iter_size = iter_size
-    solver.max_iter = definition.max_iter
+    solver.max_iter = max_iter if max_iter is not None else definition.max_iter
     if caffe_runs:  # as the job's solver says, and every update displayed: the log is what the records are read from
         solver.display = 1
-        if training.tests and not own.test_interval:
+        if training.tests and test_interval:
+            solver.test_interval = test_interval
+        if training.tests and not (test_interval or own.test_interval):
             solver.test_interval = 2**31 - 1  # test nets and no interval: Caffe needs one, the runner never tests
             solver.test_initialization = False
     else:

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from ..pace import Pace, Window
 from .backend import AttemptHandle
-from .records import FINAL_STATES, Attempt, Job
+from .records import FINAL_STATES, RUNNING, Attempt, Job
 from .store import JobStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,27 @@ class Running:
     snapshot: dict[str, Any] | None = None
     """The latest snapshot record not yet written to the store (the database was locked)."""
     store_warned: bool = False
+    max_iter: int | None = None
+    """The current attempt's max_iter (what the time left is counted to)."""
+    window: Window = dataclasses.field(default_factory=Window)
+    """The current attempt's latest (iteration, seconds) points, bounded (pace.Window): its speed and time left."""
+
+    def start_attempt(self, number: int, max_iter: int) -> None:
+        """A new attempt: its own progress and its own speed, from its own records."""
+        self.attempt, self.peak, self.max_iter = number, None, max_iter
+        self.progress = {"train": None, "test": []}
+        self.window = Window()
+
+    def pace(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The attempt's speed and time left once an iteration record is added; None until two records say."""
+        seconds, iteration = record.get("seconds"), record.get("iteration")
+        if not isinstance(seconds, (int, float)) or isinstance(iteration, bool) or not isinstance(iteration, int):
+            return None
+        self.window.add(iteration, float(seconds))
+        measured = self.window.pace(self.max_iter) if self.max_iter else None
+        if measured is None:
+            return None
+        return {"attempt": self.attempt, "iteration": iteration, **pace_fields(measured)}
 
 
 def reserved(running: Iterable[Running], device: str, exclude: str | None = None) -> int:
@@ -107,13 +129,24 @@ class Progress:
             log.exception("the %s event listener failed", name)
 
     def emit_job(self, job: Job) -> None:
-        self.emit("job", job.to_json())
+        self.emit("job", self.paced(job).to_json())
+
+    def paced(self, job: Job) -> Job:
+        """The job with its running attempt's speed as measured now (the stored one is up to
+        `store_progress_seconds` older, and another attempt's once a new one starts)."""
+        with self._lock:
+            entry = self._running.get(job.id)
+            if entry is None or job.status != RUNNING or entry.attempt is None:
+                return job
+            live = entry.progress.get("pace")
+        return dataclasses.replace(job, progress={**(job.progress or {}), "pace": live})
 
     # --- what the task knows, on top of the database ------------------------------------------------------------
 
     def view(self, job: Job) -> Job:
         """The job as its task knows it: what the database holds, with what could not be written yet on top, and
         the message saying so."""
+        job = self.paced(job)
         with self._lock:
             pending = self.unrecorded.get(job.id)
             if pending is None:
@@ -182,11 +215,20 @@ class Progress:
     # --- the runner's records -----------------------------------------------------------------------------------
 
     def on_record(self, job_id: str, number: int, record: dict[str, Any]) -> None:
-        """A runner record: forwarded as `job_progress`; iterations, test results and snapshots kept on the job
-        (iterations and tests with their attempt's number, as the events and GET /jobs/<id>/progress carry them)."""
-        self.emit("job_progress", {"job_id": job_id, "attempt": number, **record})
-        record = {**record, "attempt": number}
+        """A runner record: forwarded as `job_progress` (an iteration record with the attempt's speed and time
+        left, `PACE_FIELDS`); iterations, test results and snapshots kept on the job (iterations and tests with their
+        attempt's number, as the events and GET /jobs/<id>/progress carry them)."""
         event = record.get("event")
+        forwarded = {"job_id": job_id, "attempt": number, **record}
+        if event == "iteration":
+            with self._lock:
+                entry = self._running.get(job_id)
+                measured = entry.pace(record) if entry is not None and entry.attempt == number else None
+                if entry is not None and entry.attempt == number:
+                    entry.progress["pace"] = measured
+            forwarded.update(pace_fields(measured))
+        self.emit("job_progress", forwarded)
+        record = {**record, "attempt": number}
         changed: Job | None = None
         with self._lock:
             entry = self._running.get(job_id)
@@ -266,6 +308,19 @@ class Progress:
         self.emit_job(job)
 
 
+PACE_FIELDS = ("iterations_per_second", "seconds_left")
+"""What a running job's documents and iteration events say of its speed: null while unknown."""
+
+
+def pace_fields(measured: Pace | dict[str, Any] | None) -> dict[str, float | None]:
+    """{"iterations_per_second", "seconds_left"} of a measure (a Pace, or the dict kept in a job's progress)."""
+    if isinstance(measured, Pace):
+        return {"iterations_per_second": measured.iterations_per_second, "seconds_left": measured.seconds_left}
+    if isinstance(measured, dict):
+        return {key: measured.get(key) for key in PACE_FIELDS}
+    return dict.fromkeys(PACE_FIELDS)
+
+
 def progress_fields(entry: Running) -> dict[str, Any]:
     """The job's progress fields from what its running attempt reported (as `Progress.store_progress` writes them)."""
     fields: dict[str, Any] = {"progress": entry.progress}
@@ -277,4 +332,4 @@ def progress_fields(entry: Running) -> dict[str, Any]:
     return fields
 
 
-__all__ = ["Progress", "Running", "Unrecorded", "progress_fields", "reserved"]
+__all__ = ["PACE_FIELDS", "Progress", "Running", "Unrecorded", "pace_fields", "progress_fields", "reserved"]

@@ -68,6 +68,14 @@ class Job:
     def resumable(self) -> bool:
         return self.status in (INTERRUPTED, CANCELLED, FAILED) and self.snapshot is not None
 
+    def pace(self) -> dict[str, float | None]:
+        """{"iterations_per_second", "seconds_left"} of the running attempt, from its latest records (pace.py, as
+        jobs.progress keeps them in `progress["pace"]`); null while unknown, and once the job is not running."""
+        measured = (self.progress or {}).get("pace")
+        if not isinstance(measured, dict) or self.status != RUNNING or measured.get("attempt") != self.attempt_count:
+            measured = {}
+        return {key: measured.get(key) for key in ("iterations_per_second", "seconds_left")}
+
     def to_json(self) -> dict[str, Any]:
         """The job as GET /jobs lists it and the `job` event carries it."""
         spec = self.spec
@@ -91,6 +99,9 @@ class Job:
             },
             "iteration": self.iteration,
             "max_iter": self.max_iter,
+            "epochs": spec.get("epochs"),
+            "iterations_per_epoch": self.max_iter // spec["epochs"] if spec.get("epochs") and self.max_iter else None,
+            **self.pace(),
             "snapshot": self.snapshot,
             "progress": nonfinite.encode(self.progress),
             "attempt_count": self.attempt_count,

@@ -4,12 +4,16 @@
      "name": "lenet", "device": "auto" | "cpu" | "GPU-<uuid>" | 0,
      "batch": 256 | "auto",                                   # default: the net's own batch size
      "data": {"train": "mnist_train_lmdb", "test": "mnist_test_lmdb", "<layer>": "<source>"},
-     "data_shapes": {"data": [3, 224, 224]}, "classes": 10, "max_iter": 1000,
+     "data_shapes": {"data": [3, 224, 224]}, "classes": 10,
+     "max_iter": 1000 | "epochs": 30,                         # the length: iterations, or passes over the training set
+     "test_interval": 500 | "epoch", "test_iter": 100 | "pass",  # validation: iterations, or DIGITS' by the datasets
      "memory_cap": 2147483648 | "2GiB",                       # CPU jobs only
      "fallback": {"max_attempts": 5, "safety_margin": 0.03, "growth": 0.1, "start": "plan" | "wanted"},
      "divergence": "stop" | "continue"}                       # a NaN or infinite net output (core.divergence)
 
-A fallback field left out takes the server's default (a safety margin left out: the device kind's, known only
+`epochs` sets max_iter as DIGITS does (core.epochs: epochs x ceil(training items / batch_size x iter_size)), and with
+it `test_interval` and `test_iter` left out are DIGITS' too: validation once per epoch ("epoch"), one pass over the
+validation set ("pass"); without it they are the solver's unless given. A fallback field left out takes the server's default (a safety margin left out: the device kind's, known only
 once the job is placed).
 
 Validation errors are collected per field ({"batch": "must be a positive integer or \"auto\""}), so the REST API
@@ -23,14 +27,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.divergence import DEFAULT_POLICY, POLICIES
+from ..core.epochs import EVERY_EPOCH, ONE_PASS
 from ..core.fallback import DEFAULT_GROWTH, Policy
 from ..inputs import capped, not_text, surrogate_in
 from ..sizes import byte_count
 
 FIELDS = (
-    "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "memory_cap", "fallback",
-    "divergence",
+    "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "epochs", "test_interval",
+    "test_iter", "memory_cap", "fallback", "divergence",
 )
+MAX_EPOCHS = 1_000_000
 FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
 STARTS = ("plan", "wanted")
 MAX_NAME = 200
@@ -56,6 +62,12 @@ class JobRequest:
     data_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     classes: int | None = None
     max_iter: int | None = None
+    epochs: int | None = None
+    """The length in passes over the training set (core.epochs), instead of max_iter."""
+    test_interval: int | str | None = None
+    """Iterations between validations, or "epoch" (once per epoch); None: the solver's (once per epoch with epochs)."""
+    test_iter: int | str | None = None
+    """Validation iterations, or "pass" (one pass over the validation set); None: the solver's (a pass with epochs)."""
     memory_cap: int | None = None
     policy: Policy = dataclasses.field(default_factory=Policy)
     safety_margin: float | None = None
@@ -74,6 +86,9 @@ class JobRequest:
             "data_shapes": {key: list(value) for key, value in self.data_shapes.items()},
             "classes": self.classes,
             "max_iter": self.max_iter,
+            "epochs": self.epochs,
+            "test_interval": self.test_interval,
+            "test_iter": self.test_iter,
             "memory_cap": self.memory_cap,
             "fallback": {**self.policy.to_dict(), "safety_margin": self.safety_margin, "start": self.start},
             "divergence": self.divergence,
@@ -159,6 +174,22 @@ def parse_job_request(
                 values[key] = value
             else:
                 errors[key] = f"must be a positive integer up to {INT32_MAX}"
+    epochs = body.get("epochs")
+    if epochs is not None:
+        if not _positive_int(epochs, MAX_EPOCHS):
+            errors["epochs"] = f"must be a whole number of passes over the training set, from 1 to {MAX_EPOCHS}"
+        elif "max_iter" in values:
+            errors["epochs"] = "give the length once: epochs or max_iter, not both"
+        else:
+            values["epochs"] = epochs
+    for key, word, meaning in (("test_interval", EVERY_EPOCH, "once per epoch"),
+                               ("test_iter", ONE_PASS, "one pass over the validation set")):
+        value = body.get(key)
+        if value is not None:
+            if value == word or _positive_int(value):
+                values[key] = value
+            else:
+                errors[key] = f'must be a positive integer up to {INT32_MAX}, or "{word}" ({meaning})'
     cap = body.get("memory_cap")
     if cap is not None:
         try:

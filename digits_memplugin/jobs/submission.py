@@ -26,6 +26,8 @@ from .request import JobRequest
 from .scheduler import limit_for, memory_cap
 
 NET_FILE = "net.prototxt"
+REQUEST_LENGTH_FIELDS = ("epochs", "test_interval", "test_iter")
+"""Request fields whose value the datasets must support (their sizes): their errors are theirs, not the net's."""
 
 
 class Definitions:
@@ -62,6 +64,9 @@ class Definitions:
             max_iter=spec.get("max_iter"),
             oracle=self.oracle,
             trainer=self.trainer,
+            epochs=spec.get("epochs"),
+            test_interval=spec.get("test_interval"),
+            test_iter=spec.get("test_iter"),
         )
 
     def keep(self, job_id: str, definition: JobDefinition) -> None:
@@ -89,9 +94,18 @@ def write_job(request: JobRequest, device: str, definitions: Definitions) -> tup
     name = request.name or (definition.training.train.param.name or "job")
     job = Job(
         id=job_id, name=name, status=QUEUED, created_at=now, updated_at=now, folder=job_id, spec=spec,
-        max_iter=definition.max_iter, message="waiting for a device",
+        max_iter=planned_length(request.batch, definition), message="waiting for a device",
     )
     return job, definition
+
+
+def planned_length(batch: int | str | None, definition: JobDefinition) -> int | None:
+    """The job's max_iter before its first attempt: as given, or by epochs at the wanted batch (the net's own when
+    none is asked); None for epochs at batch "auto", known once the first attempt is planned."""
+    if definition.epochs is None:
+        return definition.max_iter
+    wanted = batch if isinstance(batch, int) else definition.net_batch if batch is None else None
+    return definition.length(wanted).max_iter if wanted else None
 
 
 def preview_definition(request: JobRequest, device: str, definitions: Definitions) -> JobDefinition:
@@ -160,6 +174,8 @@ def error_field(error: NetError, data: dict[str, str]) -> str:
     """The request field an error belongs to: a source the request's `data` gave is the data's fault."""
     if isinstance(error, DataSourceError) or error.field == "data" or (error.field or "").startswith("data_shapes"):
         return "data"
+    if error.source is None and error.field in REQUEST_LENGTH_FIELDS:
+        return str(error.field)
     if error.source == SOLVER_SOURCE or (error.source or "").startswith(SOLVER_SOURCE):
         return "solver"
     return "net"

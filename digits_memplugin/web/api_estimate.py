@@ -7,7 +7,8 @@ Only `net` (or a solver with an inline net) is required; `free_bytes` is a numbe
 `device` takes the free memory from that device, and without `engine` the engine jobs train with there (the
 server's policy, as `safety_margin` defaults to its margin for the engine: 3% on the CPU, 5% on GPUs); `devices` (a list of keys, or "all") adds `plans`, one per device,
 from the same estimate. `curve_batches` adds the footprint at those batch sizes (`curve`) and a linear model of it.
-`max_batch` caps the planned batch. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
+`max_batch` caps the planned batch; `auto: true` caps it as a job's batch "auto" is capped (planner.auto_cap: a
+twentieth of `train_items`, the training set's size, and at most 256), and `auto_cap` in the answer says why. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
 first top) to its item shape; `read_datasets: true` reads the shapes from the datasets the net names, inside
 MEMPLUGIN_DATASET_ROOTS. openapi.json (served at `<prefix>/api/openapi.json`) describes every field.
 Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
@@ -44,6 +45,8 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
     "classes": int,
     "curve_batches": list,
     "max_batch": int,
+    "auto": bool,
+    "train_items": int,
     "read_datasets": bool,
 }
 SIZE_FIELDS = ("free_bytes",)

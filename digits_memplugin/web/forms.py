@@ -21,12 +21,14 @@ from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
 from ..core.divergence import CONTINUE, DEFAULT_POLICY, STOP
+from ..core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
 from ..core.estimate import EstimateRequest
 from ..core.job_plan import PlanningPolicy
 from ..core.layers.base import INT_MAX
 from ..core.proto import caffe_pb2
 from ..datasets import parse_shape
 from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
+from ..jobs.request import MAX_EPOCHS
 from ..jobs.request import memory_cap as job_memory_cap
 from ..networks import STANDARD_NETWORKS, StandardNetwork, standard_network
 from ..sizes import MAX_SIZE_TEXT
@@ -104,9 +106,12 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     stepvalues = StringField("Step values (multistep)", validators=[Optional(), Length(max=1000)])
     momentum = FiniteFloatField("Momentum", default=0.9, validators=[Optional(), NumberRange(min=0, max=1)])
     weight_decay = FiniteFloatField("Weight decay", default=0.0005, validators=[Optional(), NumberRange(min=0)])
-    max_iter = WholeNumberField("Training iterations", default=10000, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
-    test_interval = WholeNumberField("Validation interval", default=500, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
-    test_iter = WholeNumberField("Validation iterations", default=100, validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    epochs = WholeNumberField(
+        "Training epochs", default=DEFAULT_EPOCHS, validators=[Optional(), NumberRange(min=1, max=MAX_EPOCHS)]
+    )
+    max_iter = WholeNumberField("Training iterations", validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    test_interval = WholeNumberField("Validation interval", validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
+    test_iter = WholeNumberField("Validation iterations", validators=[Optional(), NumberRange(min=1, max=INT32_MAX)])
     snapshot = WholeNumberField("Snapshot interval", default=5000, validators=[Optional(), NumberRange(min=0, max=INT32_MAX)])
     solver_text = TextAreaField("Solver (prototxt)", validators=[Length(max=1024 * 1024)])
     solver_file = FileField("Or upload a solver file")
@@ -154,7 +159,9 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
                 return True
             return self._fail(self.solver_text, "paste a solver definition or upload a solver file")
         valid = True
-        required: list[Field] = [self.base_lr, self.max_iter, self.snapshot, self.weight_decay]
+        required: list[Field] = [self.base_lr, self.snapshot, self.weight_decay]
+        if self.max_iter.data is None and self.epochs.data is None and not (self.max_iter.errors or self.epochs.errors):
+            valid = self._fail(self.epochs, "required (or give the training iterations)")
         if self.solver_type.data not in NO_MOMENTUM:
             required.append(self.momentum)
         if self.lr_policy.data in NEEDS_GAMMA:
@@ -163,8 +170,6 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             required.append(self.power)
         if self.lr_policy.data == "step":
             required.append(self.stepsize)
-        if (self.val_source.data or "").strip():
-            required += [self.test_interval, self.test_iter]
         for field in required:
             if field.data is None and not field.errors:
                 by_policy = field in (self.gamma, self.power, self.stepsize)
@@ -239,6 +244,9 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             device=self.device.data,
             divergence=self.divergence.data,
             memory_cap=parse_memory_cap(self.memory_cap.data),
+            epochs=settings.get("epochs") if settings else None,
+            test_interval=settings.get("test_interval") if settings else None,
+            test_iter=settings.get("test_iter") if settings else None,
         )
 
     def _text_of(self, upload: FileField, pasted: TextAreaField, default_name: str) -> tuple[str, str]:
@@ -258,9 +266,13 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             "base_lr": self.base_lr.data,
             "lr_policy": self.lr_policy.data,
             "weight_decay": self.weight_decay.data,
-            "max_iter": self.max_iter.data,
             "snapshot": self.snapshot.data,
         }
+        # The length: the iterations given, else the epochs (DIGITS' way: the job computes max_iter from them).
+        if self.max_iter.data is not None:
+            settings["max_iter"] = self.max_iter.data
+        else:
+            settings["epochs"] = self.epochs.data
         if self.solver_type.data not in NO_MOMENTUM:
             settings["momentum"] = self.momentum.data
         if self.lr_policy.data in NEEDS_GAMMA:
@@ -271,9 +283,9 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             settings["stepsize"] = self.stepsize.data
         if self.lr_policy.data == "multistep":
             settings["stepvalue"] = _step_values(self.stepvalues.data or "")
-        if (self.val_source.data or "").strip():
-            settings["test_interval"] = self.test_interval.data
-            settings["test_iter"] = self.test_iter.data
+        if (self.val_source.data or "").strip():  # left empty: once per epoch, one pass over the validation set
+            settings["test_interval"] = self.test_interval.data or EVERY_EPOCH
+            settings["test_iter"] = self.test_iter.data or ONE_PASS
         return settings
 
     def errors_by_field(self) -> dict[str, str]:
@@ -335,7 +347,13 @@ def _step_values(text: str) -> list[int]:
 def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
     """Caffe's solver for the form's settings, with DIGITS' stages: the train net runs with stage "train" and the
     validation net with stage "val". The job manager adds what depends on where the job runs (net, solver_mode,
-    snapshot_prefix)."""
+    snapshot_prefix), and what depends on the datasets and the batch: max_iter by `epochs`, a validation interval
+    of "epoch" and validation iterations of "pass" (core.epochs), which the text says in comments (test_iter and
+    test_interval stand at 1 there: a solver with a validation net must have them)."""
+    notes = []
+    if settings.get("epochs") is not None:
+        notes.append(f"# max_iter: {settings['epochs']} epochs, computed by the job from the training set's size and "
+                     "the batch")
     solver = caffe_pb2.SolverParameter()
     for name in ("type", "base_lr", "lr_policy", "gamma", "power", "stepsize", "momentum", "weight_decay", "max_iter",
                  "snapshot"):
@@ -345,10 +363,15 @@ def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
     solver.display = 50
     solver.train_state.stage.append("train")
     if validation:
-        solver.test_iter.append(settings["test_iter"])
-        solver.test_interval = settings["test_interval"]
+        test_iter, test_interval = settings["test_iter"], settings["test_interval"]
+        if test_interval == EVERY_EPOCH:
+            notes.append("# test_interval: once per epoch, computed by the job")
+        if test_iter == ONE_PASS:
+            notes.append("# test_iter: one pass over the validation set, computed by the job")
+        solver.test_iter.append(test_iter if isinstance(test_iter, int) else 1)
+        solver.test_interval = test_interval if isinstance(test_interval, int) else 1
         solver.test_state.add().stage.append("val")
-    return str(text_format.MessageToString(solver))
+    return "".join(f"{note}\n" for note in notes) + str(text_format.MessageToString(solver))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,13 +397,20 @@ class ModelSpec:
     """What the job does when a net output becomes NaN or infinite (core.divergence): "stop" or "continue"."""
     memory_cap: int | None = None
     """Bytes a CPU attempt may allocate (the job's `memory_cap`); None: the CPU's available memory."""
+    epochs: int | None = None
+    """The length in epochs (the solver settings without training iterations); None: the solver's max_iter."""
+    test_interval: int | str | None = None
+    """The request's test_interval: iterations, or "epoch"; None: the solver's."""
+    test_iter: int | str | None = None
+    """The request's test_iter: iterations, or "pass"; None: the solver's."""
 
     def estimate_request(
         self, engine: str, free_bytes: int | None, batch: int | None = None, max_batch: int | None = None,
-        policy: PlanningPolicy | None = None,
+        policy: PlanningPolicy | None = None, *, auto: bool = False, train_items: int | None = None,
     ) -> EstimateRequest:
         """The estimate of this job on one device; `batch` None means the net's own batch; `max_batch` caps the
-        batch the planner may choose (the dataset's size, for "auto")."""
+        batch the planner may choose; `auto` caps it as "auto" is capped (planner.auto_cap, from `train_items`,
+        the training set's size)."""
         return EstimateRequest(
             net=self.net_text,
             solver=self.solver_text,
@@ -392,6 +422,8 @@ class ModelSpec:
             data_shapes={DATA_TOP: self.item_shape} if self.item_shape else {},
             classes=self.classes,
             max_batch=max_batch,
+            auto=auto,
+            train_items=train_items,
             policy=policy or PlanningPolicy(),
         )
 

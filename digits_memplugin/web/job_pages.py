@@ -35,6 +35,8 @@ from ..jobs.definition import SOLVER_SOURCE
 from ..jobs.errors import JobNotFound, JobPageError, JobStateError
 from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager
 from ..jobs.records import ACTIVE_STATES, RUNNING
+from ..pace import format_duration as format_time_left
+from ..pace import format_rate
 from ..sizes import format_size
 from .api_jobs import page_limit
 
@@ -72,6 +74,17 @@ def format_time(seconds: float | None) -> str:
     if seconds is None:
         return ""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def pace_text(job: dict[str, Any]) -> str:
+    """A running job's speed and time left, from its document: "14.6 it/s · 3 min 05 s left"; "measuring the
+    speed…" until two records say; "" once it is not running (job-format.js: paceText)."""
+    if job.get("status") != RUNNING:
+        return ""
+    rate, left = job.get("iterations_per_second"), job.get("seconds_left")
+    if not isinstance(rate, (int, float)) or rate <= 0:
+        return "measuring the speed…"
+    return format_rate(rate) + (f" · {format_time_left(left)} left" if isinstance(left, (int, float)) else "")
 
 
 def format_duration(seconds: float | None) -> str:

@@ -11,6 +11,8 @@ fields.
     device       -> "next": "auto"; a GPU's key: its UUID; "cpu": "cpu"
     divergence   -> "divergence" ("stop" or "continue": what a NaN or infinite loss does)
     memory_cap   -> "memory_cap" (bytes; CPU jobs only, which the manager says beside the field otherwise)
+    epochs, test_interval, test_iter -> the same (solver settings: the length by epochs, validation once per epoch
+                    and one pass over the validation set unless given; core.epochs)
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
         body["classes"] = spec.classes
     if spec.memory_cap is not None:
         body["memory_cap"] = spec.memory_cap
+    for key in ("epochs", "test_interval", "test_iter"):  # the solver settings' length and validation, by dataset
+        if getattr(spec, key) is not None:
+            body[key] = getattr(spec, key)
     return JobBody(body, sources)
 
 

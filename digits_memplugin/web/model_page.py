@@ -24,10 +24,12 @@ from wtforms.fields.choices import SelectChoice
 
 from .. import __version__, dataset_scan
 from ..core.errors import NetError
+from ..core.fallback import LIMITED_BY_MAX_BATCH, Decision
 from ..core.job_plan import PlanningPolicy
-from ..core.planner import MAX_BATCH, auto_batch_limit
+from ..core.planner import MAX_BATCH
 from ..dataset_scan import FoundDataset
 from ..devices import Device, DeviceList, is_simulated
+from ..jobs.definition import JobDefinition, test_iters
 from ..jobs.errors import JobValidationError
 from ..jobs.records import Job
 from ..jobs.scheduler import MEMORY_CAP_ON_GPU
@@ -80,6 +82,11 @@ class PlannedJob:
     """The typed request the manager previewed (None when planned by the form)."""
     dataset: FoundDataset | None = None
     """The training dataset the form names, when it was found and read (its size caps "auto")."""
+    auto_cap: str | None = None
+    """Why "auto" stops at its batch when its cap chose it (planner.AutoCap.note), else None."""
+    length: dict[str, Any] | None = None
+    """How long the job trains and how often it validates at the planned batch (JobDefinition.length: max_iter,
+    test_interval, per_epoch, epochs), and its validation iterations (test_iter); None when planned by the form."""
 
     def preview_document(self) -> dict[str, Any]:
         """The plan as the JSON twin's preview answers it."""
@@ -87,7 +94,7 @@ class PlannedJob:
             "device": self.device.key, "engine": self.engine, "planned_by": self.planned_by,
             "free_bytes": self.free_bytes, "usable_bytes": self.usable_bytes, "plan": self.plan,
             "test_plan": self.test_plan, "max_batch_limited_by": self.limited_by,
-            "total_bytes": self.estimate["total_bytes"],
+            "total_bytes": self.estimate["total_bytes"], "auto_cap": self.auto_cap, "length": self.length,
         }
 
     @property
@@ -105,7 +112,7 @@ class PlannedJob:
     @property
     def batch_note(self) -> str:
         """What Auto chose and why, as the page's script words it (new-model.js: autoNote)."""
-        return auto_note(self.plan["batch_size"], self.device_label, self.usable_bytes, self.free_bytes, self.dataset,
+        return auto_note(self.plan["batch_size"], self.device_label, self.usable_bytes, self.free_bytes, self.auto_cap,
                          self.limited_by)
 
     @property
@@ -125,13 +132,12 @@ def device_label(device: Device) -> str:
 
 
 def auto_note(
-    batch: int, label: str, usable: int, free: int, dataset: FoundDataset | None, limited_by: str = "memory"
+    batch: int, label: str, usable: int, free: int, auto_cap: str | None, limited_by: str = "memory"
 ) -> str:
-    """"Batch 512: the largest that fits on GPU 0, capped at the dataset's 512 images (mnist_train_lmdb)."."""
-    if dataset is not None and dataset.entries and batch >= dataset.entries:
-        noun = "images" if dataset.shape is not None and len(dataset.shape) == 3 else "items"
-        return (f"Batch {batch}: the largest that fits on {label}, capped at the dataset's {dataset.entries} {noun} "
-                f"({dataset.name}).")
+    """"Batch 71: capped at 71 so that an epoch of the 1438 training items has 21 iterations (...); CPU has memory
+    for more." (new-model.js: autoNote)."""
+    if auto_cap:
+        return f"Batch {batch}: {auto_cap}; {label} has memory for more."
     if limited_by == "blob_limit":
         return (f"Batch {batch}: the largest Caffe can build in one pass (one more item would make a blob over its "
                 f"limit of 2147483647 elements), though {label} has memory for more.")
@@ -194,7 +200,7 @@ def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> 
     engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
     dataset = train_dataset(spec)
-    cap = auto_batch_limit(dataset.entries if dataset else None) if spec.batch == BATCH_AUTO else None
+    cap = Cap(spec.batch == BATCH_AUTO, dataset.entries if dataset else None)
     document = _estimate(spec, engine, device, batch, cap, policy)
     if document["plan"] is None:
         raise PlanError("custom_network" if spec.network_key is None else "standard_network",
@@ -225,8 +231,27 @@ def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> 
     return PlannedJob(
         spec=spec, device=device, engine=engine, estimate=document, plan=decision.plan.to_dict(),
         test_plan=decision.test_plan, usable_bytes=decision.budget, free_bytes=preview.limit_bytes,
-        limited_by=decision.limited_by, typed=typed, dataset=dataset,
+        limited_by=decision.limited_by, typed=typed, dataset=dataset, auto_cap=decision.auto_cap,
+        length=_length(preview.definition, decision),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Cap:
+    """How the form's estimate caps its batch: as "auto" is capped (planner.auto_cap), from the training set's size."""
+
+    auto: bool
+    train_items: int | None
+
+
+def _length(definition: JobDefinition, decision: Decision) -> dict[str, Any] | None:
+    """The job's length and validation at its planned batch, as its first attempt will train (JobDefinition)."""
+    if decision.plan is None:
+        return None
+    length = definition.length(decision.plan.effective_batch).to_dict()
+    test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
+    iters = test_iters(definition, test_batch)
+    return {**length, "test_iter": iters[0] if iters else None}
 
 
 DATA_FIELDS = frozenset({"train_source", "val_source", "data_backend", "item_shape"})
@@ -234,27 +259,32 @@ DATA_FIELDS = frozenset({"train_source", "val_source", "data_backend", "item_sha
 
 
 def _planned_by_form(
-    spec: ModelSpec, device: Device, engine: str, document: dict[str, Any], cap: int | None,
+    spec: ModelSpec, device: Device, engine: str, document: dict[str, Any], cap: Cap,
     policy: PlanningPolicy, dataset: FoundDataset | None,
 ) -> PlannedJob:
     """Auto before the dataset can be read: the form's estimate plans (core.job_plan, the server's policy). The
     caller found that batch 1 fits there, so the largest batch that fits does too."""
     if spec.batch == BATCH_AUTO and document["max_batch_size"]:
         document = _estimate(spec, engine, device, document["max_batch_size"], cap, policy)
+    capped = document.get("auto_cap")
+    at_cap = (capped is not None and document.get("max_batch_limited_by") == LIMITED_BY_MAX_BATCH
+              and document["plan"] is not None and document["plan"]["batch_size"] >= capped["batch_size"])
     return PlannedJob(
         spec=spec, device=device, engine=engine, estimate=document, plan=document["plan"],
         test_plan=document["test_plan"], usable_bytes=document["usable_bytes"], free_bytes=document["free_bytes"],
         limited_by=document.get("max_batch_limited_by", "memory"), planned_by=PLANNED_BY_FORM, dataset=dataset,
+        auto_cap=capped["note"] if at_cap and capped else None,
     )
 
 
 def _estimate(
-    spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: int | None, policy: PlanningPolicy
+    spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: Cap, policy: PlanningPolicy
 ) -> dict[str, Any]:
     """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
     plugin = current_app.extensions["memplugin"]
     try:
-        request = spec.estimate_request(engine, device.memory_free, batch, max_batch=cap, policy=policy)
+        request = spec.estimate_request(engine, device.memory_free, batch, policy=policy, auto=cap.auto,
+                                        train_items=cap.train_items)
         return plugin.estimates.estimate(request)  # type: ignore[no-any-return]
     except NetError as error:
         field = _error_field(error, spec)

@@ -26,8 +26,9 @@ did not list. A page of 500 jobs (a 350 KB answer, 22 to 26 ms of the server's o
 between them at once, then about two a second, each client at most one every 5 s, and are told ``rate_limited``
 for the rest (they used to get 400 pages, 10 s of a server that answered nothing else; issue 23, item 3).
 
-The `jobs` room also gets ``job_iteration`` ``{"id", "iteration"}`` for each (throttled) iteration record, so the
-list's iteration follows training without the whole record (the `job` event comes only at changes of state and at
+The `jobs` room also gets ``job_iteration`` ``{"id", "iteration", "iterations_per_second", "seconds_left"}`` for
+each (throttled) iteration record, so the list's iteration, speed and time left follow training without the whole
+record (the `job` event comes only at changes of state and at
 snapshots).
 
 ``subscribe_jobs`` takes ``{"limit": N, "before": id}`` as GET <prefix>/api/jobs does (newest first, pages of 50 by
@@ -49,6 +50,7 @@ from .. import __version__
 from ..errors import MemPluginError
 from ..inputs import shown
 from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from ..jobs.progress import PACE_FIELDS
 from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed, socket_host_allowed
 
@@ -84,7 +86,9 @@ def job_event_emitter(socketio: SocketIO, namespace: str) -> Callable[[str, dict
             socketio.emit(name, payload, to=rooms, namespace=namespace)
         iteration = payload.get("iteration")
         if name == "job_progress" and payload.get("event") == "iteration" and isinstance(iteration, int) and job_id:
-            socketio.emit(JOB_ITERATION_EVENT, {"id": job_id, "iteration": iteration}, to=JOBS_ROOM, namespace=namespace)
+            pace = {key: payload.get(key) for key in PACE_FIELDS}
+            socketio.emit(JOB_ITERATION_EVENT, {"id": job_id, "iteration": iteration, **pace}, to=JOBS_ROOM,
+                          namespace=namespace)
 
     return emit_job_event
 

@@ -83,6 +83,7 @@ def _page_context() -> dict[str, Any]:
         "memplugin_clone_url": job_clone.clone_url,
         "memplugin_confirmations": job_actions.confirmations,
         "memplugin_list_action": job_actions.list_action,
+        "memplugin_pace": job_pages.pace_text,
     }
 
 

@@ -61,6 +61,33 @@
     return Math.floor(minutes / 60) + " h " + String(minutes % 60).padStart(2, "0") + " min";
   }
 
+  /** As pace.format_rate: "45.2 it/s", "0.587 it/s", whole ones from 100. */
+  function rate(perSecond) {
+    return (perSecond >= 100 ? String(Math.round(perSecond)) : String(Number(perSecond.toPrecision(3)))) + " it/s";
+  }
+
+  /** As pace.format_duration: a time left as people say it ("45 s", "3 min 05 s", "1 h 40 min", "2 d 3 h"). */
+  function timeLeft(seconds) {
+    if (!Number.isFinite(seconds)) return "unknown";
+    const whole = Math.max(0, Math.round(seconds));
+    if (whole < 60) return whole + " s";
+    const minutes = Math.floor(whole / 60);
+    if (minutes < 60) return minutes + " min " + String(whole % 60).padStart(2, "0") + " s";
+    const hours = Math.floor(minutes / 60);
+    if (hours < 24) return hours + " h " + String(minutes % 60).padStart(2, "0") + " min";
+    return Math.floor(hours / 24) + " d " + (hours % 24) + " h";
+  }
+
+  /** A running job's speed and time left (job_pages.pace_text): "14.6 it/s · 3 min 05 s left"; "measuring the
+   *  speed…" until two records say; "" once it is not running. */
+  function paceText(job) {
+    if (job.status !== "running") return "";
+    const perSecond = job.iterations_per_second;
+    if (typeof perSecond !== "number" || !(perSecond > 0)) return "measuring the speed…";
+    const left = typeof job.seconds_left === "number" ? " · " + timeLeft(job.seconds_left) + " left" : "";
+    return rate(perSecond) + left;
+  }
+
   function iterationText(job, joiner) {
     return job.iteration + (job.max_iter ? joiner + job.max_iter : "");
   }
@@ -73,7 +100,9 @@
       el("td", { dataset: { role: "status" } }, statusBadge(job.status)),
       el("td", { dataset: { role: "device" } }, deviceLabel(device, labels)),
       el("td", { dataset: { role: "batch" } }, plannedBatch(job.batch)),
-      el("td", { dataset: { role: "iteration" }, className: "text-nowrap" }, iterationText(job, " / ")),
+      el("td", { dataset: { role: "progress" }, className: "text-nowrap" },
+        el("span", { dataset: { role: "iteration" } }, iterationText(job, " / ")),
+        el("div", { dataset: { role: "pace" }, className: "small text-body-secondary" }, paceText(job))),
       el("td", { dataset: { role: "created" }, className: "text-nowrap" }, formatTime(job.created_at)),
       el("td", { dataset: { role: "message" }, className: "small" }, job.message || ""),
       el("td", { dataset: { role: "actions" }, className: "text-nowrap" }, jobActions(job, href)));
@@ -148,6 +177,6 @@
 
   window.MemPlugin.JobFormat = {
     ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, reported, number, duration, iterationText, jobRow,
-    attemptRow, jobActions,
+    attemptRow, jobActions, rate, timeLeft, paceText,
   };
 })();

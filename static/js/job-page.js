@@ -8,7 +8,8 @@
  *   resume from an earlier snapshot) trains those iterations again, so the earlier points move to a dashed, paler
  *   line of their own ("train loss, attempt 1 (trained again)") drawn beneath; the summary's iteration, loss and
  *   validation results are those of the current attempt only;
- * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events;
+ * - keeps status, plan, summary and the attempts table up to date from `job` and `job_attempt` events, and the
+ *   speed and time left from the iteration events (`iterations_per_second`, `seconds_left`, measured by the server);
  * - shows Caffe's log: its tail from GET api/jobs/<id>/log, then the `job_log` events' lines; the box opens at its
  *   end (how training ended, or what it is doing) and keeps to the end as lines come, until the user scrolls up to
  *   read; scrolling back to the end follows again;
@@ -320,6 +321,14 @@
     bar.firstElementChild.style.width = percent.toFixed(1) + "%";
   }
 
+  /** The speed and time left a job document or an iteration event carries (null until two records say). */
+  function showPace(source) {
+    if (!("iterations_per_second" in source)) return;
+    job.iterations_per_second = source.iterations_per_second;
+    job.seconds_left = source.seconds_left;
+    setText("pace", F.paceText(job) || "n/a");
+  }
+
   function setText(role, text) {
     part(role).textContent = text;
   }
@@ -340,6 +349,7 @@
     setText("validation", job.batch.test_batch_size
       ? "batch " + job.batch.test_batch_size + " × " + job.batch.test_iter + " passes" : "none");
     setText("snapshot", job.snapshot ? "iteration " + job.snapshot.iteration : "none yet");
+    showPace(document_);
     setText("created", MP.formatTime(job.created_at));
     setText("started", MP.formatTime(job.started_at) || "not yet");
     setText("finished", MP.formatTime(job.finished_at) || "not yet");
@@ -440,6 +450,7 @@
   MP.on("job_progress", (record) => {
     if (!mine(record)) return;
     addRecord(record);
+    if (record.event === "iteration" && record.attempt >= lastAttempt()) showPace(record);
     draw();
   });
   MP.on("job_attempt", (attempt) => {

@@ -19,7 +19,7 @@
 
   const rowOf = (id) => [...body.children].find((row) => row.dataset.jobId === id) || null;
   // The documents the rows were drawn from, so a `job_iteration` event (the latest iteration of a training job,
-  // more often than its `job` events, which come at snapshots) can redraw a row.
+  // more often than its `job` events, which come at snapshots, with its speed and time left) can redraw a row.
   const shown = new Map();
   const showEmpty = () => { empty.hidden = body.children.length > 0; };
 
@@ -67,6 +67,15 @@
     if (!job || !row || typeof payload.iteration !== "number" || payload.iteration <= job.iteration) return;
     job.iteration = payload.iteration;
     row.querySelector('[data-role="iteration"]').textContent = F.iterationText(job, " / ");
+    showPace(job, row, payload);
+  }
+
+  /** The speed and time left an iteration event carries (null until two records say), under the iteration. */
+  function showPace(job, row, payload) {
+    if (!("iterations_per_second" in payload)) return;
+    job.iterations_per_second = payload.iterations_per_second;
+    job.seconds_left = payload.seconds_left;
+    row.querySelector('[data-role="pace"]').textContent = F.paceText(job);
   }
 
   function onDeleted(payload) {

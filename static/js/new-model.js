@@ -13,8 +13,10 @@
  * - shows the estimate by kind of memory (parameters, activations, solver state...) beside the largest layers;
  * - after a failed Create, brings the first error into sight with the focus on its field;
  * - says why a batch Caffe cannot build in one pass (a blob over INT_MAX elements) is split with iter_size;
- * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, no more
- *   than the training dataset holds), and estimates a typed "auto" at that batch;
+ * - fills in the suggested batch when Auto is pressed (the largest batch that fits on the chosen device, within
+ *   the cap of "auto": a twentieth of the training set, at most 256, which the server applies and words), and
+ *   estimates a typed "auto" at that batch;
+ * - says how long the job trains at that batch: iterations by the epochs, validation once an epoch, one pass;
  * - fills in the item shape and format of a dataset chosen from those found under the dataset folders;
  * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
  * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
@@ -247,8 +249,11 @@
     if (classes) request.classes = classes;
     if (batch) request.batch = batch;
     if (batchText !== "auto") return { request };
+    // As a job's "auto" is capped (planner.auto_cap: a twentieth of the training set, at most 256): the server
+    // applies the cap and says why (auto_cap).
+    request.auto = true;
     const dataset = trainDataset();
-    if (dataset && dataset.entries) request.max_batch = dataset.entries;
+    if (dataset && dataset.entries) request.train_items = dataset.entries;
     return { request, auto: true };
   }
 
@@ -392,9 +397,10 @@
     const target = targetDevice();
     const shown = results.get(target ? target.key : devices[0].key);
     showBlobLimit(shown.blob_limit);
+    showLength(shown);
     if (auto && !autoButton && target) {
       delete batchNote.dataset.from;
-      batchNote.textContent = autoNote(target, results.get(target.key), request);
+      batchNote.textContent = autoNote(target, results.get(target.key));
     }
   }
 
@@ -485,19 +491,59 @@
     panel.drawCurve(points, mark, engine, { lined, marks });
   }
 
+  // --- the job's length by epochs ------------------------------------------------------------------------------
+
+  /** How long the job trains at the batch planned on the target device, as the job computes it (core/epochs.py:
+   * ceil(training items / batch x iter_size) iterations an epoch; validation once an epoch, one pass over the
+   * validation set, unless given); model_page's length_note words it the same without JavaScript. */
+  function showLength(estimate) {
+    const note = document.getElementById("length-note");
+    if (!note) return;
+    const plan = estimate ? estimate.plan : null;
+    const dataset = trainDataset();
+    const positive = (name) => (/^\d+$/.test(value(name).trim()) && Number(value(name)) > 0 ? Number(value(name)) : null);
+    if (value("solver") !== "settings" || !estimate) { note.textContent = ""; return; }
+    const effective = plan ? plan.effective_batch : estimate.batch_size;
+    const perEpoch = dataset && dataset.entries && effective ? Math.ceil(dataset.entries / effective) : null;
+    const epochs = positive("epochs");
+    const maxIter = positive("max_iter") || (epochs && perEpoch ? epochs * perEpoch : null);
+    if (!maxIter) {
+      note.textContent = perEpoch ? "" : "The iterations follow from the epochs once the training set is chosen.";
+      return;
+    }
+    let text = "Trains " + maxIter + " iterations";
+    if (perEpoch) {
+      text += " (" + (positive("max_iter") ? perEpoch + " per epoch" : epochs + " epochs of " + perEpoch) +
+        " at batch " + effective + ")";
+    }
+    const validation = datasetNamed(value("val_source"));
+    if (value("val_source").trim()) {
+      const interval = positive("test_interval") || (perEpoch ? Math.min(perEpoch, maxIter) : null);
+      const testBatch = (estimate.test_plan && estimate.test_plan.batch_size) || estimate.test_batch_size;
+      const passes = positive("test_iter") || (validation && validation.entries && testBatch
+        ? Math.ceil(validation.entries / testBatch) : null);
+      if (interval && passes) {
+        text += "; validates every " + interval + " iterations, " + passes + (passes === 1 ? " batch of " : " batches of ") +
+          testBatch;
+      }
+    }
+    note.textContent = text + ".";
+  }
+
+  /** Fields the length depends on but the estimate does not: the note follows them at once. */
+  const LENGTH_FIELDS = new Set(["epochs", "max_iter", "test_interval", "test_iter", "val_source", "solver"]);
+
   const schedule = MP.debounce(() => runEstimate(), DEBOUNCE_MS);
   const scheduleForced = MP.debounce(() => runEstimate(true), DEBOUNCE_MS);
 
   // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
 
   /** Why Auto chose its batch (model_page.auto_note words it the same without JavaScript). */
-  function autoNote(target, estimate, request) {
+  function autoNote(target, estimate) {
     const batch = estimate.batch_size;
-    const dataset = trainDataset();
-    if (request.max_batch && dataset && batch >= request.max_batch) {
-      const noun = dataset.shape && dataset.shape.length === 3 ? "images" : "items";
-      return "Batch " + batch + ": the largest that fits on " + MP.deviceLabel(target) + ", capped at the dataset's " +
-        dataset.entries + " " + noun + " (" + dataset.name + ").";
+    const cap = estimate.auto_cap;
+    if (cap && estimate.max_batch_limited_by === "max_batch" && batch >= cap.batch_size) {
+      return "Batch " + batch + ": " + cap.note + "; " + MP.deviceLabel(target) + " has memory for more.";
     }
     if (estimate.max_batch_limited_by === "blob_limit") {
       return "Batch " + batch + ": the largest Caffe can build in one pass (one more item would make a blob over " +
@@ -526,7 +572,7 @@
     field("batch_size").value = String(estimate.batch_size);
     clearError("batch_size");
     delete batchNote.dataset.from;
-    batchNote.textContent = autoNote(target, estimate, baseRequest(true).request);
+    batchNote.textContent = autoNote(target, estimate);
     await runEstimate();
   });
 
@@ -540,6 +586,10 @@
     }
     if (event.target.name === "train_source" || event.target.name === "val_source") useDataset(event.target);
     if (event.target.name === "train_source") showTargetEstimate(); // the chart spans the dataset's size
+    if (LENGTH_FIELDS.has(event.target.name)) {
+      const target = targetDevice();
+      showLength(target ? results.get(target.key) : null);
+    }
     schedule();
   });
   form.addEventListener("change", (event) => {
