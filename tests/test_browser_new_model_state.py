@@ -137,11 +137,19 @@ def test_invalid_estimates_are_answers_not_console_errors(quiet: Page, server: S
     expect(page.locator("#estimate-status")).to_have_text("No estimate: the item shape has an error, shown beside it.")
     assert answers and all(url.endswith(PAGE_ESTIMATE) and status == 200 for url, status in answers), answers
     answers.clear()
+    bodies: list[dict[str, Any]] = []
+    page.on("request", lambda request: bodies.append(request.post_data_json or {})
+            if request.method == "POST" and request.url.endswith(PAGE_ESTIMATE) else None)
     page.fill("#item_shape", "1,28,28")
     wait_for_chart(page, "this network (cpu)")
     page.wait_for_timeout(500)
     devices = len(server.api("devices")["devices"])
-    assert len(answers) == devices + 1, answers  # one per device, and one for the chart
+    # One request per device and one for the whole chart, each round: a loaded machine's moving free memory (the
+    # CPU's, in each `devices` event) may make the page estimate again, which is a round more, never a request per
+    # point of the chart.
+    charts = [body for body in bodies if "curve_batches" in body]
+    assert charts and all(len(body["curve_batches"]) > 1 for body in charts), bodies
+    assert len(bodies) == len(charts) * (devices + 1), bodies
 
 
 def test_an_error_keeps_the_last_chart_greyed(quiet: Page, server: Server) -> None:
