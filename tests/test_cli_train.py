@@ -133,7 +133,8 @@ def test_caffe_root_trains_through_the_named_caffes_binary(files: list[str]) -> 
                         "binary runner")
     assert any(line.startswith("attempt 1 on cpu: batch 512 x iter_size 1 = 512: out_of_memory: host memory ran out")
                for line in lines)
-    assert lines[-1] == "done: training finished at iteration 3"
+    assert lines[-1] == ("done: training finished at iteration 3; it ran out of memory at batch 512, and was retried "
+                         "at batch 171 x iter_size 3 (effective batch 513)")
 
 
 def test_a_caffe_root_that_cannot_train_is_one_line_without_traceback(files: list[str], tmp_path: Path) -> None:
