@@ -22,6 +22,7 @@ library) ends a reader process and comes back as an error naming the dataset.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -142,6 +143,14 @@ class _Pool:
 
 _POOL: _Pool | None = None
 _POOL_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_pool_at_exit() -> None:
+    """The idle readers are stopped and waited for when this process exits (they would end on their own once it has
+    gone, but a Popen left running is a ResourceWarning at exit)."""
+    if _POOL is not None and _POOL.pid == os.getpid():
+        _POOL.close()
 
 
 def _pool() -> _Pool:

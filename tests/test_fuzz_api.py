@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from flask import Flask
@@ -533,6 +533,14 @@ def pages(client: FlaskClient, value: tuple[tuple[str, str], Any, dict[str, Any]
     data = query_text({"csrf_token": csrf_token(client)}) if with_token and method == "POST" else ""
     response = client.open(path, method=method, query_string=query_text(query), data=data,
                            content_type="application/x-www-form-urlencoded")
+    if response.status_code == 308:
+        # An id holding "/" (sent as %2F, decoded before routing) makes a path with doubled slashes, which Werkzeug's
+        # URL map redirects to the merged one: routing, and only ever to this server's own merged path.
+        location = urlsplit(response.headers["Location"])
+        merged = re.sub("/{2,}", "/", unquote(path))
+        assert location.netloc == "localhost" and unquote(location.path) == merged, (path, response.headers["Location"])
+        TRIED[f"{method} {route} (page)"] += 1
+        return
     check_page(f"{method} {route} (page)", response, {200, 303, 400, 404, 405, 409})
     if response.status_code == 303 and route.endswith("/delete") and isinstance(choice, int):
         created = client.post(f"{API}/jobs", data=padded(VALID_JOB, 0), content_type="application/json")
