@@ -140,16 +140,20 @@ def test_invalid_estimates_are_answers_not_console_errors(quiet: Page, server: S
     bodies: list[dict[str, Any]] = []
     page.on("request", lambda request: bodies.append(request.post_data_json or {})
             if request.method == "POST" and request.url.endswith(PAGE_ESTIMATE) else None)
-    page.fill("#item_shape", "1,28,28")
+    # A shape not estimated before: the page keeps the charts it was answered, by request, and 1,28,28 (the form's
+    # first) would be drawn again from there without asking.
+    page.fill("#item_shape", "1,32,32")
     wait_for_chart(page, "this network (cpu)")
     page.wait_for_timeout(500)
     devices = len(server.api("devices")["devices"])
-    # One request per device and one for the whole chart, each round: a loaded machine's moving free memory (the
-    # CPU's, in each `devices` event) may make the page estimate again, which is a round more, never a request per
-    # point of the chart.
+    # One request per device each round and one for the whole chart: a loaded machine's moving free memory (the
+    # CPU's, in each `devices` event) may make the page estimate again, which is a round more (its chart, the same
+    # request, comes from what the page kept), never a request per point of the chart.
     charts = [body for body in bodies if "curve_batches" in body]
+    estimates = [body for body in bodies if "curve_batches" not in body]
     assert charts and all(len(body["curve_batches"]) > 1 for body in charts), bodies
-    assert len(bodies) == len(charts) * (devices + 1), bodies
+    assert estimates and len(estimates) % devices == 0, bodies
+    assert len(charts) <= len(estimates) // devices, bodies
 
 
 def test_an_error_keeps_the_last_chart_greyed(quiet: Page, server: Server) -> None:
