@@ -164,7 +164,7 @@
     const test = attempt.test_batch_size ? attempt.test_batch_size + " × " + attempt.test_iter : "none";
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
     return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
-      el("td", {}, String(attempt.number)),
+      el("td", { dataset: { role: "number" } }, String(attempt.number)),
       el("td", { dataset: { role: "status" } }, statusBadge(attempt.status)),
       el("td", { dataset: { role: "batch" } }, String(attempt.batch_size)),
       el("td", { dataset: { role: "iter_size" } }, String(attempt.iter_size)),
