@@ -7,7 +7,8 @@ then writes into the output folder (docs/ by default):
 - screenshot-new-model.png: the New model page at 1280 px, LeNet, Auto pressed;
 - screenshot-new-model-375.png: the same page on a phone (375 x 667), at the batch field after Auto, its verdict
   beside it;
-- screenshot-jobs-375.png: the jobs list on a phone.
+- screenshot-jobs-375.png: the jobs list on a phone;
+- screenshot-job-375.png: that job's page on a phone, at its attempts (each a card of labelled lines).
 
     .venv/bin/python scripts/screenshots.py [--out docs] [--timeout 300]
 
@@ -103,8 +104,9 @@ def serving(data: Path, output: Path) -> Iterator[str]:
             process.wait(timeout=30)
 
 
-def train_a_short_job(base_url: str) -> None:
-    """A LeNet job on the CPU through the form's JSON twin, trained to its end: a row for the jobs list."""
+def train_a_short_job(base_url: str) -> str:
+    """A LeNet job on the CPU through the form's JSON twin, trained to its end: a row for the jobs list, an
+    attempt for its page; its id."""
     body: dict[str, Any] = {
         "model_name": "lenet-mnist", "train_source": TRAIN_DB, "val_source": VAL_DB, "device": "cpu",
         "lr_policy": "fixed", "max_iter": 40, "test_interval": 20, "test_iter": 2, "snapshot": 0, "batch_size": 64,
@@ -117,6 +119,7 @@ def train_a_short_job(base_url: str) -> None:
         JOB_SECONDS, "the LeNet job to end",
     )["status"]
     log(f"job ended: {status}")
+    return str(created.json()["id"])
 
 
 def fill(page: Page, selector: str, value: str) -> None:
@@ -163,7 +166,7 @@ def new_page(browser: Browser, phone: bool) -> Page:
     return page
 
 
-def shoot(browser: Browser, base_url: str, out: Path) -> list[Path]:
+def shoot(browser: Browser, base_url: str, job_id: str, out: Path) -> list[Path]:
     written = []
 
     page = new_page(browser, phone=False)
@@ -189,6 +192,16 @@ def shoot(browser: Browser, base_url: str, out: Path) -> list[Path]:
     written.append(out / "screenshot-jobs-375.png")
     page.screenshot(path=written[-1])
     page.context.close()
+
+    page = new_page(browser, phone=True)
+    page.goto(base_url + "memplugin/jobs/" + job_id)
+    expect(page.locator("#mp-connection")).to_have_text("live")
+    attempt = page.locator('#attempts tbody tr[data-attempt="1"]')
+    attempt.evaluate("(node) => node.scrollIntoView({block: 'start', behavior: 'instant'})")
+    page.wait_for_timeout(300)
+    written.append(out / "screenshot-job-375.png")
+    page.screenshot(path=written[-1])
+    page.context.close()
     return written
 
 
@@ -206,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         write_digits(data / "datasets" / VAL_DB, records=64, seed=2)
         with deadline(args.timeout), serving(data, Path(folder) / "serve.log") as base_url:
             log(f"serving on {base_url}")
-            train_a_short_job(base_url)
+            job_id = train_a_short_job(base_url)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(
                     executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, timeout=WAIT_MS
                 )
                 try:
-                    for path in shoot(browser, base_url, args.out):
+                    for path in shoot(browser, base_url, job_id, args.out):
                         log(f"wrote {path}")
                 finally:
                     browser.close()
