@@ -241,7 +241,7 @@ FIXED_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
     "zero-size-blob": (
         'layer { name: "d" type: "DummyData" top: "x" dummy_data_param { shape { dim: 0 dim: 3 } } }\n', {},
         (
-            "core/net.py:_check_blob_size (a blob of 0 elements has no memory; Caffe aborts on CHECK(data_) the "
+            "core/net/build.py:_check_blob_size (a blob of 0 elements has no memory; Caffe aborts on CHECK(data_) the "
             "first time a layer touches it: at set-up for DummyData, in the first forward for any other top)"
         ),
     ),
@@ -261,7 +261,7 @@ FIXED_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
     "empty-blob-over-int-max": (
         input_net(INT32_MAX, 3, 0), {},
         (
-            "core/net.py:_check_blob_size (Blob::Reshape checks each dim against INT_MAX / the count so far, left "
+            "core/net/build.py:_check_blob_size (Blob::Reshape checks each dim against INT_MAX / the count so far, left "
             "to right, before a later 0 empties the blob)"
         ),
     ),
@@ -278,10 +278,10 @@ FIXED_BUGS: dict[str, tuple[str, dict[str, Any], str]] = {
         "core/layers (every rule with a filler): only the gaussian filler takes `sparse`; the others CHECK it is -1",
     ),
     "more-than-32-axes": (
-        input_net(*[1] * 33), {}, "core/net.py:_check_blob_size (Caffe's kMaxBlobAxes is 32)"
+        input_net(*[1] * 33), {}, "core/net/build.py:_check_blob_size (Caffe's kMaxBlobAxes is 32)"
     ),
     "dim-over-int-max-in-empty-blob": (
-        input_net(0, 2**31), {}, "core/net.py:_check_blob_size (each dim must be <= INT_MAX, even when count is 0)"
+        input_net(0, 2**31), {}, "core/net/build.py:_check_blob_size (each dim must be <= INT_MAX, even when count is 0)"
     ),
 }
 
@@ -291,7 +291,7 @@ FIXED_OVERSTRICT: dict[str, tuple[str, str]] = {
     "in-place-top-changing-shape": (
         input_net(2, 3, 4, 4, extra='layer { name: "am" type: "ArgMax" bottom: "data" top: "data" }\n'),
         (
-            "core/net.py:build_net refuses an in-place top whose shape changes; Caffe builds it (the layer's "
+            "core/net/build.py:build_net refuses an in-place top whose shape changes; Caffe builds it (the layer's "
             "Reshape reshapes the shared blob), so the net gets an error instead of an estimate"
         ),
     ),
