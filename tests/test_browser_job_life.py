@@ -328,7 +328,7 @@ def test_the_out_of_memory_story_reads_plainly_and_fits(
         assert fits["page"][0] <= fits["page"][1], fits
         assert all(scroll <= client + 1 for scroll, client in fits["cells"]), fits
         assert fits["table"][0] <= fits["table"][1] + 1, fits
-        assert all(0 <= left and right <= viewport["width"] for left, right in fits["edges"]), fits
+        assert all(left >= 0 and right <= viewport["width"] for left, right in fits["edges"]), fits
 
         # A row the page's script draws from a `job_attempt` event reads the same as the server's.
         drawn = page.evaluate("""(attempt) => {
