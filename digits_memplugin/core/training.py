@@ -164,48 +164,84 @@ def training_definition(
     """
     if net_text is None and solver_text is None:
         raise NetError("give a net definition, a solver, or both")
-    solver = parse_solver(solver_text, solver_source, limits) if solver_text is not None else None
+    if solver_text is None:
+        assert net_text is not None
+        return _without_solver(_net_definition(net_text, net_source, limits))
+    solver = parse_solver(solver_text, solver_source, limits)
+    files = _SolverFiles(load, solver_source, limits)
+    given = _net_definition(net_text, net_source, limits) if net_text is not None else None
+    train, generic = _train_net(solver, given, files)
+    tests = _test_nets(solver, generic, files)
+    _check_solver(solver, tests, solver_source)
+    assumptions = []
+    if tests and not solver.test_initialization:
+        assumptions.append("test_initialization is off: the first test pass comes after test_interval iterations")
+    return TrainingDefinition(
+        train,
+        tests,
+        solver_type=solver.type or "SGD",
+        l1_regularization=solver.regularization_type == "L1",
+        test_iters=list(solver.test_iter),
+        assumptions=assumptions,
+        solver=solver,
+    )
 
-    if solver is None and net_text is not None:
-        train = _net_definition(net_text, net_source, limits)
-        rules = [rule for layer in train.param.layer for rule in (*layer.include, *layer.exclude)]
-        stages = {stage for rule in rules for stage in (*rule.stage, *rule.not_stage)}
-        assumptions = ["no solver given: SGD"]
-        test_state = None
-        if DIGITS_STAGES & stages:
-            # A DIGITS standard network: DIGITS' solver trains with stage "train" and validates with stage "val".
-            train.state = caffe_pb2.NetState(stage=["train"])
-            test_state = caffe_pb2.NetState(stage=["val"])
-            assumptions.append('DIGITS stages: the train net has stage "train", the test net stage "val"')
-        has_test = test_state is not None or any(
-            rule.HasField("phase") and rule.phase == caffe_pb2.TEST for rule in rules
-        )
-        # The test net is the same definition under another state: parsed once, shared (build_net never mutates it).
-        tests = [dataclasses.replace(train, state=test_state)] if has_test else []
-        if tests:
-            assumptions.append("one test pass at the start of training (Caffe's test_initialization)")
-        return TrainingDefinition(train, tests, test_iters=[1] * len(tests), assumptions=assumptions)
-    assert solver is not None  # one of the two texts is given (checked above)
 
-    def load_file(path: str, field: str) -> NetDefinition:
-        if load is None:
+def _without_solver(train: NetDefinition) -> TrainingDefinition:
+    """A net given alone: Caffe's default solver (SGD); DIGITS' stages when the net uses them; one test net when it
+    has TEST-phase layers (or DIGITS' "val" stage), passed once at the start as test_initialization does."""
+    rules = [rule for layer in train.param.layer for rule in (*layer.include, *layer.exclude)]
+    stages = {stage for rule in rules for stage in (*rule.stage, *rule.not_stage)}
+    assumptions = ["no solver given: SGD"]
+    test_state = None
+    if DIGITS_STAGES & stages:
+        # A DIGITS standard network: DIGITS' solver trains with stage "train" and validates with stage "val".
+        train.state = caffe_pb2.NetState(stage=["train"])
+        test_state = caffe_pb2.NetState(stage=["val"])
+        assumptions.append('DIGITS stages: the train net has stage "train", the test net stage "val"')
+    has_test = test_state is not None or any(
+        rule.HasField("phase") and rule.phase == caffe_pb2.TEST for rule in rules
+    )
+    # The test net is the same definition under another state: parsed once, shared (build_net never mutates it).
+    tests = [dataclasses.replace(train, state=test_state)] if has_test else []
+    if tests:
+        assumptions.append("one test pass at the start of training (Caffe's test_initialization)")
+    return TrainingDefinition(train, tests, test_iters=[1] * len(tests), assumptions=assumptions)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SolverFiles:
+    """The net files a solver names (`net`, `train_net`, `test_net`), read through the caller's loader."""
+
+    load: Loader | None
+    solver_source: str
+    limits: ParseLimits
+
+    def read(self, path: str, field: str) -> NetDefinition:
+        if self.load is None:
             raise NetError(
                 f"the solver names the file {path!r}; give its text instead (net_param / test_net_param)",
-                source=solver_source,
+                source=self.solver_source,
                 field=field,
             )
         try:
-            text, source = load(path)
+            text, source = self.load(path)
         except NetError as error:
             # The loader knows the file; the user knows the solver line that named it.
-            raise NetError(f"{field}: {error}", source=solver_source, field=field) from None
-        return _net_definition(text, source, limits)
+            raise NetError(f"{field}: {error}", source=self.solver_source, field=field) from None
+        return _net_definition(text, source, self.limits)
 
-    # Solver::InitTrainNet: exactly one of net, net_param, train_net, train_net_param (the given net wins).
+
+def _train_net(solver: Any, given: NetDefinition | None,
+               files: _SolverFiles) -> tuple[NetDefinition, NetDefinition | None]:
+    """Solver::InitTrainNet: exactly one of net, net_param, train_net, train_net_param (a given net wins). The train
+    net, in the solver's train_state, and the generic net the test nets are instances of (None when the train net
+    is a separate train_net)."""
+    source = files.solver_source
     fields = [f for f in ("net", "net_param", "train_net", "train_net_param") if solver.HasField(f)]
     generic: NetDefinition | None = None
-    if net_text is not None:
-        train = _net_definition(net_text, net_source, limits)
+    if given is not None:
+        train = given
         separate_train_net = solver.HasField("train_net") or solver.HasField("train_net_param")
         generic = None if separate_train_net else dataclasses.replace(train)
     else:
@@ -213,64 +249,64 @@ def training_definition(
             raise NetError(
                 "a solver must name its train net with exactly one of net, net_param, train_net, train_net_param"
                 + (f" (it sets {', '.join(fields)})" if fields else ""),
-                source=solver_source,
+                source=source,
             )
         field = fields[0]
         if field == "net":
-            train = load_file(solver.net, "net")
+            train = files.read(solver.net, "net")
             generic = dataclasses.replace(train)
         elif field == "net_param":
-            train = _inline(solver.net_param, solver_source, "net_param")
+            train = _inline(solver.net_param, source, "net_param")
             generic = dataclasses.replace(train)
         elif field == "train_net":
-            train = load_file(solver.train_net, "train_net")
+            train = files.read(solver.train_net, "train_net")
         else:
-            train = _inline(solver.train_net_param, solver_source, "train_net_param")
+            train = _inline(solver.train_net_param, source, "train_net_param")
     train.state = solver.train_state
+    return train, generic
 
-    # Solver::InitTestNets: explicit test nets first, then as many generic instances as test_iter has left.
-    explicit = [_inline(param, solver_source, f"test_net_param #{i}") for i, param in enumerate(solver.test_net_param)]
-    explicit += [load_file(path, "test_net") for path in solver.test_net]
+
+def _test_nets(solver: Any, generic: NetDefinition | None, files: _SolverFiles) -> list[NetDefinition]:
+    """Solver::InitTestNets: explicit test nets first, then as many generic instances as test_iter has left; each
+    in its test_state."""
+    source = files.solver_source
+    explicit = [_inline(param, source, f"test_net_param #{i}") for i, param in enumerate(solver.test_net_param)]
+    explicit += [files.read(path, "test_net") for path in solver.test_net]
     if generic is not None:
         if len(solver.test_iter) < len(explicit):
-            raise NetError("test_iter must be given for each test net", source=solver_source, field="test_iter")
+            raise NetError("test_iter must be given for each test net", source=source, field="test_iter")
         instances = len(solver.test_iter) - len(explicit)
         tests = explicit + [dataclasses.replace(generic) for _ in range(instances)]
     else:
         if len(solver.test_iter) != len(explicit):
             raise NetError(
                 f"test_iter must be given once per test net ({len(explicit)}), got {len(solver.test_iter)}",
-                source=solver_source,
+                source=source,
                 field="test_iter",
             )
         tests = explicit
     if len(solver.test_state) and len(solver.test_state) != len(tests):
         raise NetError(
             f"test_state must be unspecified or given once per test net ({len(tests)})",
-            source=solver_source,
+            source=source,
             field="test_state",
         )
     for index, test in enumerate(tests):
         test.state = solver.test_state[index] if len(solver.test_state) else None
-    if tests and solver.test_interval <= 0:
-        raise NetError("test_interval must be positive when there are test nets", source=solver_source, field="test_interval")
+    return tests
 
+
+def _check_solver(solver: Any, tests: list[NetDefinition], source: str) -> None:
+    """What Caffe's solvers CHECK at construction and this module has not yet: a test interval for the test nets,
+    no momentum where AdaGrad and RMSProp refuse it."""
+    if tests and solver.test_interval <= 0:
+        raise NetError("test_interval must be positive when there are test nets", source=source, field="test_interval")
     solver_type = solver.type or "SGD"
     if solver_type in ("AdaGrad", "RMSProp") and solver.momentum != 0:
         raise NetError(
             f"momentum cannot be used with {solver_type} (Caffe aborts on it); remove it or set it to 0",
-            source=solver_source,
+            source=source,
             field="momentum",
         )
-    assumptions = []
-    if tests and not solver.test_initialization:
-        assumptions.append("test_initialization is off: the first test pass comes after test_interval iterations")
-    return TrainingDefinition(
-        train,
-        tests,
-        solver_type=solver_type,
-        l1_regularization=solver.regularization_type == "L1",
-        test_iters=list(solver.test_iter),
-        assumptions=assumptions,
-        solver=solver,
-    )
+
+
