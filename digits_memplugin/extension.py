@@ -46,10 +46,10 @@ class MemPlugin:
     jobs: JobManager
     """Training jobs of this app. Started at its first use (`started_jobs`), so an app that never trains runs
     nothing in the background; `close` stops it and the training children with it."""
+    estimates: EstimatePool
+    """Runs estimates of large texts in worker processes, off the server's thread (estimate_pool.py)."""
     authorize: Authorizer | None = None
     """The host's own access decision (see web/access.py); None: the API token, if one is set, decides."""
-    estimates: EstimatePool | None = None
-    """Runs estimates of large texts in worker processes, off the server's thread (estimate_pool.py)."""
 
     def started_jobs(self) -> JobManager:
         """The job manager, started if it was not yet (which marks jobs a killed server left as interrupted)."""
@@ -60,8 +60,7 @@ class MemPlugin:
     def close(self) -> None:
         """Stop the background work of the plugin: running training attempts end as interrupted (resumable)."""
         self.jobs.stop()
-        if self.estimates is not None:
-            self.estimates.close()
+        self.estimates.close()
 
 
 def init_app(

@@ -135,3 +135,18 @@ def test_standalone_app_keeps_its_secret_key_across_restarts(data_dir: Path) -> 
     assert first.config["SECRET_KEY"] == second.config["SECRET_KEY"]
     assert len(first.config["SECRET_KEY"]) == 64
     assert (data_dir / "secret_key").stat().st_mode & 0o077 == 0
+
+
+def test_the_plugin_state_is_read_through_its_typed_accessor() -> None:
+    """Views read the plugin through web.plugin_state.current_plugin (get_plugin, typed), never the raw extensions
+    table: 39 lookups were `current_app.extensions["memplugin"]`, untyped (one hid that the estimate pool was
+    optional)."""
+    package = Path(digits_memplugin.__file__).parent
+    raw = [
+        f"{path.relative_to(package)}:{number}"
+        for path in package.rglob("*.py") if path.name != "extension.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ".extensions[" in line
+    ]
+    assert raw == []
+    assert (package / "extension.py").read_text(encoding="utf-8").count(".extensions[EXTENSION_KEY]") == 2  # set in init_app, read in get_plugin

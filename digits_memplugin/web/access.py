@@ -36,6 +36,8 @@ from werkzeug.exceptions import Forbidden
 from wtforms import PasswordField
 from wtforms.validators import DataRequired
 
+from .plugin_state import current_plugin
+
 READ = "read"
 WRITE = "write"
 Authorizer = Callable[[str], bool]
@@ -141,7 +143,7 @@ def wrong_host_message(header: str, names: Iterable[str]) -> str:
 
 def check_host() -> ResponseReturnValue | None:
     """Refuse a request whose Host header names a host this server does not answer to (400, JSON)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     header = request.environ.get("HTTP_HOST")
     names = host_names(plugin.settings, current_app.config)
     if host_allowed(header, names):
@@ -151,7 +153,7 @@ def check_host() -> ResponseReturnValue | None:
 
 def socket_host_allowed() -> tuple[bool, str]:
     """The Host check for a socketio connection (in its connect handler): (allowed, why not)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     header = request.environ.get("HTTP_HOST")
     names = host_names(plugin.settings, current_app.config)
     if host_allowed(header, names):
@@ -214,7 +216,7 @@ def _deny(status: int, message: str) -> ResponseReturnValue:
 
 def allowed(kind: str) -> tuple[bool, int, str]:
     """Whether the current request may do `kind`: (allowed, status when not, why)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     settings = plugin.settings
     if kind == WRITE and cross_site():
         return False, 403, "cross-site request refused: this server takes writes from its own pages and API clients"
@@ -238,7 +240,7 @@ def allowed(kind: str) -> tuple[bool, int, str]:
 def socket_allowed(auth: object) -> bool:
     """A socketio connection reads: allowed as a GET would be, with a token in `auth` ({"token": ...}) counting as
     the bearer (browsers cannot set headers on a websocket)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     if plugin.authorize is not None:
         return bool(plugin.authorize(READ))
     token = plugin.settings.api_token
@@ -266,7 +268,7 @@ def check_request() -> ResponseReturnValue | None:
 
 def login() -> ResponseReturnValue:
     """Sign a browser in with the API token (only when a token is configured)."""
-    token = current_app.extensions["memplugin"].settings.api_token
+    token = current_plugin().settings.api_token
     form = LoginForm()
     error = None
     if token is None:
@@ -277,7 +279,7 @@ def login() -> ResponseReturnValue:
             return redirect(same_site_path(request.args.get("next", "")) or url_for("memplugin.home"))
         error = "That is not the API token."
     status = 401 if request.method == "POST" else 200
-    reads = current_app.extensions["memplugin"].settings.auth_reads
+    reads = current_plugin().settings.auth_reads
     return render_template("memplugin/login.html", form=form, error=error, reads_need_token=reads), status
 
 

@@ -31,6 +31,7 @@ from ..estimate_pool import PoolBusy, PoolError
 from ..jobs.errors import DataFolderInUse, DiskFull
 from ..jobs.store import StoreError, StoreFull
 from .error_pages import error_page
+from .plugin_state import current_plugin
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -39,7 +40,7 @@ T = TypeVar("T")
 
 def health() -> dict[str, Any]:
     """Liveness and what the plugin sees: its version and whether GPUs are visible."""
-    devices = current_app.extensions["memplugin"].devices.read()
+    devices = current_plugin().devices.read()
     return {
         "status": "ok",
         "version": __version__,

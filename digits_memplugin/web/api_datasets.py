@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
 from .. import dataset_scan
 from .api import API_PATH
+from .plugin_state import current_plugin
 
 
 def dataset_roots() -> tuple[Path, ...]:
     """The folders jobs read data from: the job manager's (MEMPLUGIN_DATASET_ROOTS, else <data dir>/datasets)."""
-    return tuple(current_app.extensions["memplugin"].jobs.config.dataset_roots)
+    return tuple(current_plugin().jobs.config.dataset_roots)
 
 
 def list_datasets() -> ResponseReturnValue:

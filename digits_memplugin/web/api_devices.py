@@ -6,24 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, url_for
+from flask import Blueprint, jsonify, url_for
 from flask.typing import ResponseReturnValue
 
 from ..caffe_build import devices_document
 from .api import API_PATH
+from .plugin_state import current_plugin
 
 
 def list_devices() -> ResponseReturnValue:
     """The GPUs NVML reports (an error row for one that cannot be read) and the CPU, which is always listed, with the
     Caffe that trains on them."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     return jsonify(devices_document(plugin.devices.read(), plugin.caffe))
 
 
 def running_attempts() -> list[dict[str, Any]]:
     """Each running job's attempt now training, with the device it trains on (its key: "cpu", "GPU-<uuid>"), its
     process (the local child's pid, None under another backend) and the job's page."""
-    manager = current_app.extensions["memplugin"].started_jobs()
+    manager = current_plugin().started_jobs()
     return [
         {
             "device": attempt.device, "job_id": job.id, "job_name": job.name, "attempt": attempt.number,

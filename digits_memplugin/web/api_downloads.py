@@ -47,13 +47,14 @@ from ..jobs.model_files import (
 )
 from ..jobs.records import Attempt, Job
 from .api import API_PATH
+from .plugin_state import current_plugin
 
 MAX_DEFINITION_BYTES = 4 * 1024 * 1024
 """The job's net and solver as submitted are at most this (MEMPLUGIN_MAX_REQUEST_BYTES' default)."""
 
 
 def _manager() -> JobManager:
-    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    return current_plugin().started_jobs()
 
 
 def _job(manager: JobManager, job_id: str) -> Job:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
 from ..core.errors import NetError
@@ -30,6 +30,7 @@ from ..estimate_pool import DatasetsFailed
 from ..inputs import capped, not_text, surrogate_in, type_name
 from ..sizes import byte_count
 from .api import API_PATH, read_json
+from .plugin_state import current_plugin
 
 FIELDS: dict[str, type | tuple[type, ...]] = {
     "net": str,
@@ -109,7 +110,7 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
 def post_estimate() -> ResponseReturnValue:
     """The REST API's answer: the document, or its validation errors with HTTP 400 (DIGITS' habit, which scripts
     check)."""
-    body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
+    body = read_json(current_plugin().settings.max_request_bytes)
     try:
         return jsonify(estimate_document(body))
     except Invalid as invalid:
@@ -119,7 +120,7 @@ def post_estimate() -> ResponseReturnValue:
 def estimate_document(body: Any) -> dict[str, Any]:
     """The estimate document for a request body already read; raises `Invalid` with {field: message} when the
     request cannot be estimated (the New model page answers the same with 200: model_page.estimate_for_page)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     values, errors = parse_request(body)
     if errors:
         raise Invalid(errors)

@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from flask import Blueprint, Response, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
@@ -32,6 +32,7 @@ from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
 from ..jobs.records import Job
 from ..jobs.request import parse_job_request
 from .api import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type
+from .plugin_state import current_plugin
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 """A submission may be a form: multipart when the prototxts are uploaded as files."""
@@ -46,7 +47,7 @@ MAX_PROGRESS_POINTS = 2000
 
 def _manager() -> JobManager:
     """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
-    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    return current_plugin().started_jobs()
 
 
 def _job_or_404(manager: JobManager, job_id: str) -> Any:
@@ -58,7 +59,7 @@ def _job_or_404(manager: JobManager, job_id: str) -> Any:
 
 def _body() -> dict[str, Any]:
     """The submission as a dict: a JSON object, or a multipart/urlencoded form whose prototxts may be files."""
-    limit = current_app.extensions["memplugin"].settings.max_request_bytes
+    limit = current_plugin().settings.max_request_bytes
     if request.mimetype in FORM_TYPES:
         read_form(limit)
         return _form_body()
@@ -115,7 +116,7 @@ def submit(body: Any) -> Job:
     """The one way a job is created over the web: the request checked by `parse_job_request`, then by the manager
     (devices, confinement, the definition). The REST API and the New model form both call it."""
     manager = _manager()
-    settings = current_app.extensions["memplugin"].settings
+    settings = current_plugin().settings
     job_request, errors = parse_job_request(body, default_attempts=settings.job_max_attempts)
     if job_request is None:
         raise SubmissionRefused(errors)

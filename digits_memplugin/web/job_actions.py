@@ -11,7 +11,7 @@ the action does to the job and its files (CONFIRMATIONS).
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, redirect, render_template, request, url_for
+from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import validate_csrf
 from werkzeug.exceptions import NotFound
@@ -21,6 +21,7 @@ from .. import __version__
 from ..jobs.errors import JobNotFound, JobStateError
 from ..jobs.manager import JobManager
 from ..jobs.records import ACTIVE_STATES, RUNNING, Job
+from .plugin_state import current_plugin
 
 CONFIRMATIONS = {
     "cancel": {
@@ -44,7 +45,7 @@ CONFIRMATIONS = {
 
 
 def _manager() -> JobManager:
-    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    return current_plugin().started_jobs()
 
 
 def confirmations() -> dict[str, dict[str, str]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, url_for
+from flask import Blueprint, jsonify, url_for
 from flask.typing import ResponseReturnValue
 from google.protobuf import text_format
 from werkzeug.exceptions import NotFound
@@ -44,12 +44,13 @@ from .forms import (
     NewModelForm,
     solver_prototxt,
 )
+from .plugin_state import current_plugin
 
 MAX_TEXT_BYTES = 8 * 1024 * 1024
 
 
 def _manager() -> JobManager:
-    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    return current_plugin().started_jobs()
 
 
 def _read(manager: JobManager, job: Job, name: str) -> str:
@@ -141,7 +142,7 @@ def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str
             fields["memory_cap"] = exact_size(cap)
         else:
             notes.append(f"its memory cap ({format_size(cap)}) has no field on the form")
-    defaults = {"max_attempts": current_app.extensions["memplugin"].settings.job_max_attempts,
+    defaults = {"max_attempts": current_plugin().settings.job_max_attempts,
                 "growth": DEFAULT_GROWTH, "safety_margin": None, "start": "plan"}
     changed = {key: value for key, value in (document.get("fallback") or {}).items() if defaults.get(key) != value}
     if changed:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, current_app, redirect, render_template, request, url_for
+from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import validate_csrf
 from werkzeug.exceptions import NotFound
@@ -39,6 +39,7 @@ from ..pace import format_duration as format_time_left
 from ..pace import format_rate
 from ..sizes import format_size
 from .api_jobs import page_limit
+from .plugin_state import current_plugin
 
 LOG_TAIL_LINES = 60
 """Lines of Caffe's log on a job's first paint (the page's script then fetches more and follows the log)."""
@@ -50,11 +51,11 @@ MAX_DEFINITION_BYTES = 1024 * 1024
 
 def _manager() -> JobManager:
     """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
-    return current_app.extensions["memplugin"].started_jobs()  # type: ignore[no-any-return]
+    return current_plugin().started_jobs()
 
 
 def _devices() -> DeviceList:
-    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+    return current_plugin().devices.read()
 
 
 def device_labels(devices: DeviceList) -> dict[str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, redirect, render_template, request, url_for
+from flask import Blueprint, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from wtforms.fields.choices import SelectChoice
 
@@ -40,6 +40,7 @@ from .api import json_error, read_form, read_json
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
+from .plugin_state import current_plugin
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
 TOP_LAYERS = 10
@@ -147,7 +148,7 @@ def auto_note(
 def train_dataset(spec: ModelSpec) -> FoundDataset | None:
     """The training dataset the form names, read from it; None when there is none there (yet) or it cannot be
     read (the job's own checks then say why, beside the field)."""
-    roots = current_app.extensions["memplugin"].jobs.config.dataset_roots
+    roots = current_plugin().jobs.config.dataset_roots
     found = dataset_scan.source_dataset(spec.train_source, spec.data_backend, roots)
     return found if found is not None and found.error is None else None
 
@@ -192,7 +193,7 @@ def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> 
     checks, memory and planning function as the job's attempts). `strict` False (Auto): a dataset the job cannot
     read yet does not stop the suggestion, which is then planned on the form's item shape, by the same function
     and policy."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     policy = plugin.jobs.config.policy
     device = target_device(spec.device, devices)
     if spec.memory_cap is not None and device.kind != "cpu":
@@ -281,11 +282,11 @@ def _estimate(
     spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: Cap, policy: PlanningPolicy
 ) -> dict[str, Any]:
     """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     try:
         request = spec.estimate_request(engine, device.memory_free, batch, policy=policy, auto=cap.auto,
                                         train_items=cap.train_items)
-        return plugin.estimates.estimate(request)  # type: ignore[no-any-return]
+        return plugin.estimates.estimate(request)
     except NetError as error:
         field = _error_field(error, spec)
         raise PlanError(field, _error_detail(error, field, spec)) from None
@@ -332,7 +333,7 @@ def _error_detail(error: NetError, field: str, spec: ModelSpec) -> dict[str, Any
 
 
 def _read_devices() -> DeviceList:
-    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+    return current_plugin().devices.read()
 
 
 def _device_choices(devices: DeviceList) -> list[SelectChoice]:
@@ -363,7 +364,7 @@ def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
 def _check_size() -> None:
     """Parse the posted form within MEMPLUGIN_MAX_REQUEST_BYTES (a chunked body stops at the limit too): a 413
     before the form's fields are looked at."""
-    read_form(current_app.extensions["memplugin"].settings.max_request_bytes)
+    read_form(current_plugin().settings.max_request_bytes)
 
 
 def _render_form(
@@ -390,9 +391,9 @@ def _render_form(
         planned=planned,
         first_error=first_error(form),
         max_curve_batch=MAX_BATCH,
-        terms=panel_words.page_terms(current_app.extensions["memplugin"].jobs.config.policy),
-        dataset_roots=[str(root) for root in current_app.extensions["memplugin"].jobs.config.dataset_roots],
-        datasets=dataset_scan.scan(current_app.extensions["memplugin"].jobs.config.dataset_roots),
+        terms=panel_words.page_terms(current_plugin().jobs.config.policy),
+        dataset_roots=[str(root) for root in current_plugin().jobs.config.dataset_roots],
+        datasets=dataset_scan.scan(current_plugin().jobs.config.dataset_roots),
         cloned=cloned,
         version=__version__,
     )
@@ -453,7 +454,7 @@ def submit_model(spec: ModelSpec, devices: DeviceList) -> tuple[Job, PlannedJob]
         raise Refused({"device": SIMULATED_GPU.format(label=label)})
     assert planned.typed is not None  # strict planning previews the typed request
     try:
-        job = current_app.extensions["memplugin"].started_jobs().submit(planned.typed.request)
+        job = current_plugin().started_jobs().submit(planned.typed.request)
     except JobValidationError as error:
         raise Refused(form_errors(error.errors, spec, planned.typed.sources)) from None
     return job, planned
@@ -508,7 +509,7 @@ def _json_form(devices: DeviceList) -> NewModelForm | ResponseReturnValue:
     form's own fields (token required); a 400 answer when it does not validate."""
     _check_size()
     if request.is_json:
-        body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
+        body = read_json(current_plugin().settings.max_request_bytes)
         try:
             formdata = formdata_from_json(body)
         except FormError as error:
@@ -568,7 +569,7 @@ def estimate_for_page() -> ResponseReturnValue:
     console, which no script can prevent, and that noise hides real failures. A failure of the request itself
     (too large, a server busy, not allowed) keeps its status. Scripts use the API, whose 400s stay."""
     try:
-        body = read_json(current_app.extensions["memplugin"].settings.max_request_bytes)
+        body = read_json(current_plugin().settings.max_request_bytes)
         try:
             return jsonify(api_estimate.estimate_document(body))
         except api_estimate.Invalid as invalid:

@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from flask import current_app, request
+from flask import request
 from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
@@ -53,6 +53,7 @@ from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from ..jobs.progress import PACE_FIELDS
 from ..jobs.throttle import ClientRateLimiter
 from .access import socket_allowed, socket_host_allowed
+from .plugin_state import current_plugin
 
 DEVICES_EVENT = "devices"
 DEVICES_ROOM = "devices"
@@ -288,7 +289,7 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         sid = request.sid  # type: ignore[attr-defined]
         charged = event_cost("subscribe_jobs", data)
         try:
-            page = current_app.extensions["memplugin"].started_jobs().page(*_page_of(data))
+            page = current_plugin().started_jobs().page(*_page_of(data))
         except MemPluginError as error:
             self._refund(sid, charged, 1)
             emit("job_error", {"id": None, "error": str(error)})
@@ -305,7 +306,7 @@ class MemPluginNamespace(Namespace):  # type: ignore[misc]
         event saying why not (no such job, whatever the id holds; the jobs cannot be read)."""
         job_id = data.get("id") if isinstance(data, dict) else None
         try:
-            document = current_app.extensions["memplugin"].started_jobs().document(str(job_id))
+            document = current_plugin().started_jobs().document(str(job_id))
         except MemPluginError as error:
             emit("job_error", {"id": None if job_id is None else shown(job_id), "error": str(error)})
             return
@@ -327,4 +328,4 @@ def _page_of(data: Any) -> tuple[Any, Any]:
 
 
 def _pusher() -> DevicePusher:
-    return current_app.extensions["memplugin"].device_pusher  # type: ignore[no-any-return]
+    return current_plugin().device_pusher

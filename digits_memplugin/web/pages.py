@@ -13,6 +13,7 @@ from ..devices import DeviceList, is_simulated
 from ..errors import MemPluginError
 from ..sizes import format_size
 from . import api_devices, api_downloads, job_actions, job_clone, job_pages, model_page
+from .plugin_state import current_plugin
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -26,7 +27,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
 
 
 def _read_devices() -> DeviceList:
-    return current_app.extensions["memplugin"].devices.read()  # type: ignore[no-any-return]
+    return current_plugin().devices.read()
 
 
 def home() -> str:
@@ -42,7 +43,7 @@ def home() -> str:
 def devices_page() -> str:
     """The device table as the server sees it now, with the training attempts each device runs; the live panel of
     the model form pushes the same devices over socketio, and static/js/devices.js keeps both up to date."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     try:
         attempts, attempts_error = api_devices.running_attempts(), None
     except MemPluginError as error:  # the jobs database cannot be read: the devices still can
@@ -103,7 +104,7 @@ def _live_settings() -> dict[str, str]:
     """
     path = getattr(current_app.wsgi_app, "engineio_path", "/socket.io/")
     return {
-        "namespace": current_app.extensions["memplugin"].settings.socketio_namespace,
+        "namespace": current_plugin().settings.socketio_namespace,
         "socketio_path": request.script_root + "/" + path.strip("/"),
         "devices_url": url_for("memplugin.api_devices"),
         "estimate_url": url_for("memplugin.api_estimate"),
