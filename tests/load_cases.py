@@ -166,16 +166,24 @@ def descendants(pid: int) -> list[int]:
 
 
 def pycaffe_children(pid: int) -> int:
-    """The pycaffe shape children alive below `pid` (estimate workers' and the server's own)."""
-    count = 0
+    """The pycaffe shape children alive below `pid` (estimate workers' and the server's own). A process a child
+    forks holds the child's command line until it execs (seen under load): it is the same child, not another."""
+    shapes = set()
     for child in descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
         if b"digits_memplugin.pycaffe_shapes" in command:
-            count += 1
-    return count
+            shapes.add(child)
+    return sum(1 for child in shapes if parent_of(child) not in shapes)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @contextmanager
