@@ -359,8 +359,9 @@ def test_a_gpu_process_that_is_one_of_our_attempts_is_marked_with_its_job(
     try:
         client = app.test_client()
         job = api_job(client, name="on a gpu", max_iter=100_000)
-        (attempt,) = wait_for(lambda: client.get("/memplugin/api/devices/attempts").get_json()["attempts"],
-                              timeout=60, what="the attempt to start")
+        # Listed from its start, an attempt has its pid once its child runs (None before: seen under load).
+        (attempt,) = wait_for(lambda: [a for a in client.get("/memplugin/api/devices/attempts").get_json()["attempts"]
+                                       if a["pid"] is not None], timeout=60, what="the attempt's child to start")
         gpus[0].processes.append(FakeProcess(pid=attempt["pid"], name="python", used_memory=1 << 30))
         page = client.get("/memplugin/devices").get_data(as_text=True)
         gpu_row = re.search(rf'<tr data-key="{gpus[0].uuid}">.*?</tr>', page, re.S)
