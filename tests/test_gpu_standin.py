@@ -1,0 +1,127 @@
+"""LeNet's GPU path, measured without a GPU: the bundled CUDA Caffe binary trains in GPU mode under the stand-in CUDA
+runtime (bench/standin/, built by scripts/build-standin.sh), which counts every device allocation, and the `gpu` and
+`gpu-cudnn` estimates are held to its peak (issue 25).
+
+The stand-in measures what Caffe asks the device for, never the CUDA context or what a real cuDNN picks; the
+estimates are taken without the context, and `gpu-cudnn` is compared without the convolutions' workspace, which is
+checked apart against the stand-in cuDNN's stated assumption. Skipped where the CUDA root was not asked for
+(CAFFE_CUDA unset or 0), failed where it was asked for and is missing, as tests/test_caffe_roots.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ZOO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from gpu_standin import CUDA_ROOT, StandinError, measure_standin, standin_libraries
+
+from digits_memplugin.core import oom
+from digits_memplugin.core.layers.base import ENGINE_CUDNN, ENGINE_GPU, WORKSPACE
+from digits_memplugin.core.memory import MemoryOptions
+from digits_memplugin.core.training import TrainingDefinition, training_definition
+
+pytestmark = pytest.mark.slow
+
+CUDA_ASKED = os.environ.get("CAFFE_CUDA") == "1"
+MNIST = {"data": (1, 28, 28)}
+TOLERANCE = 0.001
+"""LeNet's estimate against the stand-in's peak: within 0.1% (the issue's bound for all nets is max(1%, 1 MiB), which
+LeNet's few MiB would make loose)."""
+SONAMES = ("libcudart.so.13", "libcublas.so.13", "libcurand.so.10", "libcudnn.so.9")
+
+
+@pytest.fixture(scope="module")
+def libraries() -> Path:
+    if not (CUDA_ROOT / "build-info.json").exists():
+        if CUDA_ASKED:
+            pytest.fail(f"CAFFE_CUDA=1 but no CUDA Caffe root in {CUDA_ROOT}: `make install CAFFE_CUDA=1` builds it")
+        pytest.skip("no CUDA Caffe root (built by `make install CAFFE_CUDA=1`)")
+    return standin_libraries(CUDA_ROOT)
+
+
+def lenet() -> TrainingDefinition:
+    net = ZOO / "caffe_lenet" / "lenet_train_test.prototxt"
+    return training_definition(net.read_text(), (ZOO / "caffe_lenet" / "lenet_solver.prototxt").read_text(),
+                               net_source=str(net))
+
+
+def estimate(definition: TrainingDefinition, engine: str, batch: int) -> tuple[int, int]:
+    """(bytes without the CUDA context, of which the workspace)"""
+    report, _, _ = definition.memory(MemoryOptions(engine=engine, solver_type=definition.solver_type,
+                                                   cuda_context_bytes=0), batch=batch, data_shapes=MNIST)
+    return report.total_bytes, report.categories[WORKSPACE]
+
+
+def test_the_stand_in_has_the_real_sonames_and_symbol_versions(libraries: Path) -> None:
+    for soname in SONAMES:
+        dynamic = subprocess.run(["readelf", "-d", "-V", str(libraries / soname)], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout
+        assert f"Library soname: [{soname}]" in dynamic
+        assert f"Name: {soname}" in dynamic  # its version definition, which Caffe's references name
+    # build-standin.sh fails unless every CUDA entry point the root's binaries import is defined: it returned.
+    caffe_imports = subprocess.run(["nm", "-D", "--undefined-only", str(CUDA_ROOT / "build/lib/libcaffe.so.1.0.0")],
+                                   capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "cudaMalloc@libcudart.so.13" in caffe_imports and "cudnnCreate@libcudnn.so.9" in caffe_imports
+
+
+@pytest.mark.parametrize("batch", [8, 64])
+def test_lenet_gpu_engine_peak_is_the_estimate(libraries: Path, tmp_path: Path, batch: int) -> None:
+    definition = lenet()
+    measured = measure_standin(definition, tmp_path, MNIST, ENGINE_GPU, batch=batch, libraries=libraries)
+    estimated, workspace = estimate(definition, ENGINE_GPU, batch)
+    assert workspace == 0 and measured.workspace == 0  # Caffe's own convolutions: im2col, no cuDNN
+    assert "stand-in" in measured.report["what"] and measured.report["standin"] is True
+    assert measured.report["device_allocations"] > 20 and measured.report["kernel_launches"] > 0
+    assert abs(estimated - measured.peak) <= TOLERANCE * measured.peak, (estimated, measured.peak, measured.by_caller)
+    # The shapes agree with Caffe's own: its "Memory required for data" line, train and test net.
+    report, _, _ = definition.memory(MemoryOptions(engine=ENGINE_GPU, cuda_context_bytes=0), batch=batch,
+                                     data_shapes=MNIST)
+    assert measured.memory_required_for_data == report.memory_required_for_data
+
+
+def test_lenet_cudnn_engine_peak_without_workspace_is_the_estimate(libraries: Path, tmp_path: Path) -> None:
+    definition = lenet()
+    measured = measure_standin(definition, tmp_path, MNIST, ENGINE_CUDNN, batch=64, libraries=libraries)
+    estimated, workspace = estimate(definition, ENGINE_CUDNN, 64)
+    without = estimated - workspace
+    assert abs(without - measured.peak_without_workspace) <= TOLERANCE * measured.peak_without_workspace, (
+        without, measured.peak_without_workspace, measured.by_caller)
+    # LeNet's two convolutions in the train and the test net each asked for a workspace; the stand-in cuDNN
+    # answered one group's im2col matrix of one image for every direction, which is the model's figure while
+    # it stays under BVLC's 8 MiB: the same bytes, and the requests recorded with their shapes.
+    cudnn = measured.report["cudnn"]
+    assert "im2col" in cudnn["assumption"]
+    conv1 = [r for r in cudnn["workspace_requests"] if r["kernel"] == [5, 5] and r["bottom"][1] == 1]
+    assert {r["direction"] for r in conv1} == {"forward", "backward_filter", "backward_data"}
+    assert {r["bytes"] for r in conv1} == {1 * 5 * 5 * 24 * 24 * 4}
+    assert measured.workspace == workspace > 0
+    # BVLC's cuDNN layers each create their handles: a convolution three per group (one per stream), the ReLU and
+    # SoftmaxWithLoss's inner Softmax one each; LeNet's train and test net have two, one and one.
+    assert cudnn["handles_created"] == 2 * (2 * 3 + 1 + 1)
+
+
+def test_an_allocation_past_the_stand_in_device_fails_as_on_a_gpu(libraries: Path, tmp_path: Path) -> None:
+    """A device smaller than LeNet's footprint: Caffe's cudaMalloc gets cudaErrorMemoryAllocation, its CHECK
+    aborts with CUDA's own words, the classifier reads an out-of-memory, and the report records the failure."""
+    definition = lenet()
+    estimated, _ = estimate(definition, ENGINE_GPU, 64)
+    with pytest.raises(StandinError) as failed:
+        measure_standin(definition, tmp_path, MNIST, ENGINE_GPU, batch=64, libraries=libraries,
+                        device_bytes=estimated // 2)
+    log = failed.value.log
+    assert "Check failed: error == cudaSuccess (2 vs. 0)  out of memory" in str(failed.value)  # the F line
+    found = oom.find_out_of_memory(log.splitlines())
+    assert found is not None and found.signature == "cuda_out_of_memory" and found.device == "gpu"
+    report = json.loads((tmp_path / "standin.json").read_text())
+    assert report["written"] == "failed allocation" and report["failed_allocation_count"] == 1
+    failure = report["failed_allocations"][0]
+    assert failure["live_device_bytes"] + failure["bytes"] > estimated // 2 >= failure["live_device_bytes"]
+    assert "SyncedMemory" in failure["caller"]
