@@ -128,6 +128,9 @@ def measure_standin(
     solver_path = prepare_solver(definition, folder, data_shapes, batch, test_batch, gpu=True)
     solver = caffe_pb2.SolverParameter()
     text_format.Parse(solver_path.read_text(), solver)
+    # `caffe train` solves to max_iter (pycaffe's child steps once): one iteration after the first test pass.
+    solver.max_iter = 1
+    solver_path.write_text(text_format.MessageToString(solver))
     for net_path in [solver.train_net, *solver.test_net]:
         net = caffe_pb2.NetParameter()
         text_format.Parse(Path(net_path).read_text(), net)
