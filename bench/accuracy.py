@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -95,7 +96,20 @@ def main() -> int:
 
 
 GPU_REASONS: dict[tuple[str, str], str] = {}
-"""(net, engine) -> why the estimate and the stand-in differ past the bound, from the layer's CUDA source."""
+"""(net, engine) -> why the estimate and the stand-in differ past the bound, from the layer's CUDA source (none now:
+every difference found was a buffer the model had wrong, and was fixed)."""
+BATCH_NORM_FACTOR_NOTE = ("+4 B per BatchNorm ({count}): its moving-average factor (blobs_[2]) is read with cpu_data() "
+                          "(batch_norm_layer.cu) and, without weight decay (sgd_solver.cpp's Regularize), never "
+                          "reaches the device; the model counts it")
+
+
+def explained(error: int, train: Any, solver: Any) -> str | None:
+    """Why a difference within the bound is there, when it is the one known (None: unexplained)."""
+    batch_norms = sum(layer.type == "BatchNorm" for layer in train.layers)
+    decay = solver.weight_decay if solver is not None else 0.0
+    if batch_norms and not decay and error == 4 * batch_norms:
+        return BATCH_NORM_FACTOR_NOTE.format(count=batch_norms)
+    return None
 
 
 def gpu_table(cases: list, write: bool) -> int:
@@ -104,7 +118,7 @@ def gpu_table(cases: list, write: bool) -> int:
 
     libraries = standin_libraries()
     rows = []
-    failures = 0
+    failures = mrd_differs = unexplained = 0
     started = time.monotonic()
     for case in cases:
         net, solver = case.texts()
@@ -117,7 +131,7 @@ def gpu_table(cases: list, write: bool) -> int:
             for engine in (ENGINE_GPU, ENGINE_CUDNN):
                 options = MemoryOptions(engine=engine, solver_type=definition.solver_type,
                                         l1_regularization=definition.l1_regularization, cuda_context_bytes=0)
-                report, _, _ = definition.memory(options, batch=batch, data_shapes=case.data_shapes)
+                report, train, _ = definition.memory(options, batch=batch, data_shapes=case.data_shapes)
                 with tempfile.TemporaryDirectory() as folder:
                     measured = measure_standin(definition, Path(folder), case.data_shapes, engine, batch=batch,
                                                libraries=libraries)
@@ -128,14 +142,23 @@ def gpu_table(cases: list, write: bool) -> int:
                     truth, estimated = measured.peak_without_workspace, report.steady_bytes - modelled_workspace
                 ok = within_bounds(estimated, truth)
                 reason = GPU_REASONS.get((case.name, engine), "")
+                if estimated != truth:
+                    why = explained(estimated - truth, train, definition.solver)
+                    if why is None:
+                        unexplained += 1
+                        notes.append(f"{engine}: **unexplained difference**")
+                    elif why not in notes:
+                        notes.append(why)
                 failures += not ok and not reason
-                cells += [f"{truth / MiB:,.2f}", f"{estimated / MiB:,.2f}", f"{(estimated - truth) / truth:+.2%}",
+                cells += [f"{truth / MiB:,.2f}", f"{estimated / MiB:,.2f}",
+                          f"{estimated - truth:+,} B ({(estimated - truth) / truth:+.2%})",
                           "yes" if ok else ("no: see note" if reason else "**no**")]
                 if engine == ENGINE_CUDNN:
                     cells += [f"{measured.workspace / MiB:,.2f}", f"{modelled_workspace / MiB:,.2f}"]
                 if reason:
                     notes.append(f"{engine}: {reason}")
                 if measured.memory_required_for_data != report.memory_required_for_data:
+                    mrd_differs += 1
                     notes.append(f"{engine}: Caffe's MRD {measured.memory_required_for_data} differs")
             cells.append("; ".join(notes))
             row = "| " + " | ".join(cells) + " |"
@@ -143,17 +166,22 @@ def gpu_table(cases: list, write: bool) -> int:
             print(row, flush=True)
     header = [
         (f"Command: `.venv/bin/python bench/accuracy.py --gpu` ({len(rows)} nets x batches, each measured twice, "
-         f"{time.monotonic() - started:.0f} s on this machine; {failures} outside the bound without a reason)."),
+         f"{time.monotonic() - started:.0f} s on this machine; {failures} outside the bound without a reason, "
+         f"{unexplained} differences unexplained)."),
         "",
         (f"Truth: the {STANDIN_NOTE}. Peak live device bytes of the CUDA Caffe binary (`caffe train --gpu=0`) "
         "building the solver, testing once and training one iteration. Estimates without the CUDA context "
         "(`cuda_context_bytes` 0)."),
+        "",
         ("`gpu`: every layer's engine set to CAFFE, against the `gpu` engine. `gpu-cudnn`: the nets as written "
          "(cuDNN where this build has it), against the `gpu-cudnn` engine, both without the cuDNN convolutions' "
          "workspace; the workspace columns show what Caffe allocated for the stand-in cuDNN's assumed algorithms "
          "(each direction's fastest needs one group's im2col matrix of one image, the next none; Caffe takes the "
          "first within 8 MiB) beside the model's figure (that matrix capped at 8 MiB)."),
-        "Bytes are MiB; \"within\": |error| <= max(1%, 1 MiB) and error >= -max(0.5%, 1 MiB).",
+        "",
+        ("Sizes are MiB, errors bytes (estimate - stand-in); \"within\": |error| <= max(1%, 1 MiB) and error >= "
+         "-max(0.5%, 1 MiB). A note names Caffe's \"Memory required for data\" where it differs from the estimator's "
+         f"({mrd_differs} of {2 * len(rows)} runs)."),
         "",
         ("| net | batch | `gpu` stand-in | `gpu` estimate | error | within | `gpu-cudnn` stand-in | `gpu-cudnn` "
         "estimate | error | within | workspace, stand-in | workspace, model | note |"),
