@@ -308,7 +308,7 @@ static void counter_write_report_at_exit(void) {
 static void counter_init(void) {
   const char *live = getenv("DIGITS_MEMPLUGIN_LIVE");
   if (live && *live) {
-    int fd = open(live, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int fd = open(live, O_RDWR | O_CREAT, 0644); /* no O_TRUNC: the stand-in and the probe may share it */
     if (fd >= 0 && ftruncate(fd, 2 * sizeof(uint64_t)) == 0) {
       void *p = mmap(NULL, 2 * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) live_file = p;
