@@ -87,7 +87,11 @@ HOLD_SECONDS = 1.0
 """A run is stopped (SIGINT, which `caffe train` takes as "stop") once it has logged its second iteration and its
 device bytes (the probe's live count) have not grown for this long, NVML polled throughout: the peak, reached
 after the first test pass and iteration, lasts while NVML reads it, however fast the net's iterations are."""
-OOM_MARKERS = ("out of memory", "CUDNN_STATUS", "cudaErrorMemoryAllocation", "bad_alloc", "Failed to allocate")
+OOM_MARKERS = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR",
+               "CUDNN_STATUS_EXECUTION_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation", "bad_alloc")
+HOST_PINNED_SOURCE = "syncedmem.hpp"
+"""Where CaffeMallocHost's CUDA_CHECK(cudaMallocHost(...)) fails: "out of memory" in CUDA's words, but of pinned host
+memory, not the device's (in GPU mode every host copy of a blob is pinned)."""
 
 
 # ---------------------------------------------------------------------------------------------------- prepare
@@ -482,8 +486,17 @@ def cuda_library_dirs() -> list[str]:
 
 
 def _oom_lines(log: str) -> list[str]:
+    """glog's F lines and every line naming an out-of-memory, as Caffe wrote them."""
     lines = [line for line in log.splitlines() if line.startswith("F") or any(m in line for m in OOM_MARKERS)]
     return lines[:12]
+
+
+def _oom_kind(log: str) -> str | None:
+    """"device", "host_pinned" (CaffeMallocHost's cudaMallocHost), or None when the log shows no out-of-memory."""
+    found = [line for line in log.splitlines() if any(m in line for m in OOM_MARKERS)]
+    if not found:
+        return None
+    return "host_pinned" if all(HOST_PINNED_SOURCE in line for line in found) else "device"
 
 
 def _live_peak(path: Path) -> int | None:
@@ -560,8 +573,12 @@ def run_caffe(machine: Machine, name: str, engine: str, batch: int, device_bytes
             "memgetinfo_total_bytes": probe.get("memgetinfo_total_bytes"),
             "failed_allocations": probe["failed_allocations"],
         })
+    if probe is not None:
+        result["host_pinned_peak_bytes"] = probe["peak_host_pinned_bytes"]
     if not result["trained"]:
-        result["oom"] = bool(_oom_lines(log_text)) and not timed_out
+        kind = None if timed_out else _oom_kind(log_text)
+        result["oom"] = kind == "device"
+        result["oom_kind"] = kind
         result["oom_lines"] = _oom_lines(log_text)
         result["log_tail"] = log_text.splitlines()[-25:]
     shutil.rmtree(run, ignore_errors=True)
@@ -643,7 +660,7 @@ def search(machine: Machine, name: str, engine: str, leave: int | None) -> dict[
             elif result.get("oom"):
                 fails = batch if fails is None else min(fails, batch)
             else:
-                break  # neither trained nor out of memory: stop, the log says why
+                break  # neither trained nor out of device memory (host pinned memory, a CHECK): the log says why
             if fits is not None and fails is not None:
                 if fails - fits <= max(1, fits // 200):
                     break
