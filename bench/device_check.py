@@ -278,7 +278,8 @@ def prepare(out: Path) -> int:
     tree = _tracked_bytes()
     (out / "sizes.json").write_text(json.dumps({"total": total, "archive": packed, "tracked_tree": tree,
                                                 "files": sizes}, indent=1))
-    print(f"{total / MiB:9.2f} MiB  in all ({total:,} bytes), {archive.relative_to(REPO)}: {packed / MiB:.2f} MiB "
+    shown = archive.relative_to(REPO) if archive.is_relative_to(REPO) else archive
+    print(f"{total / MiB:9.2f} MiB  in all ({total:,} bytes), {shown}: {packed / MiB:.2f} MiB "
           f"({packed:,} bytes); with the tracked tree ({tree / MiB:.2f} MiB) {(packed + tree) / MiB:.2f} MiB of "
           f"the {CARRY_LIMIT / MiB:.0f} MiB that may travel")
     return 0 if packed + tree <= CARRY_LIMIT else 1

@@ -123,3 +123,36 @@ def test_an_allocation_past_the_stand_in_device_fails_as_on_a_gpu(libraries: Pat
     failure = report["failed_allocations"][0]
     assert failure["live_device_bytes"] + failure["bytes"] > estimated // 2 >= failure["live_device_bytes"]
     assert "SyncedMemory" in failure["caller"]
+
+
+def test_the_device_check_rehearses_end_to_end(libraries: Path, tmp_path: Path) -> None:
+    """bench/device_check.py as it would run on a GPU machine, under the stand-in and a fake NVML (LeNet only):
+    the bundle fits what may travel, each run's NVML reading is the probe's peak (held until read), the search
+    brackets the largest batch by real out-of-memory, and bench/gpu_accuracy.py reads the result."""
+    bundle = tmp_path / "device-check"
+    prepared = subprocess.run([sys.executable, str(REPO / "bench/device_check.py"), "prepare", "--out", str(bundle)],
+                              capture_output=True, text=True, timeout=600, check=False)
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-2000:]
+    sizes = json.loads((bundle / "sizes.json").read_text())
+    assert sizes["archive"] + sizes["tracked_tree"] <= 64 * 1024 * 1024
+    out = tmp_path / "device_check.json"
+    ran = subprocess.run([sys.executable, str(REPO / "bench/device_check.py"), "run", "--rehearse", "--only",
+                          "caffe_lenet", "--bundle", str(tmp_path / "device-check.tar.gz"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["rehearsal"] is True and "REHEARSAL" in report["note"] and "no GPU" in report["note"]
+    assert {(r["engine"], r["batch"]) for r in report["runs"]} == {(e, b) for e in ("gpu", "gpu-cudnn") for b in (64, 512)}
+    for run in report["runs"]:
+        assert run["trained"] and run["stopped_at_peak"] and run["iterations"] >= 2
+        assert run["nvml_process_peak_bytes"] == run["probe_peak_bytes"] > 0  # NVML saw the held peak
+    (search,) = report["searches"]
+    assert search["net"] == "caffe_lenet" and search["largest_trained"] < search["smallest_failed"]
+    found = oom.find_out_of_memory(search["oom_lines"])
+    assert found is not None and found.signature == "cuda_out_of_memory"
+    import gpu_accuracy  # bench/, on the path above
+
+    lines, summary = gpu_accuracy.tables(report, None)
+    assert summary["calibrated_context_bytes"] == 0  # the stand-in adds nothing: no context, by construction
+    rows = [line for line in lines if line.startswith("| caffe_lenet | gpu") and "| trained |" in line]
+    assert len(rows) == 4 and all("| yes |" in row for row in rows)
