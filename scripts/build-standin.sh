@@ -30,14 +30,12 @@ log() { echo "build-standin: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 [[ -f "$ROOT/build-info.json" ]] || die "$ROOT is not a Caffe root (no build-info.json): run make install CAFFE_CUDA=1"
-read -r BUILD_KEY TOOLKIT < <(python3 - "$ROOT/build-info.json" <<'PY'
-import json, sys
-info = json.load(open(sys.argv[1]))
-if info.get("variant") != "cuda":
-    sys.exit(f"{sys.argv[1]}: variant {info.get('variant')!r}, not the CUDA root")
-print(info["build_key"], (info.get("cuda") or {}).get("toolkit", "") or "-")
-PY
-) || die "$ROOT is not the CUDA Caffe root"
+# build-info.json (written by build-caffe.sh, one field a line): the variant, the build key, the toolkit.
+info_field() { sed -n "s/^ *\"$1\": \"\([^\"]*\)\".*/\1/p" "$ROOT/build-info.json" | head -1; }
+[[ "$(info_field variant)" == cuda ]] || die "$ROOT is not the CUDA Caffe root (variant $(info_field variant))"
+BUILD_KEY=$(info_field build_key)
+TOOLKIT=$(info_field toolkit)
+[[ -n "$BUILD_KEY" ]] || die "$ROOT/build-info.json has no build_key"
 LIBS="$ROOT/cuda-libs/nvidia"
 [[ -f "$LIBS/cu13/include/cuda_runtime_api.h" && -f "$LIBS/cudnn/include/cudnn.h" ]] \
   || die "$ROOT/cuda-libs lacks the CUDA and cuDNN headers"

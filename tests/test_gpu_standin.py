@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,23 @@ def test_the_stand_in_has_the_real_sonames_and_symbol_versions(libraries: Path) 
     caffe_imports = subprocess.run(["nm", "-D", "--undefined-only", str(CUDA_ROOT / "build/lib/libcaffe.so.1.0.0")],
                                    capture_output=True, text=True, check=True, timeout=60).stdout
     assert "cudaMalloc@libcudart.so.13" in caffe_imports and "cudnnCreate@libcudnn.so.9" in caffe_imports
+
+
+def test_the_build_fails_naming_an_entry_point_the_stand_in_lacks(libraries: Path, tmp_path: Path) -> None:
+    """A stand-in without one function Caffe calls would fail only when Caffe calls it: the build refuses it first."""
+    shutil.copytree(REPO / "bench" / "standin", tmp_path / "bench" / "standin")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(REPO / "scripts" / "build-standin.sh", tmp_path / "scripts" / "build-standin.sh")
+    source = tmp_path / "bench" / "standin" / "cudart.c"
+    text = source.read_text()
+    start = text.index("EXPORT cudaError_t cudaStreamSynchronize(")
+    source.write_text(text[:start] + text[text.index("}\n", start) + 2:])
+    result = subprocess.run([str(tmp_path / "scripts" / "build-standin.sh"), str(CUDA_ROOT)], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "DIGITS_MEMPLUGIN_CACHE": str(tmp_path / "cache")},
+                            check=False)
+    assert result.returncode != 0
+    assert "cudaStreamSynchronize@libcudart.so.13 (build/lib/libcaffe.so.1.0.0)" in result.stderr
+    assert "lacks 1 entry points" in result.stderr and not result.stdout
 
 
 @pytest.mark.parametrize("batch", [8, 64])
