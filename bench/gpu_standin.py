@@ -74,6 +74,27 @@ def standin_libraries(root: Path = CUDA_ROOT, timeout: float = 600) -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+def python_data_as_dummy_data(net: Any, data_shapes: Mapping[str, Any]) -> Any:
+    """A copy of `net` whose Python data layers (no bottoms: FCN's VOC readers, which need the dataset and the
+    module) are DummyData layers of the whole top shapes given for them, batch first; the estimator takes a Python
+    layer's tops as given too."""
+    copy = caffe_pb2.NetParameter()
+    copy.CopyFrom(net)
+    for layer in copy.layer:
+        if layer.type != "Python" or len(layer.bottom):
+            continue
+        shapes = [data_shapes.get(f"{layer.name}/{top}") or data_shapes.get(top) for top in layer.top]
+        if any(shape is None for shape in shapes):
+            raise StandinError(f"no shape given for the tops of Python data layer {layer.name!r}")
+        layer.type = "DummyData"
+        layer.ClearField("python_param")
+        for shape in shapes:
+            layer.dummy_data_param.shape.add().dim.extend(shape)
+            filler = layer.dummy_data_param.data_filler.add()
+            filler.type, filler.value = "constant", 0.0
+    return copy
+
+
 def with_engine(net: Any, engine: str) -> Any:
     """A copy of `net` (a NetParameter) whose layers run as `engine` runs them: for `gpu`, engine CAFFE on every layer
     type that has an engine field (the layers a Caffe built without cuDNN has); for `gpu-cudnn`, as written."""
@@ -134,6 +155,7 @@ def measure_standin(
     for net_path in [solver.train_net, *solver.test_net]:
         net = caffe_pb2.NetParameter()
         text_format.Parse(Path(net_path).read_text(), net)
+        net = python_data_as_dummy_data(net, data_shapes)
         Path(net_path).write_text(text_format.MessageToString(with_engine(net, engine)))
     report_path = folder / "standin.json"
     env = {
