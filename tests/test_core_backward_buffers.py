@@ -54,9 +54,46 @@ def test_softmax_loss_prob_diff_when_insert_splits_moved_the_weight() -> None:
 
 
 @pytest.mark.parametrize("engine", [ENGINE_GPU, ENGINE_CUDNN])
-def test_softmax_loss_prob_diff_is_host_memory_on_a_gpu(engine: str) -> None:
-    """SetLossWeights writes it through mutable_cpu_diff(): pinned host memory, not the device's."""
-    assert "prob.diff" not in buffers(SOFTMAX_LOSS.format(""), "loss", engine=engine)
+@pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
+@pytest.mark.parametrize("extra", ["", "loss_weight: 0"])
+def test_softmax_loss_prob_diff_is_device_memory_on_a_gpu(engine: str, phase: str, extra: str) -> None:
+    """Forward_gpu counts the valid labels in prob_.mutable_gpu_diff() (softmax_loss_layer.cu), in every net and
+    whatever the weight; SetLossWeights' host copy is pinned host memory beside it. Measured by the stand-in CUDA
+    runtime (tests/test_gpu_standin.py): LeNet's estimate is byte for byte what Caffe asks the device for."""
+    assert buffers(SOFTMAX_LOSS.format(extra), "loss", phase, engine)["prob.diff"] == COUNT
+
+
+@pytest.mark.parametrize("engine", [ENGINE_GPU, ENGINE_CUDNN])
+def test_softmax_loss_forward_takes_its_input_gradient_on_a_gpu_in_every_net(engine: str) -> None:
+    """Forward_gpu keeps the per-item losses in bottom[0]->mutable_gpu_diff(): in the TEST net too, where no
+    backward runs; on the CPU the TEST net has no gradients."""
+    text = CONV.format("").replace("num_output: 4", "num_output: 3").replace('top: "conv"', 'top: "ip"')
+    text = text.replace('name: "conv"', 'name: "ip"')
+    text += 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n'
+
+    def diffs(engine: str) -> int:
+        net = build_net(parse_net(INPUT + text), "TEST")
+        memory = next(m for m in net_memory(net, MemoryOptions(engine=engine)) if m.name == "ip")
+        return memory.categories["activation_diffs"]
+
+    assert diffs(engine) == 2 * 3 * 5 * 5 * 4 and diffs(ENGINE_CPU) == 0
+
+
+@pytest.mark.parametrize("engine", [ENGINE_GPU, ENGINE_CUDNN])
+def test_an_accuracy_and_a_zero_weight_loss_stay_on_the_host_on_a_gpu(engine: str) -> None:
+    """Accuracy has no GPU code and a loss writes its scalar with mutable_cpu_data(): an output nothing reads on
+    the device, and Layer::Forward does not weigh (loss weight 0), never reaches it."""
+    text = ('layer { name: "acc" type: "Accuracy" bottom: "x" bottom: "label" top: "acc" }\n'
+            'layer { name: "l2" type: "EuclideanLoss" bottom: "x" bottom: "target" top: "l2" loss_weight: 0 }\n'
+            'layer { name: "l1" type: "EuclideanLoss" bottom: "x" bottom: "target" top: "l1" }\n')
+    net = build_net(parse_net(INPUT + text), "TEST")
+
+    def activations(engine: str) -> dict[str, int]:
+        return {m.name: m.categories["activations"] for m in net_memory(net, MemoryOptions(engine=engine))}
+
+    assert activations(engine)["acc"] == 0 and activations(engine)["l2"] == 0
+    assert activations(engine)["l1"] == 4  # weighed by Layer::Forward: gpu_data
+    assert activations(ENGINE_CPU)["acc"] > 0 and activations(ENGINE_CPU)["l2"] > 0
 
 
 SIGMOID_LOSS = 'layer {{ name: "loss" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "target" top: "loss" {} }}\n'

@@ -272,6 +272,11 @@ def net_memory(
     for blob in net.blobs:
         if blob.loss_weight:
             touch_diff(blob.id)  # Layer::SetLossWeights writes the weight into the diff at set-up
+    if options.on_gpu:
+        for layer in net.layers:
+            if layer.rule is not None:
+                for index in layer.rule.forward_bottom_diffs(layer.ctx, options.engine):
+                    touch_diff(layer.bottoms[index])
     if training:
         for layer in net.layers:
             if not layer.need_backward:
@@ -283,6 +288,18 @@ def net_memory(
                 if needed or (rule is not None and rule.writes_bottom_diff_always(layer.ctx, options.engine, index)):
                     touch_diff(blob_id)
 
+    if options.on_gpu:
+        # A top written on the host (an Accuracy, a loss of weight 0) that no layer reads never reaches the device.
+        consumed = {blob_id for layer in net.layers for blob_id in layer.bottoms}
+        for layer in net.layers:
+            if layer.rule is None:
+                continue
+            for index in layer.rule.host_tops(layer.ctx, options.engine):
+                if index >= len(layer.tops):
+                    continue
+                host = net.blobs[layer.tops[index]]
+                if host.id not in consumed and not host.loss_weight and host.data_of is None:
+                    data_owner.pop(host.id, None)
     for blob_id, producer in data_owner.items():
         result[producer].categories[ACTIVATIONS] += _allocation(
             net.blobs[blob_id].capacity * storage[producer][0], options

@@ -119,15 +119,17 @@ def _copy(message: Any) -> Any:
     return copy
 
 
-def measure(
+def prepare_solver(
     definition: TrainingDefinition,
     folder: Path,
     data_shapes: Mapping[str, Any],
     batch: int | None = None,
     test_batch: int | None = None,
-    timeout: float = 900.0,
-) -> Measurement:
-    """Train `definition` for one step in a child pycaffe process and measure the bytes it allocated."""
+    gpu: bool = False,
+) -> Path:
+    """Write the solver and nets of one measured step under `folder`: the nets' data layers read synthetic files of
+    the given shapes, the solver tests once at start (one iteration per test net) and trains; `gpu` sets solver_mode
+    GPU (the stand-in measurement, bench/gpu_standin.py). Returns the solver's path."""
     folder.mkdir(parents=True, exist_ok=True)
     train = prepare_net(definition.train.param, folder / "train", data_shapes)
     _set_batch(train, batch, caffe_pb2.TRAIN)
@@ -159,14 +161,26 @@ def measure(
     solver.snapshot = 0
     solver.snapshot_after_train = False
     solver.snapshot_prefix = str(folder / "snapshot")
-    solver.solver_mode = caffe_pb2.SolverParameter.CPU
+    solver.solver_mode = caffe_pb2.SolverParameter.GPU if gpu else caffe_pb2.SolverParameter.CPU
     if not solver.HasField("base_lr"):
         solver.base_lr = 0.01
     if not solver.HasField("lr_policy"):
         solver.lr_policy = "fixed"
     solver_path = folder / "solver.prototxt"
     solver_path.write_text(text_format.MessageToString(solver))
+    return solver_path
 
+
+def measure(
+    definition: TrainingDefinition,
+    folder: Path,
+    data_shapes: Mapping[str, Any],
+    batch: int | None = None,
+    test_batch: int | None = None,
+    timeout: float = 900.0,
+) -> Measurement:
+    """Train `definition` for one step in a child pycaffe process and measure the bytes it allocated."""
+    solver_path = prepare_solver(definition, folder, data_shapes, batch, test_batch)
     env = {**os.environ, "GLOG_logtostderr": "1", "GLOG_minloglevel": "0", "OPENBLAS_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "digits_memplugin.measure.child", str(solver_path)],
@@ -184,13 +198,13 @@ def measure(
     return Measurement(
         allocated=report["allocated"],
         constructed=report["constructed"] - report["before"],
-        memory_required_for_data=_memory_lines(result.stderr),
+        memory_required_for_data=memory_lines(result.stderr),
         seconds=report["seconds"],
         log=result.stderr,
     )
 
 
-def _memory_lines(log: str) -> list[int]:
+def memory_lines(log: str) -> list[int]:
     """The last "Memory required for data" of each net (the line is logged after every layer, cumulatively)."""
     totals, current = [], None
     for line in log.splitlines():

@@ -237,6 +237,17 @@ class LayerRule:
     def allow_force_backward(self, bottom_index: int) -> bool:
         return True
 
+    def host_tops(self, ctx: LayerContext, engine: str) -> tuple[int, ...]:
+        """The tops this layer's Forward writes in host memory on a GPU engine (mutable_cpu_data): a layer without
+        GPU code (Layer::Forward falls back to Forward_cpu), a loss writing its scalar. Such a top reaches the
+        device only when a layer reads it there, or when Layer::Forward weighs it as a loss (gpu_data, gpu_diff)."""
+        return ()
+
+    def forward_bottom_diffs(self, ctx: LayerContext, engine: str) -> tuple[int, ...]:
+        """The bottoms whose diff this layer's Forward touches on `engine`, in every net, TRAIN and TEST:
+        SoftmaxWithLossLayer::Forward_gpu keeps its per-item losses in bottom 0's gradient."""
+        return ()
+
     def writes_bottom_diff_always(self, ctx: LayerContext, engine: str, index: int) -> bool:
         """True when Backward fetches bottom `index`'s diff whatever propagate_down says (ConvolutionLayer's
         Backward_cpu takes `bottom[i]->mutable_cpu_diff()` before testing propagate_down[i])."""

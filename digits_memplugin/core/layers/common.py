@@ -276,7 +276,10 @@ class SoftmaxRule(LayerRule):
 
 
 def softmax_buffers(bottom: Shape, axis: int) -> list[Buffer]:
-    return [Buffer("sum_multiplier", bottom[axis]), Buffer("scale", count_of(bottom) // max(bottom[axis], 1))]
+    """SoftmaxLayer's scale_ and sum_multiplier_; the latter is filled on the host in Reshape and read only by
+    Forward_cpu's gemm (softmax_layer.cu's kernels need none), so it never reaches the device."""
+    return [Buffer("sum_multiplier", bottom[axis], host_only=True),
+            Buffer("scale", count_of(bottom) // max(bottom[axis], 1))]
 
 
 @layer_rule("BatchNorm")

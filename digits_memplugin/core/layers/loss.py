@@ -29,6 +29,10 @@ class LossRule(LayerRule):
     def allow_force_backward(self, bottom_index: int) -> bool:
         return bottom_index != 1
 
+    def host_tops(self, ctx: LayerContext, engine: str) -> tuple[int, ...]:
+        # Every loss's Forward_gpu (or its Forward_cpu) writes the loss with top[0]->mutable_cpu_data().
+        return (0,)
+
     def check_same_num(self, ctx: LayerContext) -> None:
         a, b = ctx.bottoms[0], ctx.bottoms[1]
         if not a or not b or a[0] != b[0]:
@@ -71,6 +75,10 @@ class SoftmaxWithLossRule(LossRule):
     def needed_tops(self) -> int:
         return 1
 
+    def forward_bottom_diffs(self, ctx: LayerContext, engine: str) -> tuple[int, ...]:
+        # Forward_gpu: "loss_data = bottom[0]->mutable_gpu_diff()", the per-item losses, in every net.
+        return () if engine == ENGINE_CPU else (0,)
+
     def setup(self, ctx: LayerContext) -> LayerSetup:
         self.check_same_num(ctx)
         if len(ctx.param.loss_weight) > 1:
@@ -89,15 +97,20 @@ class SoftmaxWithLossRule(LossRule):
     def buffers(self, ctx: LayerContext, setup: LayerSetup, engine: str) -> list[Buffer]:
         scores = ctx.bottoms[0]
         buffers = [Buffer("prob", count_of(scores))]
-        # LayerSetUp copies this layer's LayerParameter into the inner Softmax after LossLayer::LayerSetUp added
-        # the default loss_weight 1 (when none is given, or when InsertSplits moved it to a Split layer). The inner
-        # layer's SetUp (Layer::SetLossWeights) then writes a non-zero weight into prob_'s diff: allocated at set-up
-        # in every net, TRAIN and TEST, and never read. mutable_cpu_diff(): host memory, pinned on a GPU.
-        if _inner_loss_weight(ctx) != 0:
-            buffers.append(Buffer("prob.diff", count_of(scores), host_only=True))
+        if engine != ENGINE_CPU:
+            # Forward_gpu counts the valid labels in prob_'s diff on the device (`counts`), in every net.
+            buffers.append(Buffer("prob.diff", count_of(scores)))
+        elif _inner_loss_weight(ctx) != 0:
+            # LayerSetUp copies this layer's LayerParameter into the inner Softmax after LossLayer::LayerSetUp
+            # added the default loss_weight 1 (when none is given, or when InsertSplits moved it to a Split layer).
+            # The inner layer's SetUp (Layer::SetLossWeights) then writes a non-zero weight into prob_'s diff:
+            # allocated at set-up in every net, TRAIN and TEST, and never read (on a GPU: pinned host memory,
+            # before Forward_gpu takes the same diff on the device).
+            buffers.append(Buffer("prob.diff", count_of(scores)))
         p = ctx.param.softmax_param
         if not (engine == ENGINE_CUDNN and p.engine in (p.DEFAULT, p.CUDNN)):
-            buffers += [Buffer(f"softmax.{b.name}", b.count) for b in softmax_buffers(scores, setup.details["axis"])]
+            buffers += [Buffer(f"softmax.{b.name}", b.count, host_only=b.host_only)
+                        for b in softmax_buffers(scores, setup.details["axis"])]
         return buffers
 
 
@@ -135,10 +148,11 @@ class SigmoidCrossEntropyLossRule(LossRule):
         buffers = [Buffer("sigmoid_output", count)]
         # The inner Sigmoid is built in the constructor from the LayerParameter the net gives (after InsertSplits,
         # before LossLayer::LayerSetUp adds its default): only a loss_weight written in the prototxt (and left on
-        # this layer by InsertSplits) reaches it, and SetLossWeights then writes it into sigmoid_output_'s diff.
+        # this layer by InsertSplits) reaches it, and SetLossWeights then writes it into sigmoid_output_'s diff. On
+        # a GPU the inner layer's Layer::Forward then reads that weight with gpu_diff(): on the device too.
         weights = ctx.param.loss_weight
         if len(weights) and weights[0] != 0:
-            buffers.append(Buffer("sigmoid_output.diff", count, host_only=True))
+            buffers.append(Buffer("sigmoid_output.diff", count))
         return buffers
 
 
@@ -230,6 +244,9 @@ class InfogainLossRule(LossRule):
 @layer_rule("Accuracy")
 class AccuracyRule(LayerRule):
     """AccuracyLayer: a scalar (and per-class accuracies); never part of backward."""
+
+    def host_tops(self, ctx: LayerContext, engine: str) -> tuple[int, ...]:
+        return tuple(range(len(ctx.param.top)))  # no GPU code: Forward_cpu writes them on the host
 
     bottoms = Count(exact=2)
     tops = Count(minimum=1, maximum=2)
