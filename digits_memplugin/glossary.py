@@ -43,7 +43,7 @@ GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("Batches", ("iter_size", "validation_batch")),
     ("Why an attempt ran out of memory", (
         "host_allocation_failed", "cpp_bad_alloc", "python_memory_error", "openblas_malloc_failed",
-        "blas_allocation_retry", "sigkill", "cuda_out_of_memory", "cudnn_alloc_failed", "cudnn_internal_error",
+        "blas_allocation_retry", "sigkill", "pinned_host_out_of_memory", "cuda_out_of_memory", "cudnn_alloc_failed", "cudnn_internal_error",
         "cudnn_execution_failed", "nvcaffe_out_of_memory", "nvcaffe_failed_to_allocate", "nvcaffe_safe_reserve",
     )),
     ("How a process ended", ("SIGINT", "SIGTERM", "SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")),
@@ -111,6 +111,11 @@ TERMS: Final[dict[str, Term]] = _terms(
     Term("sigkill", "sigkill (out of memory, likely)",
          "The process was killed with SIGKILL, which this server did not send: most likely the kernel's "
          "out-of-memory killer, because the machine or its container ran out of memory."),
+    Term("pinned_host_out_of_memory", "pinned_host_out_of_memory",
+         "A GPU job could not lock (pin) a piece of the machine's memory for its transfers to the GPU: the "
+         "machine's memory ran out, not the GPU's.",
+         "Caffe keeps page-locked host copies of some blobs (cudaMallocHost). The job retries with a smaller batch; "
+         "if it keeps failing, other processes hold the machine's memory."),
     Term("cuda_out_of_memory", "cuda_out_of_memory",
          "The GPU had no free memory left for what Caffe asked (cudaMalloc said \"out of memory\")."),
     Term("cudnn_alloc_failed", "cudnn_alloc_failed",

@@ -95,6 +95,13 @@ SIGNATURES = [
         "    outputs = numpy.zeros(big)\nnumpy.core._exceptions._ArrayMemoryError: Unable to allocate\nMemoryError\n",
         "python_memory_error", "cpu", False, None, None, None, None,
     ),
+    (
+        # CaffeMallocHost's cudaMallocHost: the device's words at syncedmem.hpp, the host's memory (seen under the
+        # stand-in CUDA runtime, bench/standin/).
+        log_with("F20261202 09:26:08.945708 20235 syncedmem.hpp:18] Check failed: error == cudaSuccess (2 vs. 0)  "
+                 "out of memory"),
+        "pinned_host_out_of_memory", "cpu", False, None, None, None, None,
+    ),
 ]
 
 

@@ -115,6 +115,21 @@ def _predicate(function: Predicate) -> Predicate:
 
 
 _CUDA_OOM = re.compile(r"Check failed: error == cudaSuccess \((\d+) vs\. 0\)\s+out of memory")
+_PINNED_HOST = re.compile(r"\bsyncedmem\.hpp:\d+\]")
+"""Where CaffeMallocHost CHECKs cudaMallocHost: the same words as a device allocation's, at its own place."""
+
+
+@_predicate
+def pinned_host_out_of_memory(line: str) -> OutOfMemory | None:
+    """A GPU job's host side: CaffeMallocHost (syncedmem.hpp) could not pin host memory for a blob's host copy
+    (cudaMallocHost fails with the device's words, ``syncedmem.hpp:18] Check failed: error == cudaSuccess (2 vs. 0)
+    out of memory``, seen under the stand-in runtime, bench/standin/). The host ran out, not the GPU."""
+    if _CUDA_OOM.search(line) is None or _PINNED_HOST.search(line) is None:
+        return None
+    return OutOfMemory(
+        "pinned_host_out_of_memory", "cpu",
+        "host memory ran out pinning a buffer for the GPU (cudaMallocHost: out of memory)", line=line,
+    )
 
 
 @_predicate
