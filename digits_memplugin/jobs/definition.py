@@ -47,9 +47,10 @@ from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
 from ..dataset_scan import HDF5, LMDB, describe
-from ..datasets import LMDB_DATA_FILE, lmdb_data_file, nul_refusal, shapes_from_sources
+from ..datasets import LMDB_DATA_FILE, find_in_roots, hdf5_list_files, lmdb_data_file, shapes_from_sources
 from ..files import file_kind, inside, read_regular
 from ..inputs import shown
+from ..turns import Turns
 
 NET_SOURCE = "net.prototxt"
 SOLVER_SOURCE = "solver.prototxt"
@@ -480,27 +481,7 @@ class _Confiner:
     def read(self, value: str, where: Mapping[str, Any], *, want: str, base: Path | None = None) -> Path:
         """The path `value` names, resolved inside a dataset root; relative paths are tried against each root
         (or against `base`, the folder of the list file naming them)."""
-        if "\x00" in value:  # pathlib raises ValueError on it (a 500), and no file name holds one
-            raise NetError(nul_refusal(value), **where)
-        path = Path(value)
-        if not self.roots:
-            raise NetError("no dataset folders are configured (MEMPLUGIN_DATASET_ROOTS): jobs cannot read data", **where)
-        candidates = [path] if path.is_absolute() else ([base / path] if base is not None else [r / path for r in self.roots])
-        outside = False
-        for candidate in candidates:
-            resolved = candidate.resolve()
-            if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
-                outside = True
-                continue
-            try:
-                if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
-                    return resolved
-            except OSError as error:  # a name longer than the file system takes (ENAMETOOLONG), and the like
-                raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
-        if outside:
-            raise NetError(f"{value} is outside the dataset folders this server may read", **where)
-        noun = "folder" if want == "dir" else "file"
-        raise NetError(f"{value} does not exist (as a {noun}) in the dataset folders", **where)
+        return find_in_roots(value, self.roots, want=want, base=base, **where)
 
     def _list_path(self, kind: str, value: str, where: Mapping[str, Any]) -> tuple[Path, bool]:
         key = (kind, str(where["layer"]), value)
@@ -529,10 +510,9 @@ class _Confiner:
         if value.endswith((".h5", ".hdf5")):
             files = [self.read(value, where, want="file")]
         else:
-            listing, lines = self._read_list(value, where)
-            if not lines:
-                raise NetError(f"{value} names no HDF5 file", **where)
-            files = [self.read(line, where, want="file", base=listing.parent) for line in lines]
+            # Checked in a dataset reader, with a deadline: a list of 40,000 lines held the server's thread 3.5 s.
+            listing = self.read(value, where, want="file")
+            files = hdf5_list_files(listing, self.roots, name=value, **where)
         path.write_text("".join(f"{file}\n" for file in files), encoding="utf-8")
         return str(path)
 
@@ -749,6 +729,7 @@ def confirm_data(definition: JobDefinition, folder: Path) -> ConfirmedData:
     while the job waited, or between attempts). A NetError names the path and what changed; nothing is written
     then."""
     check = _Recheck(definition.roots)
+    turns = Turns()  # a list of thousands of files is checked in the server's thread: others get their turns
     lmdbs: dict[str, Path] = {}
     for param in _unique_params(definition.training):
         for layer in param.layer:
@@ -770,11 +751,13 @@ def confirm_data(definition: JobDefinition, folder: Path) -> ConfirmedData:
                             raise NetError(f"the data {CHANGED}: {error.message}", **where) from None
                         check.grant(lmdbs[value])
                 elif kind == HDF5_LIST:
-                    for entry in _listed(value, folder, where):
+                    for entry in dict.fromkeys(_listed(value, folder, where)):  # a file named again is checked once
                         check.path(entry, where, want="file")
                         check.grant(entry)
+                        turns.take()
                 elif kind == IMAGE_LIST and field.name == "source":
                     for line in _listed(value, folder, where):
+                        turns.take()
                         image, _, label = line.rpartition(" ")
                         check.path(image or label, where, want="file", missing_ok=True)  # Caffe says if one is missing
                         check.grant(os.path.dirname(os.path.normpath(image or label)))
