@@ -5,6 +5,9 @@
   /api/jobs and again at the New model form's preview and Create. It is checked in a dataset reader now
   (datasets.hdf5_list_files), within the read's deadline: /devices keeps answering, and a list naming a file
   outside the roots is refused without that file being opened.
+- A recurrent net's nets were built (submission, preview) and planned (preview, placing, attempts) in the server's
+  thread: an 8 KB LSTM net takes ~10 s to build up to the 50,000-layer limit here. They go to an estimate worker
+  by the same predicted cost as estimates do (jobs.planning): /devices keeps answering while ten are posted.
 
 Every attack runs against a real server while /devices is asked every 50 ms, each within 1 s.
 """
@@ -12,20 +15,33 @@ Every attack runs against a real server while /devices is asked every 50 ms, eac
 from __future__ import annotations
 
 import os
+import pickle
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import requests
-from test_hardening_floods import start
+from load_cases import UNROLLED, lstm_net, probing
+from test_hardening_floods import Served, start
 from test_hardening_paths import Watch, hdf5, lenet_with
 from test_hardening_readers import h5_file, under_attack
 from test_jobs_fixtures import SHORT_SOLVER, write_lmdb
 
+from digits_memplugin.core.errors import NetError
+from digits_memplugin.core.job_plan import PlanningPolicy
+from digits_memplugin.estimate_pool import EstimatePool
+from digits_memplugin.jobs.attempts import plan_for
+from digits_memplugin.jobs.definition import JobDefinition, load_definition, net_facts
+from digits_memplugin.jobs.planning import Planner, cost_of, portable
+
 pytest_plugins = ["test_jobs_fixtures"]
 
 LINES = 40_000
+DEVICES_WITHIN = 1.0
 
 
 # ============================================================================ a job's long HDF5 list
@@ -110,3 +126,133 @@ def test_a_long_hdf5_list_is_checked_off_the_server_thread_and_a_file_outside_is
     finally:
         watch.close()
         server.stop()
+
+
+# ============================================================================ recurrent nets submitted
+
+
+EIGHT_KB = 70
+"""LSTM layers of the issue's ~8 KB net (7.7 KB): building it as written stops at the 50,000-layer limit, ~10 s."""
+
+
+def lstm_job(net: str, **fields: Any) -> dict[str, Any]:
+    return {"net": net, "solver": SHORT_SOLVER, "device": "cpu", "max_iter": 2, **fields}
+
+
+@pytest.fixture
+def tight(tmp_path: Path) -> Iterator[Served]:
+    """`serve`'s app with one estimate worker and one waiting place (so that ten submissions of a net that costs
+    ~10 s in a worker end in ~20 s: one built, one waiting, eight refused at once)."""
+    server = start(tmp_path, {"MEMPLUGIN_ESTIMATE_WORKERS": 1, "MEMPLUGIN_ESTIMATE_QUEUE": 1})
+    yield server
+    server.stop()
+
+
+def post_at_once(url: str, bodies: list[dict[str, Any]]) -> list[requests.Response]:
+    answers: list[requests.Response] = []
+    threads = [threading.Thread(target=lambda body=body: answers.append(requests.post(url, json=body, timeout=300)))
+               for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(320)
+    return answers
+
+
+@pytest.mark.slow
+def test_recurrent_nets_submitted_and_previewed_are_built_and_planned_off_the_server_thread(tight: Served) -> None:
+    """Ten POST /api/jobs of the 8 KB LSTM net at once, then its preview and Create in the form's JSON twin, then
+    a small LSTM job with batch "auto" until the scheduler has placed it: /devices answers within 1 s throughout
+    (before, each submission held the server's thread ~10 s). The 8 KB net is a 400 naming the build limit (built
+    by the worker) or a 503 with Retry-After (the worker and its waiting place taken), and no job is stored."""
+    api = tight.api("")
+    requests.get(f"{api}/devices", timeout=60)
+    with probing(api, timeout=30) as probe:
+        time.sleep(0.3)
+        answers = post_at_once(f"{api}/jobs", [lstm_job(lstm_net(EIGHT_KB, 500, f"try {n}")) for n in range(10)])
+        preview = requests.post(f"{tight.url}memplugin/models/preview.json", timeout=300, json={
+            "model_name": "lstm", "network": "custom", "custom_network": lstm_net(EIGHT_KB, 500, "form"),
+            "solver": "custom", "solver_text": SHORT_SOLVER, "device": "cpu", "batch_size": "auto", "max_iter": 2})
+        made = requests.post(f"{api}/jobs", json=lstm_job(UNROLLED, batch="auto"), timeout=300)
+        assert made.status_code == 201, made.text
+        job = made.json()["id"]
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and requests.get(f"{api}/jobs/{job}", timeout=30).json()["status"] == "queued":
+            time.sleep(0.5)
+        placed = requests.get(f"{api}/jobs/{job}", timeout=30).json()
+        requests.post(f"{api}/jobs/{job}/cancel", timeout=30)
+    assert len(answers) == 10
+    for answer in answers:
+        if answer.status_code == 503:
+            assert answer.headers.get("Retry-After") and "the server is busy" in answer.json()["error"], answer.text
+        else:
+            assert answer.status_code == 400, answer.text
+            assert "the estimator builds at most 50000" in answer.json()["errors"]["net"]["message"], answer.text
+    assert any(answer.status_code == 400 for answer in answers)
+    assert preview.status_code in (400, 503), preview.text  # the build limit again, or the worker still busy
+    assert placed["status"] != "queued" and "could not be planned" not in placed["message"], placed  # placed
+    assert requests.get(f"{api}/jobs", timeout=30).json()["total"] == 1  # the small job alone
+    assert not probe.failures and probe.slowest < DEVICES_WITHIN, probe.summary()
+
+
+# ============================================================================ where a job is built and planned
+
+
+INPUT_NET = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 8 dim: 1 dim: 4 dim: 4 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 3 } }
+"""
+"""A small net without a recurrent layer: built and planned in the server's thread."""
+SMALL_LSTM = lstm_net(2, 12)
+"""Two LSTM layers over 12 timesteps: cheap as written, but any recurrent layer is predicted at 500 timesteps."""
+
+
+@pytest.fixture
+def planner() -> Iterator[Planner]:
+    pool = EstimatePool(1, 2)
+    yield Planner(None, pool)
+    pool.close()
+
+
+def definition(tmp_path: Path, net: str, planner: Planner | None = None) -> JobDefinition:
+    folder = tmp_path / f"job{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    return load_definition(net, SHORT_SOLVER, folder=folder, roots=[tmp_path],
+                           facts=planner.facts if planner else None)
+
+
+def test_a_job_is_built_and_planned_where_its_predicted_cost_says(planner: Planner, tmp_path: Path) -> None:
+    """The small net stays here; the LSTM net is built and planned in the worker, with the answers the server
+    would give; its footprints come back, so the same plan asked again (the scheduler's next poll) is answered
+    here, building nothing; a definition the worker cannot build is the same NetError, field and all."""
+    plain = definition(tmp_path, INPUT_NET, planner)
+    assert (planner.offloaded, plain.net_batch) == (0, 8)
+    ask = {"engine": "cpu", "limit_bytes": 1 << 30, "policy": PlanningPolicy()}
+    planner.plan({"batch": "auto"}, plain, **ask)
+    assert planner.offloaded == 0 and cost_of(plain, plans=1).layers <= planner.pool.inline_layers  # type: ignore[union-attr]
+
+    here = definition(tmp_path, SMALL_LSTM)
+    there = definition(tmp_path, SMALL_LSTM, planner)
+    assert planner.offloaded == 1 and cost_of(there, plans=0).unrolls
+    assert (there.net_batch, there.test_batches, there.threads) == (here.net_batch, here.test_batches, here.threads)
+    decision = planner.plan({"batch": "auto"}, there, **ask)
+    assert planner.offloaded == 2
+    assert decision == plan_for({"batch": "auto"}, here, None, **ask)
+    assert planner.plan({"batch": "auto"}, there, **ask) == decision and planner.offloaded == 2  # from what it learned
+
+    with pytest.raises(NetError) as built:
+        definition(tmp_path, lstm_net(EIGHT_KB, 500), planner)
+    assert planner.offloaded == 3 and "the estimator builds at most 50000" in built.value.message
+    assert built.value.layer is not None
+
+
+def test_a_copy_sent_to_a_worker_holds_no_built_net(tmp_path: Path) -> None:
+    """What a worker is sent: the nets and solver, not the reports estimators kept (built nets: hundreds of MB for
+    an unrolled one), and the one net the train and test nets are made of still one."""
+    made = definition(tmp_path, SMALL_LSTM)
+    assert made.training.memo and made.training.train.param is made.training.tests[0].param
+    sent = pickle.loads(pickle.dumps(portable(made)))
+    assert sent.training.memo == {} and made.training.memo
+    assert sent.training.train.param is sent.training.tests[0].param
+    assert len(pickle.dumps(portable(made))) < 2 * len(SMALL_LSTM + SHORT_SOLVER) + 4096
+    assert net_facts(sent) == net_facts(made)

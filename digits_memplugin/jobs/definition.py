@@ -29,12 +29,13 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
 
+from ..core.cost import Meter
 from ..core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
@@ -193,8 +194,8 @@ class JobDefinition:
             history_itemsize=solver_storage(self.solver),
         )
 
-    def estimator(self, engine: str, oracle: ShapeOracle | None = None) -> Estimator:
-        return Estimator(self.training, self.memory_options(engine), self.data_shapes, oracle)
+    def estimator(self, engine: str, oracle: ShapeOracle | None = None, meter: Meter | None = None) -> Estimator:
+        return Estimator(self.training, self.memory_options(engine), self.data_shapes, oracle, meter)
 
 
 def load_definition(
@@ -212,12 +213,14 @@ def load_definition(
     epochs: int | None = None,
     test_interval: int | str | None = None,
     test_iter: int | str | None = None,
+    facts: Callable[[JobDefinition], NetFacts] | None = None,
 ) -> JobDefinition:
     """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name. `max_iter`, `epochs`, `test_interval` and `test_iter` are
     the request's (jobs.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
-    from the datasets' sizes."""
+    from the datasets' sizes. `facts` builds the nets once (default `net_facts`, here; jobs.planning's runs a
+    costly build in an estimate worker)."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     trainer = trainer or Trainer()
     _refuse_nvcaffe(training, trainer)
@@ -283,11 +286,12 @@ def load_definition(
         epochs=epochs, val_items=val_items, test_interval=test_interval,
     )
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
-    _, train, tests = definition.estimator("cpu", oracle).report(None, None)
-    definition.net_batch = net_batch(train)
-    definition.test_batches = [net_batch(test) for test in tests]
+    built = (facts or (lambda made: net_facts(made, oracle)))(definition)
+    definition.net_batch = built.net_batch
+    definition.test_batches = list(built.test_batches)
+    definition.threads = built.threads
     if isinstance(test_iter, int):
-        training.test_iters = [test_iter] * len(tests)
+        training.test_iters = [test_iter] * len(definition.test_batches)
     elif test_iter == ONE_PASS and val_items:
         training.test_iters = [
             validation_iterations(val_items, own) if own else iters
@@ -295,13 +299,31 @@ def load_definition(
         ]
     if epochs is not None and definition.net_batch and train_items:  # at the net's own batch until planned
         definition.max_iter = epochs * iterations_per_epoch(train_items, definition.net_batch)
-    definition.threads = sum(
+    return definition
+
+
+@dataclasses.dataclass(frozen=True)
+class NetFacts:
+    """What building a definition's nets once, as written, tells the job (`net_facts`)."""
+
+    net_batch: int | None
+    test_batches: tuple[int | None, ...]
+    threads: int
+    """JobDefinition.threads."""
+
+
+def net_facts(definition: JobDefinition, oracle: ShapeOracle | None = None, meter: Meter | None = None) -> NetFacts:
+    """The nets built once at their own batches (a NetError when they cannot be built: bad shapes), and what that
+    tells: their batches and the threads Caffe starts. `meter` may stop it (core.cost.TimeUp): a recurrent net
+    unrolls into tens of thousands of layers, which jobs.planning builds in an estimate worker instead."""
+    _, train, tests = definition.estimator("cpu", oracle, meter).report(None, None)
+    threads = sum(
         2 if layer.type == "Data" else 1
         for net in (train, *tests)
         for layer in net.layers
         if layer.type in PREFETCHING_LAYERS
     )
-    return definition
+    return NetFacts(net_batch(train), tuple(net_batch(test) for test in tests), threads)
 
 
 def phase_items(params: list[Any], roots: list[Path], phase: str, base: Path | None = None) -> int | None:
