@@ -86,9 +86,7 @@ def find_in_roots(
     outside = False
     for candidate in candidates:
         try:
-            resolved = candidate.resolve()
-        except RuntimeError:  # Python 3.11's resolve() raises it on a loop of links (it was a 500)
-            raise NetError(f"{shown(value)} cannot be looked up: its links lead round in a loop", **where) from None
+            resolved = real_path(candidate, value, **where)
         except OSError as error:
             raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
         if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
@@ -105,8 +103,17 @@ def find_in_roots(
     raise NetError(f"{value} does not exist (as a {noun}) in the dataset folders", **where)
 
 
-def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str) -> Path:
-    resolved = path.resolve()
+def real_path(path: Path, name: str, **where: Any) -> Path:
+    """`path.resolve()`, but a loop of links (Python 3.11's resolve() raises RuntimeError on one: it was a 500)
+    is a NetError naming it as `name`."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise NetError(f"{shown(name)} cannot be looked up: its links lead round in a loop", **where) from None
+
+
+def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str, name: str | None = None) -> Path:
+    resolved = real_path(path, name or str(path), layer=layer, field=field)
     if allowed is not None:
         roots = [Path(root).resolve() for root in allowed]
         if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
@@ -611,14 +618,16 @@ def shapes_from_sources(
                 if layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
                     continue
                 _no_nul(layer.data_param.source, layer=layer.name, layer_type=layer.type, field="data_param.source")
-                path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source")
+                path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source",
+                                 layer.data_param.source)
                 if path.is_dir():
                     found[layer.top[0]] = lmdb_item(path, layer.name, allowed, name=layer.data_param.source)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
                 _no_nul(layer.hdf5_data_param.source, layer=layer.name, layer_type=layer.type,
                         field="hdf5_data_param.source")
                 listing = _confined(
-                    base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source"
+                    base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source",
+                    layer.hdf5_data_param.source,
                 )
                 if listing.is_file():
                     found = hdf5_items(listing, list(layer.top), layer.name, allowed)

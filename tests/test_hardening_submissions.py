@@ -27,12 +27,13 @@ import pytest
 import requests
 from load_cases import UNROLLED, lstm_net, probing
 from test_hardening_floods import Served, start
-from test_hardening_paths import Watch, hdf5, lenet_with
+from test_hardening_paths import Watch, hdf5, lenet_with, train_data
 from test_hardening_readers import h5_file, under_attack
 from test_jobs_fixtures import SHORT_SOLVER, write_lmdb
 
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.job_plan import PlanningPolicy
+from digits_memplugin.datasets import MAX_JOB_LIST_ANSWER, MAX_JOB_LIST_LINES, hdf5_list_files
 from digits_memplugin.estimate_pool import EstimatePool
 from digits_memplugin.jobs.attempts import plan_for
 from digits_memplugin.jobs.definition import JobDefinition, load_definition, net_facts
@@ -256,3 +257,49 @@ def test_a_copy_sent_to_a_worker_holds_no_built_net(tmp_path: Path) -> None:
     assert sent.training.train.param is sent.training.tests[0].param
     assert len(pickle.dumps(portable(made))) < 2 * len(SMALL_LSTM + SHORT_SOLVER) + 4096
     assert net_facts(sent) == net_facts(made)
+
+
+# ============================================================================ a job's HDF5 list: its other bounds
+
+
+WHERE = {"layer": "mnist", "layer_type": "HDF5Data", "field": "hdf5_data_param.source"}
+
+
+def test_a_job_list_past_its_lines_or_naming_too_many_files_is_refused_naming_it(tmp_path: Path) -> None:
+    root = tmp_path.resolve()
+    h5_file(root / "one.h5", lambda h5: h5.__setitem__("data", np.zeros((1, 1), dtype=np.float32)))
+    (root / "many.txt").write_text("one.h5\n" * (MAX_JOB_LIST_LINES + 1))
+    with pytest.raises(NetError) as lines:
+        hdf5_list_files(root / "many.txt", [root], name="many.txt", **WHERE)
+    assert lines.value.message == (f"many.txt has {MAX_JOB_LIST_LINES + 2} lines; a job's HDF5 list may name at most "
+                                   f"{MAX_JOB_LIST_LINES} files") and lines.value.field == WHERE["field"]
+    names = root / ("n" * 200)
+    names.mkdir()
+    for index in range(MAX_JOB_LIST_ANSWER // 200):  # each real path takes over 200 bytes of the answer
+        (names / f"{'f' * 40}{index}.h5").touch()
+    (root / "wide.txt").write_text("".join(f"{names.name}/{'f' * 40}{index}.h5\n" for index in range(4000)))
+    with pytest.raises(NetError) as wide:
+        hdf5_list_files(root / "wide.txt", [root], name="wide.txt", **WHERE)
+    assert wide.value.message.startswith("wide.txt names more different files than a job's HDF5 list may"), wide.value
+
+
+def test_a_data_source_whose_links_loop_is_a_400_naming_the_field(app: Any, data_dir: Path) -> None:
+    """`ln -s loop loop` in a dataset root, named by a job's data, an HDF5 list's line and an estimate that reads
+    its datasets: Python 3.11's resolve() raised RuntimeError on it, a 500 each time."""
+    root = data_dir / "datasets"
+    root.mkdir(parents=True, exist_ok=True)
+    os.symlink("loop", root / "loop")
+    (root / "loops.txt").write_text("loop\n")
+    for data, field in (({"train": "loop"}, "data_param.source"), ({}, "hdf5_data_param.source")):
+        body = {"net": lenet_with(hdf5("loops.txt")) if not data else lenet_with(), "solver": SHORT_SOLVER,
+                "data": {**data, "test": "loop"} if data else {"test": "loop"}, "device": "cpu", "max_iter": 2}
+        answer = app.test_client().post("/memplugin/api/jobs", json=body)
+        assert answer.status_code == 400, answer.get_data(as_text=True)
+        said = next(iter(answer.get_json()["errors"].values()))
+        assert "its links lead round in a loop" in said["message"] and said["field"] == field, said
+    assert not (data_dir / "jobs").exists() or os.listdir(data_dir / "jobs") == []
+    net = lenet_with(train_data('data_param { source: "loop" batch_size: 64 backend: LMDB }'))
+    estimate = app.test_client().post("/memplugin/api/estimate", json={"net": net, "read_datasets": True})
+    assert estimate.status_code == 400, estimate.get_data(as_text=True)
+    said = estimate.get_json()["errors"]["read_datasets"]
+    assert said["detail"] == "loop cannot be looked up: its links lead round in a loop", said

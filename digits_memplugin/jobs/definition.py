@@ -48,7 +48,14 @@ from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
 from ..dataset_scan import HDF5, LMDB, describe
-from ..datasets import LMDB_DATA_FILE, find_in_roots, hdf5_list_files, lmdb_data_file, shapes_from_sources
+from ..datasets import (
+    LMDB_DATA_FILE,
+    find_in_roots,
+    hdf5_list_files,
+    lmdb_data_file,
+    real_path,
+    shapes_from_sources,
+)
 from ..files import file_kind, inside, read_regular
 from ..inputs import shown
 from ..turns import Turns
@@ -551,7 +558,7 @@ class _Confiner:
             image, _, label = line.rpartition(" ")
             if not image:
                 image, label = label, ""
-            resolved = (base / image).resolve() if not Path(image).is_absolute() else Path(image).resolve()
+            resolved = real_path(base / image if not Path(image).is_absolute() else Path(image), image, **where)
             if not any(resolved.is_relative_to(root) for root in self.roots):
                 raise NetError(f"{value} lists {image}, which is outside the dataset folders", **where)
             out.append(f"{resolved} {label}".rstrip())
