@@ -13,6 +13,8 @@ import time
 
 TURN_SECONDS = 0.02
 """How long a loop runs before it lets the others run (a request waits at most about this long for it)."""
+PAUSE_SECONDS = 0.001
+"""How long the loop then sleeps: a timer, so that gevent's hub goes round its loop (sockets, timers) once."""
 
 
 class Turns:
@@ -32,7 +34,9 @@ class Turns:
         if _cooperative():
             import gevent
 
-            gevent.sleep(0)
+            # Not sleep(0): that only runs the greenlets already ready, and the hub polls neither sockets nor
+            # timers before this one runs again (a request waiting to be read would wait for the whole loop).
+            gevent.sleep(PAUSE_SECONDS)
             self.taken += 1
 
 

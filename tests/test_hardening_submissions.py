@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from load_cases import UNROLLED, lstm_net, probing
+from load_cases import EIGHT_KB_LSTM_LAYERS, UNROLLED, hdf5_lenet, long_hdf5_list, lstm_net, probing
 from test_hardening_floods import Served, start
 from test_hardening_paths import Watch, hdf5, lenet_with, train_data
 from test_hardening_readers import h5_file, under_attack
-from test_jobs_fixtures import SHORT_SOLVER, write_lmdb
+from test_jobs_fixtures import SHORT_SOLVER
 
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.job_plan import PlanningPolicy
@@ -42,6 +42,8 @@ from digits_memplugin.jobs.planning import Planner, cost_of, portable
 pytest_plugins = ["test_jobs_fixtures"]
 
 LINES = 40_000
+IMAGES = 300_000
+"""Lines of an ImageData list: each was resolved in the server's thread at submission (about 6 s here)."""
 DEVICES_WITHIN = 1.0
 
 
@@ -50,33 +52,19 @@ DEVICES_WITHIN = 1.0
 
 @pytest.fixture(scope="module")
 def lists(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder whose data folder's dataset root holds one HDF5 file under 40,000 names (links in a hidden folder)
-    and lists of them: long.txt names each once (40,000 lookups, about 3 s of the server's thread before);
+    """A folder whose data folder's dataset root holds one HDF5 file under 40,000 names and lists of them
+    (load_cases.long_hdf5_list): long.txt names each once (40,000 lookups, about 3 s of the server's thread before);
     long_out.txt the same, then a file outside the roots. outside/ holds that file."""
     folder = tmp_path_factory.mktemp("lists")
-    root = folder / "data" / "datasets"
-    links = root / ".l"
-    links.mkdir(parents=True)
-
-    def items(h5: Any) -> None:
-        h5["data"] = np.zeros((4, 1, 28, 28), dtype=np.float32)
-        h5["label"] = np.zeros((4,), dtype=np.float32)
-
-    h5_file(root / "one.h5", items)
-    for index in range(LINES):
-        os.symlink("../one.h5", links / f"{index}.h5")
-    names = "".join(f".l/{index}.h5\n" for index in range(LINES))
-    (root / "long.txt").write_text(names)
-    (root / "long_out.txt").write_text(names + "../../outside/secret.h5\n")
-    (root / "good.txt").write_text("one.h5\n")
-    write_lmdb(root / "mnist_test_lmdb", records=8)
+    long_hdf5_list(folder / "data" / "datasets", LINES)
+    (folder / "data" / "datasets" / "images.txt").write_text("".join(f"i/{n}.png {n % 10}\n" for n in range(IMAGES)))
     (folder / "outside").mkdir()
-    h5_file(folder / "outside" / "secret.h5", items)
+    h5_file(folder / "outside" / "secret.h5", lambda h5: h5.__setitem__("data", np.ones((4, 1, 28, 28), np.float32)))
     return folder
 
 
 def hdf5_job(source: str) -> dict[str, Any]:
-    return {"net": lenet_with(hdf5(source)), "solver": SHORT_SOLVER, "data": {"test": "mnist_test_lmdb"},
+    return {"net": hdf5_lenet(source), "solver": SHORT_SOLVER, "data": {"test": "mnist_test_lmdb"},
             "device": "cpu", "max_iter": 2}
 
 
@@ -129,11 +117,30 @@ def test_a_long_hdf5_list_is_checked_off_the_server_thread_and_a_file_outside_is
         server.stop()
 
 
+@pytest.mark.slow
+def test_a_long_image_list_is_checked_taking_turns_with_the_other_requests(lists: Path) -> None:
+    """A job whose ImageData list has 300,000 lines: each is resolved in the server's thread, which now lets the
+    other requests run every 20 ms (and stops at the read's deadline): /devices answers within 1 s throughout."""
+    server = start(lists)
+    try:
+        requests.get(server.api("/devices"), timeout=60)
+        net = lenet_with(train_data('image_data_param { source: "images.txt" batch_size: 64 is_color: false }', "ImageData"))
+        body = {"net": net, "solver": SHORT_SOLVER, "data": {"test": "mnist_test_lmdb"}, "device": "cpu",
+                "max_iter": 2, "data_shapes": {"data": [1, 28, 28]}}
+        answer = under_attack(server, lambda: requests.post(server.api("/jobs"), json=body, timeout=120), at_least=0)
+        assert answer.status_code in (201, 400), answer.text
+        if answer.status_code == 400:
+            assert "images.txt lists 300000 images, more than could be checked" in answer.text, answer.text
+        else:
+            requests.post(server.api(f"/jobs/{answer.json()['id']}/cancel"), timeout=30)
+    finally:
+        server.stop()
+
+
 # ============================================================================ recurrent nets submitted
 
 
-EIGHT_KB = 70
-"""LSTM layers of the issue's ~8 KB net (7.7 KB): building it as written stops at the 50,000-layer limit, ~10 s."""
+EIGHT_KB = EIGHT_KB_LSTM_LAYERS
 
 
 def lstm_job(net: str, **fields: Any) -> dict[str, Any]:
@@ -275,8 +282,9 @@ def test_a_job_list_past_its_lines_or_naming_too_many_files_is_refused_naming_it
                                    f"{MAX_JOB_LIST_LINES} files") and lines.value.field == WHERE["field"]
     names = root / ("n" * 200)
     names.mkdir()
-    for index in range(MAX_JOB_LIST_ANSWER // 200):  # each real path takes over 200 bytes of the answer
+    for index in range(4000):  # each real path takes over 250 bytes of the answer: 4000 take over 1 MB
         (names / f"{'f' * 40}{index}.h5").touch()
+    assert MAX_JOB_LIST_ANSWER < 4000 * 250
     (root / "wide.txt").write_text("".join(f"{names.name}/{'f' * 40}{index}.h5\n" for index in range(4000)))
     with pytest.raises(NetError) as wide:
         hdf5_list_files(root / "wide.txt", [root], name="wide.txt", **WHERE)

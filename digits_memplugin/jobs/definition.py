@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from ..core.training import TrainingDefinition, fill_num_classes, training_defin
 from ..dataset_scan import HDF5, LMDB, describe
 from ..datasets import (
     LMDB_DATA_FILE,
+    READ_SECONDS,
     find_in_roots,
     hdf5_list_files,
     lmdb_data_file,
@@ -554,7 +556,14 @@ class _Confiner:
         folder_field = {**where, "field": str(where["field"]).rpartition(".")[0] + ".root_folder"}
         base = self.read(root_folder, folder_field, want="dir") if root_folder else listing.parent
         out = []
-        for line in lines:
+        # Up to a million lines, each resolved here, in the server's thread: it takes turns with the other
+        # requests, and stops at the read's deadline.
+        turns, deadline = Turns(), time.monotonic() + READ_SECONDS
+        for number, line in enumerate(lines):
+            turns.take()
+            if time.monotonic() > deadline:
+                raise NetError(f"{value} lists {len(lines)} images, more than could be checked in the "
+                               f"{READ_SECONDS:g} s there was time for ({number} were); not read in full", **where)
             image, _, label = line.rpartition(" ")
             if not image:
                 image, label = label, ""
