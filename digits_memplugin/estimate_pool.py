@@ -175,6 +175,7 @@ def _job_task(name: str) -> Callable[..., Any]:
 
 TASKS: Mapping[str, Callable[..., Any]] = {
     "estimate": run_estimate, "job_facts": _job_task("job_facts"), "job_plan": _job_task("job_plan"),
+    "job_pack": _job_task("job_pack"), "job_outline": _job_task("job_outline"),
 }
 """What a worker may be asked to run, by name: estimates, and the builds and plans of jobs (jobs.planning)."""
 

@@ -14,8 +14,11 @@ Every attack runs against a real server while /devices is asked every 50 ms, eac
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pickle
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +32,7 @@ from load_cases import EIGHT_KB_LSTM_LAYERS, UNROLLED, hdf5_lenet, long_hdf5_lis
 from test_hardening_floods import Served, start
 from test_hardening_paths import Watch, hdf5, lenet_with, train_data
 from test_hardening_readers import h5_file, under_attack
-from test_jobs_fixtures import SHORT_SOLVER
+from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for, write_lmdb
 
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.job_plan import PlanningPolicy
@@ -37,7 +40,7 @@ from digits_memplugin.datasets import MAX_JOB_LIST_ANSWER, MAX_JOB_LIST_LINES, h
 from digits_memplugin.estimate_pool import EstimatePool
 from digits_memplugin.jobs.attempts import plan_for
 from digits_memplugin.jobs.definition import JobDefinition, load_definition, net_facts
-from digits_memplugin.jobs.planning import Planner, cost_of, portable
+from digits_memplugin.jobs.planning import SHIPPED, Planner, cost_of, received, shipped
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -259,11 +262,14 @@ def test_a_copy_sent_to_a_worker_holds_no_built_net(tmp_path: Path) -> None:
     an unrolled one), and the one net the train and test nets are made of still one."""
     made = definition(tmp_path, SMALL_LSTM)
     assert made.training.memo and made.training.train.param is made.training.tests[0].param
-    sent = pickle.loads(pickle.dumps(portable(made)))
-    assert sent.training.memo == {} and made.training.memo
+    first = shipped(made)
+    data, rest = pickle.loads(pickle.dumps(first))
+    sent = received(data, rest)
+    assert sent.training.memo == {} and SHIPPED in made.training.memo
     assert sent.training.train.param is sent.training.tests[0].param
-    assert len(pickle.dumps(portable(made))) < 2 * len(SMALL_LSTM + SHORT_SOLVER) + 4096
+    assert len(data) < 2 * len(SMALL_LSTM + SHORT_SOLVER) + 4096
     assert net_facts(sent) == net_facts(made)
+    assert shipped(made)[0] is first[0]  # serialised once
 
 
 # ============================================================================ a job's HDF5 list: its other bounds
@@ -311,3 +317,64 @@ def test_a_data_source_whose_links_loop_is_a_400_naming_the_field(app: Any, data
     assert estimate.status_code == 400, estimate.get_data(as_text=True)
     said = estimate.get_json()["errors"]["read_datasets"]
     assert said["detail"] == "loop cannot be looked up: its links lead round in a loop", said
+
+
+# ============================================================================ reads of a stored job: clone, download
+
+
+STAGES = 330_000
+"""`stage: 's'` entries in LeNet's loss layer's exclude rule: a valid 3.6 MB net (its job trains), 2.5 s to parse."""
+
+
+def big_lenet() -> str:
+    return LENET.replace('name: "loss"', 'name: "loss"\n  exclude {' + " stage: 's'" * STAGES + " }", 1)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, str, str]]:
+    """`serve` holding two trained jobs with snapshots: LeNet with a 3.6 MB net, and six LSTM layers over 500
+    timesteps (its deploy net unrolls into 9,000 layers)."""
+    folder = tmp_path_factory.mktemp("stored")
+    datasets = folder / "data" / "datasets"
+    datasets.mkdir(parents=True)
+    write_lmdb(datasets / "mnist_train_lmdb")
+    write_lmdb(datasets / "mnist_test_lmdb", records=8)
+    server = start(folder)
+    try:
+        made = [
+            requests.post(server.api("/jobs"), timeout=300, json={
+                "net": big_lenet(), "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 2}),
+            requests.post(server.api("/jobs"), timeout=300, json={
+                "net": UNROLLED, "solver": 'base_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 1\n', "device": "cpu"}),
+        ]
+        ids = []
+        for answer in made:
+            assert answer.status_code == 201, answer.text
+            ids.append(answer.json()["id"])
+        for job in ids:
+            ended = wait_for(lambda job=job: (doc := requests.get(server.api(f"/jobs/{job}"), timeout=60).json())
+                             ["status"] in ("done", "failed") and doc, timeout=600, what=f"job {job} to end")
+            assert ended["status"] == "done", ended
+        yield server, ids[0], ids[1]
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_stored_jobs_clone_and_trained_model_are_made_off_the_server_thread(stored: tuple[Served, str, str]) -> None:
+    """The clone page and the trained model of a job with a 3.6 MB net (each parsed it in the server's thread: 2.5
+    s), and the trained model of an LSTM job (its deploy net was built there: seconds): /devices answers within 1 s
+    throughout, and each answer is whole (the clone page with the net pasted, the archives with their weights, the
+    LSTM's with its deploy net)."""
+    server, big, lstm = stored
+    clone = under_attack(server, lambda: requests.get(f"{server.url}memplugin/models/new?clone={big}", timeout=120))
+    assert clone.status_code == 200 and " stage: &#39;s&#39;" * 3 in clone.text, clone.text[:300]
+    for job in (big, lstm):
+        archive = under_attack(server, lambda job=job: requests.get(server.api(f"/jobs/{job}/model.tar.gz"),
+                                                                    timeout=120))
+        assert archive.status_code == 200, archive.text[:300]
+        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+            info = json.loads(tar.extractfile("info.json").read())  # type: ignore[union-attr]
+            assert "train_val.prototxt" in tar.getnames() and info["snapshot"]["weights"] in tar.getnames(), info
+            if job == lstm:  # its deploy net is the net itself, unrolled (LeNet's loss reads labels: none)
+                assert info["deploy"] == "deploy.prototxt" and "deploy.prototxt" in tar.getnames(), info

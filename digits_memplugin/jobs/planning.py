@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,9 @@ from ..core.training import NetDefinition
 from ..estimate_pool import EstimatePool
 from .attempts import plan_for
 from .definition import JobDefinition, NetFacts, net_facts
+from .model_files import PackedNets, item_shapes, packed_from, packed_nets, train_mean_file
+from .outline import Outline, outline
+from .records import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,9 @@ class Planner:
             except TimeUp:
                 self.stopped_inline += 1
         self.offloaded += 1
-        return self.pool.run("job_facts", (portable(definition), self.oracle is not None))  # type: ignore[no-any-return]
+        # Not kept: the definition is still being made (its test_iters are set after this).
+        sent = shipped(definition, keep=False)
+        return self.pool.run("job_facts", (*sent, self.oracle is not None))  # type: ignore[no-any-return]
 
     def plan(
         self, spec: Mapping[str, Any], definition: JobDefinition, *, engine: str, limit_bytes: int,
@@ -89,10 +95,40 @@ class Planner:
                 self.stopped_inline += 1
         self.offloaded += 1
         decision, totals = self.pool.run(
-            "job_plan", (dict(spec), portable(definition), self.oracle is not None, estimator.totals(), ask)
+            "job_plan", (dict(spec), *shipped(definition), self.oracle is not None, estimator.totals(), ask)
         )
         estimator.learn(totals)
         return decision  # type: ignore[no-any-return]
+
+    def packed(
+        self, net_text: str, solver_text: str, spec: Mapping[str, Any], attempt: Attempt | None,
+        max_iter: int | None, definition: JobDefinition | None,
+    ) -> PackedNets:
+        """`model_files.packed_nets` (the trained model's prototxts): here when the texts are small and the deploy
+        net builds within the inline deadline, else in a worker. A download is a read anyone allowed to read may
+        repeat: it must not hold the server's thread for a 4 MiB text's parse or an unrolled net's build."""
+        if self.pool is None:
+            return packed_nets(net_text, solver_text, spec, attempt, max_iter, definition)
+        if len(net_text) + len(solver_text) <= self.pool.inline_bytes:
+            try:
+                return packed_nets(net_text, solver_text, spec, attempt, max_iter, definition,
+                                   Meter.within(self.pool.inline_seconds))
+            except TimeUp:
+                self.stopped_inline += 1
+        self.offloaded += 1
+        return self.pool.run(  # type: ignore[no-any-return]
+            "job_pack", (net_text, solver_text, dict(spec), attempt, max_iter, train_mean_file(definition),
+                         item_shapes(spec, definition)),
+        )
+
+    def outline(
+        self, net_text: str | None, solver_text: str | None, names: list[str], max_iter: int | None
+    ) -> Outline:
+        """`jobs.outline.outline` of a stored job's large texts, in a worker (here without a pool)."""
+        if self.pool is None:
+            return outline(net_text, solver_text, names, max_iter)
+        self.offloaded += 1
+        return self.pool.run("job_outline", (net_text, solver_text, names, max_iter))  # type: ignore[no-any-return]
 
     def _cheap(self, cost: EstimateCost) -> bool:
         assert self.pool is not None
@@ -125,6 +161,29 @@ def portable(definition: JobDefinition) -> JobDefinition:
     return dataclasses.replace(definition, training=slim)
 
 
+SHIPPED = "planning.shipped"
+"""Where a definition keeps its nets as sent to a worker (TrainingDefinition.memo): serialising them costs as much as
+parsing their text (this protobuf is pure Python: 0.2 s for 1 MB of messages), and a waiting job is planned again
+at every poll."""
+
+
+def shipped(definition: JobDefinition, *, keep: bool = True) -> tuple[bytes, JobDefinition]:
+    """What a worker is sent of `definition`: its nets and solver pickled (`portable`; kept on the definition with
+    `keep`, so that each plan of a job serialises them once), and the rest of it, without them."""
+    memo = definition.training.memo
+    sent: bytes | None = memo.get(SHIPPED)
+    if sent is None:
+        sent = pickle.dumps(portable(definition).training, protocol=pickle.HIGHEST_PROTOCOL)
+        if keep:
+            memo[SHIPPED] = sent
+    return sent, dataclasses.replace(definition, training=None)  # type: ignore[arg-type]
+
+
+def received(sent: bytes, rest: JobDefinition) -> JobDefinition:
+    """`shipped`'s definition, in the worker: its own parent sent it."""
+    return dataclasses.replace(rest, training=pickle.loads(sent))
+
+
 # --- in an estimate worker ----------------------------------------------------------------------------------------
 
 
@@ -136,15 +195,16 @@ def _worker_oracle(fallback: bool) -> ShapeOracle | None:
     return _oracle()  # type: ignore[no-any-return]
 
 
-def facts_in_worker(definition: JobDefinition, fallback: bool) -> NetFacts:
-    return net_facts(definition, _worker_oracle(fallback))
+def facts_in_worker(sent: bytes, rest: JobDefinition, fallback: bool) -> NetFacts:
+    return net_facts(received(sent, rest), _worker_oracle(fallback))
 
 
 def plan_in_worker(
-    spec: dict[str, Any], definition: JobDefinition, fallback: bool,
+    spec: dict[str, Any], sent: bytes, rest: JobDefinition, fallback: bool,
     known: Mapping[tuple[int | None, int | None], int], ask: dict[str, Any],
 ) -> tuple[Decision, dict[tuple[int | None, int | None], int]]:
     """The decision, and every footprint known once it is made (the server keeps them on its definition)."""
+    definition = received(sent, rest)
     oracle = _worker_oracle(fallback)
     estimator = definition.estimator(ask["engine"], oracle)
     estimator.learn(known)
@@ -152,5 +212,7 @@ def plan_in_worker(
     return decision, estimator.totals()
 
 
-WORKER_TASKS: dict[str, Callable[..., Any]] = {"job_facts": facts_in_worker, "job_plan": plan_in_worker}
+WORKER_TASKS: dict[str, Callable[..., Any]] = {
+    "job_facts": facts_in_worker, "job_plan": plan_in_worker, "job_pack": packed_from, "job_outline": outline,
+}
 """What estimate_pool's workers run for jobs, by task name."""

@@ -41,7 +41,6 @@ from ..jobs.model_files import (
     find_snapshot,
     open_job_file,
     open_mean_file,
-    packed_nets,
     tar_gz,
     written_snapshots,
 )
@@ -180,7 +179,7 @@ def _members(manager: JobManager, job: Job, snapshot: Snapshot, attempt: Attempt
     except (NetError, OSError) as problem:  # the dataset moved or went: the nets are still packed
         definition, definition_problem = None, str(problem)
     try:
-        nets = packed_nets(net_text, solver_text, job.spec, attempt, job.max_iter, definition)
+        nets = manager.planner.packed(net_text, solver_text, job.spec, attempt, job.max_iter, definition)
     except NetError as error:
         raise refused(DownloadError(f"the job's net cannot be packed: {error.message}", 409)) from None
     now = time.time()
