@@ -378,3 +378,48 @@ def test_a_stored_jobs_clone_and_trained_model_are_made_off_the_server_thread(st
             assert "train_val.prototxt" in tar.getnames() and info["snapshot"]["weights"] in tar.getnames(), info
             if job == lstm:  # its deploy net is the net itself, unrolled (LeNet's loss reads labels: none)
                 assert info["deploy"] == "deploy.prototxt" and "deploy.prototxt" in tar.getnames(), info
+
+
+TINY_NET = """
+layer { name: "d" type: "DummyData" top: "data" top: "label"
+        dummy_data_param { shape { dim: 1 dim: 1 } shape { dim: 1 dim: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 1 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+SNAPSHOTS = 6000
+
+
+@pytest.mark.slow
+def test_a_job_with_thousands_of_snapshots_lists_the_newest_and_its_page_leaves_the_server_answering(
+    tmp_path: Path,
+) -> None:
+    """A tiny net trained 6,000 iterations with `snapshot: 1` (a few seconds): every page view and GET of its
+    snapshots opened each of its files (0.8 s of the server's thread for 5,000). The page lists the newest 20 and
+    the JSON the newest 500, with the total and the `before` of older pages; /devices answers within 1 s throughout
+    (each asked for again for a second)."""
+    server = start(tmp_path)
+    try:
+        solver = f'base_lr: 0.01\nlr_policy: "fixed"\nmax_iter: {SNAPSHOTS}\nsnapshot: 1\nsnapshot_prefix: "tiny"\n'
+        made = requests.post(server.api("/jobs"), json={"net": TINY_NET, "solver": solver, "device": "cpu"}, timeout=60)
+        assert made.status_code == 201, made.text
+        job = made.json()["id"]
+        ended = wait_for(lambda: (doc := requests.get(server.api(f"/jobs/{job}"), timeout=60).json())["status"]
+                         in ("done", "failed") and doc, timeout=600, what="the job to end")
+        assert ended["status"] == "done", ended
+        listing = under_attack(server, lambda: requests.get(server.api(f"/jobs/{job}/snapshots"), timeout=60).json())
+        total = listing["total"]
+        assert total > 2000 and len(listing["snapshots"]) == 500, (total, len(listing["snapshots"]))
+        newest = [snapshot["iteration"] for snapshot in listing["snapshots"]]
+        assert newest == sorted(newest) and newest[-1] == SNAPSHOTS and listing["older"] == newest[0]
+        page = under_attack(server, lambda: requests.get(f"{server.url}memplugin/jobs/{job}", timeout=60))
+        assert page.status_code == 200 and f"The latest 20 of {total} snapshots" in page.text
+        older = requests.get(server.api(f"/jobs/{job}/snapshots?limit=3&before={newest[0]}"), timeout=60).json()
+        iterations = [snapshot["iteration"] for snapshot in older["snapshots"]]
+        assert len(iterations) == 3 and iterations[-1] < newest[0] and older["total"] == total, older
+        first = requests.get(server.api(f"/jobs/{job}/snapshots/1/caffemodel"), timeout=60)
+        assert first.status_code == 200 and first.content  # an old one is still served by its iteration
+        for bad in ("limit=0", "limit=501", "before=x", "limit=%C2%B2"):
+            refused = requests.get(server.api(f"/jobs/{job}/snapshots?{bad}"), timeout=60)
+            assert refused.status_code == 400 and "must be" in refused.json()["error"], (bad, refused.text)
+    finally:
+        server.stop()

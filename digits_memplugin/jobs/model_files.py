@@ -46,6 +46,7 @@ from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ..core.net import build_net, filter_layers, net_state
 from ..core.training import fill_num_classes, training_definition
 from ..files import open_confined, open_regular
+from ..turns import Turns
 from .definition import (
     NET_SOURCE,
     SOLVER_SOURCE,
@@ -143,8 +144,10 @@ def _records(jobs_root: Path, relative: PurePosixPath) -> Iterator[dict[str, Any
         fd = open_confined(jobs_root, relative, where="the job's folder")
     except NetError:
         return
+    turns = Turns()  # a job snapshotting every iteration has a record a line: others get their turns
     with os.fdopen(fd, "rb") as lines:
         for line in lines:
+            turns.take()
             if b'"snapshot"' not in line:
                 continue
             try:
