@@ -1,13 +1,16 @@
-"""Job submissions that held the server's one thread (issue 23's gaps; docs/security.md, "Floods and storage" and
-"Time" under "Paths").
+"""Job submissions, and reads of stored jobs, that held the server's one thread (issue 23's gaps and the red-team
+pass over this round; docs/security.md, "Floods and storage", "Time" under "Paths", and "Downloads").
 
 - A job's HDF5 list was checked in the server's thread, a line at a time: 40,000 lines held it 3.5 s at POST
   /api/jobs and again at the New model form's preview and Create. It is checked in a dataset reader now
   (datasets.hdf5_list_files), within the read's deadline: /devices keeps answering, and a list naming a file
-  outside the roots is refused without that file being opened.
+  outside the roots is refused without that file being opened. An ImageData list takes turns (turns.py).
 - A recurrent net's nets were built (submission, preview) and planned (preview, placing, attempts) in the server's
   thread: an 8 KB LSTM net takes ~10 s to build up to the 50,000-layer limit here. They go to an estimate worker
   by the same predicted cost as estimates do (jobs.planning): /devices keeps answering while ten are posted.
+- Reads anyone allowed to read may repeat: a stored job's clone page and trained model parsed its texts (3.6 MB:
+  2.5 s) and built its deploy net in the server's thread; its snapshots' listing opened every snapshot file (a
+  job with `snapshot: 1`); its progress read every record in one go (100,000 iterations: 1.1 s).
 
 Every attack runs against a real server while /devices is asked every 50 ms, each within 1 s.
 """
@@ -159,10 +162,14 @@ def tight(tmp_path: Path) -> Iterator[Served]:
     server.stop()
 
 
-def post_at_once(url: str, bodies: list[dict[str, Any]]) -> list[requests.Response]:
+def post_at_once(url: str, bodies: list[dict[str, Any]], method: str = "POST") -> list[requests.Response]:
+    """One request per body, each from its own client, all at once (a GET sends no body)."""
     answers: list[requests.Response] = []
-    threads = [threading.Thread(target=lambda body=body: answers.append(requests.post(url, json=body, timeout=300)))
-               for body in bodies]
+
+    def send(body: dict[str, Any]) -> None:
+        answers.append(requests.request(method, url, json=body if method == "POST" else None, timeout=300))
+
+    threads = [threading.Thread(target=send, args=(body,)) for body in bodies]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -421,5 +428,30 @@ def test_a_job_with_thousands_of_snapshots_lists_the_newest_and_its_page_leaves_
         for bad in ("limit=0", "limit=501", "before=x", "limit=%C2%B2"):
             refused = requests.get(server.api(f"/jobs/{job}/snapshots?{bad}"), timeout=60)
             assert refused.status_code == 400 and "must be" in refused.json()["error"], (bad, refused.text)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_the_progress_of_a_long_job_is_read_taking_turns_with_the_other_requests(tmp_path: Path) -> None:
+    """A tiny net trained 100,000 iterations writes a record an iteration (20 MB): GET /jobs/<id>/progress, which
+    every job page asks for on first paint, read them all in one go (1.1 s of the server's thread a request). It
+    lets the other requests in every 20 ms now: /devices answers within 1 s while three pages ask for it at once,
+    again for a second, and the chart's records are the same 2,000 points."""
+    server = start(tmp_path)
+    try:
+        solver = 'base_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 100000\n'
+        made = requests.post(server.api("/jobs"), json={"net": TINY_NET, "solver": solver, "device": "cpu"}, timeout=60)
+        assert made.status_code == 201, made.text
+        job = made.json()["id"]
+        ended = wait_for(lambda: (doc := requests.get(server.api(f"/jobs/{job}"), timeout=60).json())["status"]
+                         in ("done", "failed") and doc, timeout=900, what="the job to end")
+        assert ended["status"] == "done", ended
+        answers = under_attack(server, lambda: [answer.json() for answer in post_at_once(
+            server.api(f"/jobs/{job}/progress"), [{}] * 3, method="GET")])  # three pages opened at once
+        progress = answers[0]
+        assert all(answer == progress for answer in answers)
+        iterations = [record for record in progress["records"] if record.get("event") == "iteration"]
+        assert 2000 <= len(iterations) <= 2001 and iterations[-1]["iteration"] == 100000, len(iterations)
     finally:
         server.stop()
