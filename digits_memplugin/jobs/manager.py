@@ -346,7 +346,7 @@ class JobManager:
             raise JobValidationError({"device": f"no device {device_key!r}"})
         with self._lock:
             held = reserved(self._running.values(), device.key)
-        return preview(request, device, held, self.definitions, self.config, self.oracle)
+        return preview(request, device, held, self.definitions, self.config)
 
     def stored_bytes(self) -> int:
         """What the jobs' folders hold, as last measured (all of them measured at the first call)."""

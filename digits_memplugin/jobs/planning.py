@@ -19,6 +19,10 @@ the submissions gap). So, as for an estimate:
 - the pool's refusals (estimate_pool.PoolBusy, PoolTimeout, PoolCrashed) reach the caller: a submission's 503 with
   Retry-After, a queued job that waits for the next poll (jobs.dispatcher), an attempt that waits for a worker.
 
+Reads of a stored job that anyone allowed to read may repeat go the same way: the trained model's prototxts
+(`packed`: a 4 MiB text parsed again, an unrolled deploy net built) and a large net's or solver's outline for its
+clone page (`outline`, jobs/outline.py).
+
 Without a pool (the command line's `train`, tests of the manager alone) everything is done where it is asked.
 """
 

@@ -157,7 +157,6 @@ class JobPreview:
 
 def preview(
     request: JobRequest, device: Device, reserved_bytes: int, definitions: Definitions, config: ManagerConfig,
-    oracle: ShapeOracle | None,
 ) -> JobPreview:
     """The plan of a job for `request` on `device` as its first attempt would get it: the limit the scheduler
     gives (`reserved_bytes`: what running jobs planned there and have not allocated yet; the CPU's cap less Caffe's
