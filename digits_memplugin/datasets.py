@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import re
 import stat
@@ -439,7 +440,7 @@ def _hdf5_list_task(
             at = by_name[entry] = by_real.setdefault(real, len(files))
             if at == len(files):
                 files.append(real)
-                size += len(real.encode("utf-8", "surrogateescape")) + 4
+                size += len(json.dumps(real)) + 2  # as the answer spells it (a letter outside ASCII: 6 bytes)
         if runs and runs[-1][0] == at:
             runs[-1][1] += 1
         else:

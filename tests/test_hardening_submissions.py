@@ -302,6 +302,16 @@ def test_a_job_list_past_its_lines_or_naming_too_many_files_is_refused_naming_it
     with pytest.raises(NetError) as wide:
         hdf5_list_files(root / "wide.txt", [root], name="wide.txt", **WHERE)
     assert wide.value.message.startswith("wide.txt names more different files than a job's HDF5 list may"), wide.value
+    # Names in other letters take 6 bytes a letter in the reader's answer (JSON escapes them), 3 in UTF-8: counted
+    # as UTF-8, 2,000 of them (690 KB) passed the bound and the answer (1.15 MB) was refused as not an answer.
+    letters = root / "letters"
+    letters.mkdir()
+    for index in range(2000):
+        (letters / f"{'日' * 80}{index}.h5").touch()
+    (root / "letters.txt").write_text("".join(f"letters/{'日' * 80}{index}.h5\n" for index in range(2000)))
+    with pytest.raises(NetError) as spelled:
+        hdf5_list_files(root / "letters.txt", [root], name="letters.txt", **WHERE)
+    assert spelled.value.message.startswith("letters.txt names more different files than"), spelled.value
 
 
 def test_a_data_source_whose_links_loop_is_a_400_naming_the_field(app: Any, data_dir: Path) -> None:
