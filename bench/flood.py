@@ -19,6 +19,12 @@ every 50 ms, and makes one attack:
   memory before and after both;
 - `pycaffe`: 30 clients at once POST a net with a Pad layer (no rule: pycaffe shapes it in a child process); the
   most pycaffe children alive at once below the server is sampled every 20 ms;
+- `hdf5-list-job`: three POST /api/jobs, one after the other, of LeNet reading an HDF5 list of 40,000 lines (one
+  file under 40,000 names), then the form's preview and Create (models/preview.json, models.json) with the same
+  list ending in a file outside the roots (a 400); the jobs made are cancelled;
+- `lstm-jobs`: ten clients at once POST /api/jobs with the issue's 8 KB LSTM net (70 layers over 500 timesteps:
+  its build stops at the 50,000-layer limit, a 400), then one small LSTM job (six layers) with batch "auto" is
+  submitted and waited for until the scheduler has placed it;
 - `issue-sizes` (not in `all`): the issue's own nets, 55 LSTM layers over 500 timesteps (6 KB), then 18 LSTM layers
   with eight curve points near 500 timesteps (2 KB), and the server's memory before and after.
 
@@ -27,7 +33,8 @@ the server's PYTHONPATH), alternating with the working tree's, `--runs` times ea
 median over the runs and the ratio before / after. Writes them into docs/benchmarks.md between the `flood` markers
 (`flood-ATTACK` for one attack) unless `--no-write`.
 
-    .venv/bin/python bench/flood.py [--attack all|big-net|subscribe|subscribe-rate|unrolled|pycaffe|issue-sizes]
+    .venv/bin/python bench/flood.py [--attack all|big-net|subscribe|subscribe-rate|unrolled|pycaffe|hdf5-list-job|
+        lstm-jobs|issue-sizes]
         [--runs 3] [--before REV] [--clients 4] [--posts 2] [--no-write]
 """
 
@@ -55,10 +62,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import requests
 from load_cases import (
+    EIGHT_KB_LSTM_LAYERS,
     PAD_NET,
     Probe,
     counting_children,
     descendants,
+    hdf5_lenet,
+    long_hdf5_list,
     lstm_net,
     probing,
     rss_bytes,
@@ -66,6 +76,7 @@ from load_cases import (
     socket_attack_apart,
 )
 from report import replace_section
+from test_jobs_fixtures import SHORT_SOLVER
 
 BIG_NET = 'layer { name: "d" type: "Input" top: "x" input_param { shape { ' + "dim: 1 " * 400_000 + "} } }\n"
 UNROLLED_NET = lstm_net(12, 500)
@@ -201,11 +212,46 @@ def pycaffe(server: Server, args: argparse.Namespace, probe: Probe) -> Figures:
     return {"attack s": took, **statuses(answers), "pycaffe children at once": float(most[0])}
 
 
+def hdf5_list_job(server: Server, args: argparse.Namespace, probe: Probe) -> Figures:
+    body = {"net": hdf5_lenet("long.txt"), "solver": SHORT_SOLVER, "data": {"test": "mnist_test_lmdb"},
+            "device": "cpu", "max_iter": 2}
+    form = {"model_name": "long", "data_backend": "hdf5", "train_source": "long_out.txt", "val_source": "good.txt",
+            "device": "cpu", "batch_size": "4", "max_iter": 2}
+    started = time.monotonic()
+    answers = [requests.post(server.api + "/jobs", json=body, timeout=900) for _ in range(3)]
+    took = time.monotonic() - started
+    answers += [requests.post(server.url + f"memplugin/models{path}", json=form, timeout=900)
+                for path in ("/preview.json", ".json")]
+    for answer in answers:
+        if answer.status_code == 201:
+            requests.post(server.api + f"/jobs/{answer.json()['id']}/cancel", timeout=60)
+    return {"3 submissions s": took, "attack s": time.monotonic() - started, **statuses(answers)}
+
+
+def lstm_jobs(server: Server, args: argparse.Namespace, probe: Probe) -> Figures:
+    started = time.monotonic()
+    body = {"solver": SHORT_SOLVER, "device": "cpu", "max_iter": 2}
+    answers = post_all(server.api + "/jobs", [{**body, "net": lstm_net(EIGHT_KB_LSTM_LAYERS, 500, f"try {n}")}
+                                              for n in range(10)])
+    took = time.monotonic() - started
+    made = requests.post(server.api + "/jobs", json={**body, "net": lstm_net(6, 500), "batch": "auto"}, timeout=900)
+    placed = float("nan")
+    if made.status_code == 201:
+        job = made.json()["id"]
+        while time.monotonic() - started < 900:
+            if requests.get(server.api + f"/jobs/{job}", timeout=60).json()["status"] != "queued":
+                placed = time.monotonic() - started - took
+                break
+            time.sleep(0.2)
+        requests.post(server.api + f"/jobs/{job}/cancel", timeout=60)
+    return {"10 submissions s": took, "small job placed after s": placed, **statuses(answers)}
+
+
 ATTACKS: dict[str, Callable[[Server, argparse.Namespace, Probe], Figures]] = {
     "big-net": big_net, "subscribe": subscribe, "subscribe-rate": subscribe_rate, "unrolled": unrolled,
-    "pycaffe": pycaffe, "issue-sizes": issue_sizes,
+    "pycaffe": pycaffe, "hdf5-list-job": hdf5_list_job, "lstm-jobs": lstm_jobs, "issue-sizes": issue_sizes,
 }
-IN_ALL = ("big-net", "subscribe", "subscribe-rate", "unrolled", "pycaffe")
+IN_ALL = ("big-net", "subscribe", "subscribe-rate", "unrolled", "pycaffe", "hdf5-list-job", "lstm-jobs")
 """What `--attack all` runs (issue-sizes takes a minute a run before the fix: asked for by name)."""
 
 
@@ -216,6 +262,8 @@ def run_once(attack: str, args: argparse.Namespace, code: Path | None, seeded: P
     data = work / f"data-{time.time_ns()}"
     if attack.startswith("subscribe"):
         shutil.copytree(seeded, data)
+    elif attack == "hdf5-list-job":
+        shutil.copytree(work / "lists", data, symlinks=True)  # 40,000 links, not 40,000 copies
     server = Server(data, code)
     try:
         with probing(server.api, timeout=600) as probe:
@@ -278,6 +326,8 @@ def main() -> int:
         seeded = work / "seeded"
         if any(attack.startswith("subscribe") for attack in attacks):
             seed_jobs(seeded, STORED_JOBS)
+        if "hdf5-list-job" in attacks:
+            long_hdf5_list(work / "lists" / "datasets")
         for attack in attacks:
             runs: dict[str, list[Figures]] = {version: [] for version in versions}
             for number in range(args.runs):

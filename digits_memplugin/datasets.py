@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import re
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,12 @@ MAX_LIST_BYTES = 64 * 1024 * 1024
 READ_SECONDS = 20.0
 """How long one dataset may take to read where the caller sets no bound (a job's submission, an estimate, the
 form's source); the scan of the dataset roots gives its own."""
+MAX_JOB_LIST_LINES = 200_000
+"""Lines of an HDF5 list a job may read (Caffe's HDF5Data loads each file whole, one after the other: the lists
+DIGITS writes name a handful); the issue's list of one file named 40,000 times is taken."""
+MAX_JOB_LIST_ANSWER = 768 * 1024
+"""Bytes the real paths of a job's HDF5 list take, with its runs of lines, in the reader's answer (which is at
+most dataset_reader.MAX_ANSWER)."""
 MAX_SOFT_LINKS = 16
 """Soft links followed to reach one HDF5 dataset (HDF5's own default limit)."""
 
@@ -64,8 +71,50 @@ def _no_nul(value: str, **where: Any) -> None:
         raise NetError(nul_refusal(value), **where)
 
 
-def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str) -> Path:
-    resolved = path.resolve()
+def find_in_roots(
+    value: str, roots: Sequence[Path], *, want: str, base: Path | None = None, **where: Any
+) -> Path:
+    """The real path `value` names (links resolved) inside a dataset root (`roots` resolved): an absolute path as
+    it is, a relative one tried against each root in turn, or against `base` (the folder of the list file naming
+    it); `want` "file" or "dir". A NetError with `where` says why not (never naming a link's target). Only stat and
+    readlink are called: nothing is opened."""
+    if "\x00" in value:  # pathlib raises ValueError on it (a 500), and no file name holds one
+        raise NetError(nul_refusal(value), **where)
+    path = Path(value)
+    if not roots:
+        raise NetError("no dataset folders are configured (MEMPLUGIN_DATASET_ROOTS): jobs cannot read data", **where)
+    candidates = [path] if path.is_absolute() else ([base / path] if base is not None else [r / path for r in roots])
+    outside = False
+    for candidate in candidates:
+        try:
+            resolved = real_path(candidate, value, **where)
+        except OSError as error:
+            raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
+        if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+            outside = True
+            continue
+        try:
+            if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
+                return resolved
+        except OSError as error:  # a name longer than the file system takes (ENAMETOOLONG), and the like
+            raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
+    if outside:
+        raise NetError(f"{value} is outside the dataset folders this server may read", **where)
+    noun = "folder" if want == "dir" else "file"
+    raise NetError(f"{value} does not exist (as a {noun}) in the dataset folders", **where)
+
+
+def real_path(path: Path, name: str, **where: Any) -> Path:
+    """`path.resolve()`, but a loop of links (Python 3.11's resolve() raises RuntimeError on one: it was a 500)
+    is a NetError naming it as `name`."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise NetError(f"{shown(name)} cannot be looked up: its links lead round in a loop", **where) from None
+
+
+def _confined(path: Path, allowed: Iterable[Path] | None, layer: str, field: str, name: str | None = None) -> Path:
+    resolved = real_path(path, name or str(path), layer=layer, field=field)
     if allowed is not None:
         roots = [Path(root).resolve() for root in allowed]
         if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
@@ -190,6 +239,50 @@ def hdf5_info(
     return _facts(answer, f"HDF5 list file {name}", where)
 
 
+def hdf5_list_files(
+    listing: Path, roots: Sequence[Path], *, name: str, seconds: float = READ_SECONDS, **where: Any
+) -> list[Path]:
+    """The files the HDF5 list file `listing` (a regular file inside `roots`, resolved) names, one a line, each the
+    real path of a regular file inside `roots` (relative names from the list's folder), in the list's order (a
+    file named again is there again): what a job's HDF5Data layer is handed. Checked in a reader process within
+    `seconds` (a list of 40,000 lines kept the server's one thread 3.5 s when it was checked there): a list it
+    cannot check in time is a ReadTimedOut saying how far it got, one of more than MAX_JOB_LIST_LINES lines or
+    naming files whose names take more than MAX_JOB_LIST_ANSWER bytes a NetError; `name` is how messages show it."""
+    _no_nul(str(listing), **where)
+    arguments = {"listing": os.path.abspath(listing), "shown": name, "roots": _roots_json(roots), "where": dict(where)}
+    try:
+        answer = read_in_reader("hdf5_list", arguments, seconds=seconds)
+    except ReaderCrashed as crash:
+        raise _crashed(crash, f"HDF5 list file {name}", "the list may be damaged", where) from None
+    except ReadTimedOut as error:
+        if error.field is not None:  # the reader's own words: they name the list already
+            raise
+        raise ReadTimedOut(f"HDF5 list file {name}: {error.message}", **where) from None
+    try:
+        return _listed_files(answer)
+    except ValueError as error:
+        raise NetError(f"reading HDF5 list file {name}: the reader answered nonsense ({error})", **where) from None
+
+
+def _listed_files(answer: Any) -> list[Path]:
+    """The reader's answer to "hdf5_list", checked (it read a hostile file): ValueError when it is not one."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("files"), list) or not isinstance(answer.get("runs"), list):
+        raise ValueError("not a list's files")
+    files = answer["files"]
+    if not all(isinstance(file, str) and os.path.isabs(file) and "\x00" not in file for file in files):
+        raise ValueError("a file that is not an absolute path")
+    paths = [Path(file) for file in files]
+    listed: list[Path] = []
+    for run in answer["runs"]:
+        if (not isinstance(run, list) or len(run) != 2 or not all(type(n) is int for n in run)
+                or not 0 <= run[0] < len(paths) or run[1] < 1 or len(listed) + run[1] > MAX_JOB_LIST_LINES):
+            raise ValueError(f"{str(run)[:40]} is not a run of lines")
+        listed.extend([paths[run[0]]] * run[1])
+    if not listed:
+        raise ValueError("no file")
+    return listed
+
+
 def _crashed(crash: ReaderCrashed, what: str, why: str, where: Mapping[str, Any]) -> NetError:
     if not crash.ended:  # no reader could be started
         return NetError(f"cannot read {what}: {crash.message}", **where)
@@ -307,6 +400,59 @@ def _lmdb_pages_end(fd: int) -> int | None:
         return 2 * page_size if os.fstat(fd).st_size < page_size + size else None
     last_page = second[1] if second[2] > first[2] else first[1]
     return (last_page + 1) * page_size
+
+
+def _hdf5_list_task(
+    listing: str, shown: str, roots: list[str], where: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    """`hdf5_list_files` in the reader: the list read (bounded), each line checked as a job's data path is
+    (`find_in_roots`), a line seen before not looked up again, until `seconds` are up. The answer names each
+    real file once, and the lines as runs of [file, count]."""
+    deadline = time.monotonic() + seconds
+    allowed = [Path(root) for root in roots]
+    path = Path(listing)
+    data = read_regular(path, MAX_LIST_BYTES, name=shown, roots=allowed, **where)
+    lines = data.count(b"\n") + 1
+    if lines > MAX_JOB_LIST_LINES:
+        raise NetError(f"{shown} has {lines} lines; a job's HDF5 list may name at most {MAX_JOB_LIST_LINES} files",
+                       **where)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NetError(f"{shown} is not a UTF-8 list file", **where) from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise NetError(f"{shown} names no HDF5 file", **where)
+    files: list[str] = []
+    by_name: dict[str, int] = {}
+    by_real: dict[str, int] = {}
+    runs: list[list[int]] = []
+    size = 0
+    for number, entry in enumerate(names):
+        if time.monotonic() > deadline:
+            raise ReadTimedOut(
+                f"HDF5 list file {shown} names {len(names)} files, more than could be checked in the {seconds:.1f} s "
+                f"there was time for ({number} were); not read in full", **where,
+            )
+        at = by_name.get(entry)
+        if at is None:
+            real = str(find_in_roots(entry, allowed, want="file", base=path.parent, **where))
+            at = by_name[entry] = by_real.setdefault(real, len(files))
+            if at == len(files):
+                files.append(real)
+                size += len(json.dumps(real)) + 2  # as the answer spells it (a letter outside ASCII: 6 bytes)
+        if runs and runs[-1][0] == at:
+            runs[-1][1] += 1
+        else:
+            runs.append([at, 1])
+            size += 16
+        if size > MAX_JOB_LIST_ANSWER:
+            raise NetError(
+                f"{shown} names more different files than a job's HDF5 list may (their names take over "
+                f"{MAX_JOB_LIST_ANSWER // 1024} KiB after {number + 1} lines); merge them into fewer, larger files",
+                **where,
+            )
+    return {"files": files, "runs": runs}
 
 
 def _hdf5_task(
@@ -449,7 +595,9 @@ def _reader_imports() -> None:
         importlib.import_module(module)
 
 
-READER_TASKS: dict[str, Callable[..., dict[str, Any]]] = {"lmdb": _lmdb_task, "hdf5": _hdf5_task}
+READER_TASKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "lmdb": _lmdb_task, "hdf5": _hdf5_task, "hdf5_list": _hdf5_list_task,
+}
 """What dataset_reader's processes run, by name."""
 READER_IMPORTS = _reader_imports
 
@@ -471,14 +619,16 @@ def shapes_from_sources(
                 if layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
                     continue
                 _no_nul(layer.data_param.source, layer=layer.name, layer_type=layer.type, field="data_param.source")
-                path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source")
+                path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source",
+                                 layer.data_param.source)
                 if path.is_dir():
                     found[layer.top[0]] = lmdb_item(path, layer.name, allowed, name=layer.data_param.source)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
                 _no_nul(layer.hdf5_data_param.source, layer=layer.name, layer_type=layer.type,
                         field="hdf5_data_param.source")
                 listing = _confined(
-                    base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source"
+                    base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source",
+                    layer.hdf5_data_param.source,
                 )
                 if listing.is_file():
                     found = hdf5_items(listing, list(layer.top), layer.name, allowed)

@@ -162,8 +162,22 @@ def _oracle() -> Any:
     return pycaffe_oracle
 
 
-TASKS: Mapping[str, Callable[..., Any]] = {"estimate": run_estimate}
-"""What a worker may be asked to run, by name."""
+def _job_task(name: str) -> Callable[..., Any]:
+    """A job's build or plan (jobs.planning), imported when a worker first runs one (jobs imports this module)."""
+
+    def run(*args: Any) -> Any:
+        from .jobs.planning import WORKER_TASKS
+
+        return WORKER_TASKS[name](*args)
+
+    return run
+
+
+TASKS: Mapping[str, Callable[..., Any]] = {
+    "estimate": run_estimate, "job_facts": _job_task("job_facts"), "job_plan": _job_task("job_plan"),
+    "job_pack": _job_task("job_pack"), "job_outline": _job_task("job_outline"),
+}
+"""What a worker may be asked to run, by name: estimates, and the builds and plans of jobs (jobs.planning)."""
 
 
 # --- messages -----------------------------------------------------------------------------------------------------

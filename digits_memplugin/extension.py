@@ -117,18 +117,19 @@ def init_app(
         sleep=socketio.sleep,
     )
     backend = _backend(settings)
-    jobs = JobManager(
-        ManagerConfig.from_settings(settings, caffe, preload), reader, on_event=throttle,
-        spawn=socketio.start_background_task,
-        oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None, backend=backend,
-    )
-    reader = jobs.devices  # the panel, the form and the planner see what jobs may be placed on (every host's)
-
-    app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
     estimates = EstimatePool(
         settings.estimate_workers or default_workers(), settings.estimate_queue,
         inline_bytes=settings.estimate_inline_bytes, fallback=settings.pycaffe_fallback,
     )
+    jobs = JobManager(
+        ManagerConfig.from_settings(settings, caffe, preload), reader, on_event=throttle,
+        spawn=socketio.start_background_task,
+        oracle=_pycaffe_oracle() if settings.pycaffe_fallback else None, backend=backend,
+        offload=estimates,  # a job's costly build or plan (a recurrent net) runs in its workers too
+    )
+    reader = jobs.devices  # the panel, the form and the planner see what jobs may be placed on (every host's)
+
+    app.register_blueprint(create_blueprint(), url_prefix=settings.url_prefix)
     plugin = MemPlugin(
         settings=settings, socketio=socketio, devices=reader, device_pusher=pusher, caffe=caffe, jobs=jobs,
         authorize=authorize, estimates=estimates,

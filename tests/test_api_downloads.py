@@ -179,7 +179,7 @@ def test_a_job_without_a_snapshot_says_so(api: FlaskClient) -> None:
     progress = next((Path(api.application.config["MEMPLUGIN_DATA_DIR"]) / "jobs" / job["id"]).rglob("progress.jsonl"))
     progress.write_text("".join(line for line in progress.read_text().splitlines(True) if '"snapshot"' not in line))
     assert api.get(f"{API}/{job['id']}/snapshots").get_json() == {"job_id": job["id"], "snapshots": [],
-                                                                   "model_url": None}
+                                                                   "model_url": None, "total": 0, "older": None}
     refused = api.get(f"{API}/{job['id']}/model.tar.gz")
     assert refused.status_code == 404 and "has written no snapshot yet" in refused.get_json()["error"]
 

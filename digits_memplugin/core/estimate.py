@@ -230,6 +230,19 @@ class Estimator:
         self._totals[key] = built[0].total_bytes
         return built
 
+    def totals(self) -> dict[tuple[int | None, int | None], int]:
+        """Every footprint known for this definition and way of counting, by (batch, test batch): what an
+        estimator of the same definition in another process starts from (`learn`)."""
+        return dict(self._totals)
+
+    def learn(self, totals: Mapping[tuple[int | None, int | None], int]) -> None:
+        """Footprints another estimator of this definition and way of counting computed (an estimate worker's, from
+        a copy of the definition): a search finds them as its own, and builds none of those batches again."""
+        for key, total in totals.items():
+            if len(self._totals) >= MAX_REMEMBERED_TOTALS:
+                break
+            self._totals[key] = total
+
     def known_totals(self, test_batch: int | None = None) -> dict[int, int]:
         """The footprints computed so far at `test_batch`, by train batch."""
         return {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}

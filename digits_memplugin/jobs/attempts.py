@@ -17,9 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..caffe_build import BINARY
+from ..core.cost import Meter
 from ..core.divergence import DEFAULT_POLICY
 from ..core.fallback import Decision, Failure
 from ..core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
@@ -31,6 +32,7 @@ from ..core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
 from ..core.oom import FAILED as FAILED_OUTCOME
 from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
+from ..estimate_pool import PoolBusy
 from .attempt import AttemptResult
 from .attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, AttemptSpec
 from .backend import Backend, Launch, LocalBackend
@@ -43,6 +45,9 @@ from .records import CANCELLED, DONE, FAILED, FINAL_STATES, INTERRUPTED, RUNNING
 from .runner import DISK_FULL, THREAD_STACK_BYTES
 from .scheduler import Limit, limit_for, memory_cap
 from .store import StoreError
+
+if TYPE_CHECKING:
+    from .planning import Planner
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +70,15 @@ def job_ask(spec: Mapping[str, Any], definition: JobDefinition, *, effective_bat
 def plan_for(
     spec: Mapping[str, Any], definition: JobDefinition, oracle: ShapeOracle | None, *, engine: str, limit_bytes: int,
     policy: PlanningPolicy, failures: Sequence[Failure] = (), attempts_made: int = 0, placing: bool = False,
-    effective_batch: int | None = None, iteration: int = 0,
+    effective_batch: int | None = None, iteration: int = 0, meter: Meter | None = None,
 ) -> Decision:
-    """A job's plan on a device of `engine` with `limit_bytes` for it (the manager's attempts, its preview)."""
-    estimator = definition.estimator(engine, oracle)
+    """A job's plan on a device of `engine` with `limit_bytes` for it (the manager's attempts, its preview), in
+    this process (jobs.planning decides where); `meter` may stop it (core.cost.TimeUp). Footprints come from
+    those known for the definition (`Estimator.total`: a worker's too), so a plan asked again builds nothing."""
+    estimator = definition.estimator(engine, oracle, meter)
 
     def footprint(batch: int, test_batch: int | None) -> int:
-        return estimator.report(batch, test_batch)[0].total_bytes
+        return estimator.total(batch, test_batch)
 
     ask = job_ask(spec, definition, effective_batch=effective_batch, iteration=iteration)
     if definition.flavour == NVCAFFE and ask.safety_margin is None:
@@ -160,8 +167,11 @@ class AttemptLoop:
         measure: Callable[[str], None],
         stopping: Callable[[], bool],
         backend: Backend | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self.config = config
+        self.planner = planner
+        """Where plans are made (jobs.planning: a costly one in an estimate worker); None: here."""
         self.backend: Backend = backend or LocalBackend()
         self.devices = devices
         self.progress = progress
@@ -178,10 +188,33 @@ class AttemptLoop:
         made: int = 0, *, placing: bool = False,
     ) -> Decision:
         """The job's plan on a device of `engine` (the scheduler's plan with `placing`): core.job_plan.plan_job,
-        which the form, the REST estimate and the command line plan with too."""
-        return plan_for(job.spec, definition, self.oracle, engine=engine, limit_bytes=limit,
-                        policy=self.config.policy, failures=failures, attempts_made=made, placing=placing,
-                        effective_batch=job.effective_batch, iteration=job.iteration)
+        which the form, the REST estimate and the command line plan with too; made where the planner says (a
+        costly one in an estimate worker: estimate_pool's PoolErrors then reach the caller)."""
+        if self.planner is None:
+            return plan_for(job.spec, definition, self.oracle, engine=engine, limit_bytes=limit,
+                            policy=self.config.policy, failures=failures, attempts_made=made, placing=placing,
+                            effective_batch=job.effective_batch, iteration=job.iteration)
+        return self.planner.plan(job.spec, definition, engine=engine, limit_bytes=limit, policy=self.config.policy,
+                                 failures=failures, attempts_made=made, placing=placing,
+                                 effective_batch=job.effective_batch, iteration=job.iteration)
+
+    def _attempt_plan(
+        self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure], made: int,
+        cancelled: Callable[[], bool],
+    ) -> Decision | None:
+        """The next attempt's plan; while every estimate worker is busy and their queue full, the job waits for
+        one (its attempt is not failed for it). None when it was cancelled or the server stops meanwhile."""
+        while True:
+            try:
+                return self.plan(job, definition, engine, limit, failures, made)
+            except PoolBusy as busy:
+                log.info("job %s: its plan waits for an estimate worker (%s)", job.id, busy)
+                waited = 0.0
+                while waited < busy.retry_after:
+                    if cancelled():
+                        return None
+                    time.sleep(min(1.0, busy.retry_after - waited))
+                    waited += 1.0
 
     def _job(self, job_id: str) -> Job:
         job = self.progress.store.get_job(job_id)
@@ -219,7 +252,10 @@ class AttemptLoop:
                 progress.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
                 return
             job = self._job(job_id)
-            decision = self.plan(job, definition, engine, limit.limit_bytes, failures, made)
+            decision = self._attempt_plan(job, definition, engine, limit.limit_bytes, failures, made,
+                                          lambda: entry.cancel or self._stopping())
+            if decision is None:
+                continue  # cancelled or stopping while it waited: said at the top of the loop
             if decision.stop or decision.plan is None:
                 prefix = "out of memory: " if failures else ""
                 progress.finish(job_id, FAILED, prefix + decision.message)

@@ -29,12 +29,14 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
 
+from ..core.cost import Meter
 from ..core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
 from ..core.errors import NetError
 from ..core.estimate import Estimator, net_batch
@@ -47,9 +49,18 @@ from ..core.proto import caffe_pb2
 from ..core.schedule import LearningRate
 from ..core.training import TrainingDefinition, fill_num_classes, training_definition
 from ..dataset_scan import HDF5, LMDB, describe
-from ..datasets import LMDB_DATA_FILE, lmdb_data_file, nul_refusal, shapes_from_sources
+from ..datasets import (
+    LMDB_DATA_FILE,
+    READ_SECONDS,
+    find_in_roots,
+    hdf5_list_files,
+    lmdb_data_file,
+    real_path,
+    shapes_from_sources,
+)
 from ..files import file_kind, inside, read_regular
 from ..inputs import shown
+from ..turns import Turns
 
 NET_SOURCE = "net.prototxt"
 SOLVER_SOURCE = "solver.prototxt"
@@ -192,8 +203,8 @@ class JobDefinition:
             history_itemsize=solver_storage(self.solver),
         )
 
-    def estimator(self, engine: str, oracle: ShapeOracle | None = None) -> Estimator:
-        return Estimator(self.training, self.memory_options(engine), self.data_shapes, oracle)
+    def estimator(self, engine: str, oracle: ShapeOracle | None = None, meter: Meter | None = None) -> Estimator:
+        return Estimator(self.training, self.memory_options(engine), self.data_shapes, oracle, meter)
 
 
 def load_definition(
@@ -211,12 +222,14 @@ def load_definition(
     epochs: int | None = None,
     test_interval: int | str | None = None,
     test_iter: int | str | None = None,
+    facts: Callable[[JobDefinition], NetFacts] | None = None,
 ) -> JobDefinition:
     """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name. `max_iter`, `epochs`, `test_interval` and `test_iter` are
     the request's (jobs.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
-    from the datasets' sizes."""
+    from the datasets' sizes. `facts` builds the nets once (default `net_facts`, here; jobs.planning's runs a
+    costly build in an estimate worker)."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     trainer = trainer or Trainer()
     _refuse_nvcaffe(training, trainer)
@@ -282,11 +295,12 @@ def load_definition(
         epochs=epochs, val_items=val_items, test_interval=test_interval,
     )
     # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
-    _, train, tests = definition.estimator("cpu", oracle).report(None, None)
-    definition.net_batch = net_batch(train)
-    definition.test_batches = [net_batch(test) for test in tests]
+    built = (facts or (lambda made: net_facts(made, oracle)))(definition)
+    definition.net_batch = built.net_batch
+    definition.test_batches = list(built.test_batches)
+    definition.threads = built.threads
     if isinstance(test_iter, int):
-        training.test_iters = [test_iter] * len(tests)
+        training.test_iters = [test_iter] * len(definition.test_batches)
     elif test_iter == ONE_PASS and val_items:
         training.test_iters = [
             validation_iterations(val_items, own) if own else iters
@@ -294,13 +308,31 @@ def load_definition(
         ]
     if epochs is not None and definition.net_batch and train_items:  # at the net's own batch until planned
         definition.max_iter = epochs * iterations_per_epoch(train_items, definition.net_batch)
-    definition.threads = sum(
+    return definition
+
+
+@dataclasses.dataclass(frozen=True)
+class NetFacts:
+    """What building a definition's nets once, as written, tells the job (`net_facts`)."""
+
+    net_batch: int | None
+    test_batches: tuple[int | None, ...]
+    threads: int
+    """JobDefinition.threads."""
+
+
+def net_facts(definition: JobDefinition, oracle: ShapeOracle | None = None, meter: Meter | None = None) -> NetFacts:
+    """The nets built once at their own batches (a NetError when they cannot be built: bad shapes), and what that
+    tells: their batches and the threads Caffe starts. `meter` may stop it (core.cost.TimeUp): a recurrent net
+    unrolls into tens of thousands of layers, which jobs.planning builds in an estimate worker instead."""
+    _, train, tests = definition.estimator("cpu", oracle, meter).report(None, None)
+    threads = sum(
         2 if layer.type == "Data" else 1
         for net in (train, *tests)
         for layer in net.layers
         if layer.type in PREFETCHING_LAYERS
     )
-    return definition
+    return NetFacts(net_batch(train), tuple(net_batch(test) for test in tests), threads)
 
 
 def phase_items(params: list[Any], roots: list[Path], phase: str, base: Path | None = None) -> int | None:
@@ -480,27 +512,7 @@ class _Confiner:
     def read(self, value: str, where: Mapping[str, Any], *, want: str, base: Path | None = None) -> Path:
         """The path `value` names, resolved inside a dataset root; relative paths are tried against each root
         (or against `base`, the folder of the list file naming them)."""
-        if "\x00" in value:  # pathlib raises ValueError on it (a 500), and no file name holds one
-            raise NetError(nul_refusal(value), **where)
-        path = Path(value)
-        if not self.roots:
-            raise NetError("no dataset folders are configured (MEMPLUGIN_DATASET_ROOTS): jobs cannot read data", **where)
-        candidates = [path] if path.is_absolute() else ([base / path] if base is not None else [r / path for r in self.roots])
-        outside = False
-        for candidate in candidates:
-            resolved = candidate.resolve()
-            if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
-                outside = True
-                continue
-            try:
-                if (want == "file" and resolved.is_file()) or (want == "dir" and resolved.is_dir()):
-                    return resolved
-            except OSError as error:  # a name longer than the file system takes (ENAMETOOLONG), and the like
-                raise NetError(f"{shown(value)} cannot be looked up: {os.strerror(error.errno or 0)}", **where) from None
-        if outside:
-            raise NetError(f"{value} is outside the dataset folders this server may read", **where)
-        noun = "folder" if want == "dir" else "file"
-        raise NetError(f"{value} does not exist (as a {noun}) in the dataset folders", **where)
+        return find_in_roots(value, self.roots, want=want, base=base, **where)
 
     def _list_path(self, kind: str, value: str, where: Mapping[str, Any]) -> tuple[Path, bool]:
         key = (kind, str(where["layer"]), value)
@@ -529,10 +541,9 @@ class _Confiner:
         if value.endswith((".h5", ".hdf5")):
             files = [self.read(value, where, want="file")]
         else:
-            listing, lines = self._read_list(value, where)
-            if not lines:
-                raise NetError(f"{value} names no HDF5 file", **where)
-            files = [self.read(line, where, want="file", base=listing.parent) for line in lines]
+            # Checked in a dataset reader, with a deadline: a list of 40,000 lines held the server's thread 3.5 s.
+            listing = self.read(value, where, want="file")
+            files = hdf5_list_files(listing, self.roots, name=value, **where)
         path.write_text("".join(f"{file}\n" for file in files), encoding="utf-8")
         return str(path)
 
@@ -545,11 +556,18 @@ class _Confiner:
         folder_field = {**where, "field": str(where["field"]).rpartition(".")[0] + ".root_folder"}
         base = self.read(root_folder, folder_field, want="dir") if root_folder else listing.parent
         out = []
-        for line in lines:
+        # Up to a million lines, each resolved here, in the server's thread: it takes turns with the other
+        # requests, and stops at the read's deadline.
+        turns, deadline = Turns(), time.monotonic() + READ_SECONDS
+        for number, line in enumerate(lines):
+            turns.take()
+            if time.monotonic() > deadline:
+                raise NetError(f"{value} lists {len(lines)} images, more than could be checked in the "
+                               f"{READ_SECONDS:g} s there was time for ({number} were); not read in full", **where)
             image, _, label = line.rpartition(" ")
             if not image:
                 image, label = label, ""
-            resolved = (base / image).resolve() if not Path(image).is_absolute() else Path(image).resolve()
+            resolved = real_path(base / image if not Path(image).is_absolute() else Path(image), image, **where)
             if not any(resolved.is_relative_to(root) for root in self.roots):
                 raise NetError(f"{value} lists {image}, which is outside the dataset folders", **where)
             out.append(f"{resolved} {label}".rstrip())
@@ -749,6 +767,7 @@ def confirm_data(definition: JobDefinition, folder: Path) -> ConfirmedData:
     while the job waited, or between attempts). A NetError names the path and what changed; nothing is written
     then."""
     check = _Recheck(definition.roots)
+    turns = Turns()  # a list of thousands of files is checked in the server's thread: others get their turns
     lmdbs: dict[str, Path] = {}
     for param in _unique_params(definition.training):
         for layer in param.layer:
@@ -770,11 +789,13 @@ def confirm_data(definition: JobDefinition, folder: Path) -> ConfirmedData:
                             raise NetError(f"the data {CHANGED}: {error.message}", **where) from None
                         check.grant(lmdbs[value])
                 elif kind == HDF5_LIST:
-                    for entry in _listed(value, folder, where):
+                    for entry in dict.fromkeys(_listed(value, folder, where)):  # a file named again is checked once
                         check.path(entry, where, want="file")
                         check.grant(entry)
+                        turns.take()
                 elif kind == IMAGE_LIST and field.name == "source":
                     for line in _listed(value, folder, where):
+                        turns.take()
                         image, _, label = line.rpartition(" ")
                         check.path(image or label, where, want="file", missing_ok=True)  # Caffe says if one is missing
                         check.grant(os.path.dirname(os.path.normpath(image or label)))

@@ -19,12 +19,13 @@ from ..core.fallback import Decision
 from ..core.layers.base import ENGINE_CPU
 from ..devices import CPU_KEY, GPU, Device, DeviceList, DeviceReader
 from ..errors import MemPluginError
+from ..estimate_pool import PoolBusy, PoolError
 from .attempts import AttemptLoop, stacks
 from .config import ManagerConfig
 from .disk import disk_full, free_note
 from .progress import Progress, Running, reserved
 from .records import FAILED, QUEUED, RUNNING, Job
-from .scheduler import Never, Place, memory_cap, place
+from .scheduler import Never, Place, Wait, memory_cap, place
 from .store import JobStore, StoreError
 from .submission import Definitions
 
@@ -126,7 +127,10 @@ class Dispatcher:
         store = self._store()
         try:
             definition = self.definitions.get(job)
-        except (NetError, OSError) as error:  # OSError: its folder went with a delete since the queue was read
+        except PoolBusy as busy:  # its nets are built in a worker (a recurrent net), and all are busy
+            self._wait_for_worker(job, busy)
+            return
+        except (NetError, OSError, PoolError) as error:  # OSError: its folder went with a delete since the queue was read
             failed = store.update_job_if(
                 job.id, QUEUED, status=FAILED, finished_at=time.time(),
                 message=f"the job's definition cannot be used any more: {error}",
@@ -135,18 +139,55 @@ class Dispatcher:
                 self.progress.emit_job(failed)
             return
 
-        def plan(device: Device, limit: int) -> Decision:
-            engine = self.config.gpu_engine if device.kind == GPU else ENGINE_CPU
-            return self.attempts.plan(job, definition, engine, limit, placing=True)
+        # A plan may be made in an estimate worker (jobs.planning): never while the lock is held, which every
+        # submission, cancel and page of the jobs takes. So the devices are planned first with what runs now, then
+        # placed under the lock from those plans; a limit changed meanwhile leaves the job for the next poll.
+        decisions: dict[tuple[str, int], Decision] = {}
 
-        with self._lock:
-            running = Counter(entry.device for entry in self._running.values())
-            where = place(
-                job.spec["device"], devices, plan, running=running,
-                reserved={key: reserved(self._running.values(), key) for key in running},
+        def plan(device: Device, limit: int) -> Decision:
+            key = (device.key, limit)
+            if key not in decisions:
+                engine = self.config.gpu_engine if device.kind == GPU else ENGINE_CPU
+                decisions[key] = self.attempts.plan(job, definition, engine, limit, placing=True)
+            return decisions[key]
+
+        def planned(device: Device, limit: int) -> Decision:
+            if (device.key, limit) not in decisions:
+                raise _Replan
+            return decisions[(device.key, limit)]
+
+        cap = memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap)
+
+        def where_now(plans: Callable[[Device, int], Decision]) -> Place | Wait | Never:
+            with self._lock:
+                entries = list(self._running.values())
+            running = Counter(entry.device for entry in entries)
+            return place(
+                job.spec["device"], devices, plans, running=running,
+                reserved={key: reserved(entries, key) for key in running},
                 jobs_per_gpu=self.config.jobs_per_gpu, jobs_per_cpu=self.config.jobs_per_cpu,
-                cap=memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap), cap_overhead=stacks(definition),
+                cap=cap, cap_overhead=stacks(definition),
             )
+
+        try:
+            where_now(plan)  # outside the lock: the plans are made here
+        except PoolBusy as busy:
+            self._wait_for_worker(job, busy)
+            return
+        except PoolError as error:  # the worker ran out of time or died planning it: it would again
+            failed = store.update_job_if(job.id, QUEUED, status=FAILED, finished_at=time.time(),
+                                         message=f"the job could not be planned: {error}")
+            if failed is not None:
+                with self._lock:
+                    self._finished.notify_all()
+                self.progress.emit_job(failed)
+            return
+        with self._lock:
+            try:
+                where = where_now(planned)
+            except _Replan:
+                self._wake.set()  # what runs changed while it was planned: plan again at once
+                return
             if isinstance(where, Place):
                 entry = Running(job.id, where.device.key, GPU if where.device.kind == GPU else CPU_KEY)
                 entry.estimated = where.decision.estimated_bytes or 0
@@ -171,6 +212,15 @@ class Dispatcher:
             waiting = store.update_job_if(job.id, QUEUED, message=where.reason)
             if waiting is not None:
                 self.progress.emit_job(waiting)
+
+    def _wait_for_worker(self, job: Job, busy: PoolBusy) -> None:
+        """The job stays queued, saying why, and is planned again at a later poll."""
+        message = f"waiting: its plan needs an estimate worker, and all are busy ({busy}); it is planned again soon"
+        if message != job.message:
+            waiting = self._store().update_job_if(job.id, QUEUED, message=message)
+            if waiting is not None:
+                self.progress.emit_job(waiting)
+
 
     def _run_job(self, job_id: str) -> None:
         """The job's task: its attempts until one ends it. Never raises: whatever stops the job is recorded as its
@@ -200,3 +250,7 @@ class Dispatcher:
                 self.progress.unrecorded.pop(job_id, None)  # written by now, or left for the next start to mark
                 self._finished.notify_all()
             self._wake.set()
+
+
+class _Replan(Exception):
+    """A plan asked for under the lock that was not made before it (a limit changed since)."""

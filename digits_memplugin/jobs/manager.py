@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from ..core.net import ShapeOracle
 from ..devices import DeviceReader
+from ..estimate_pool import EstimatePool
 from ..inputs import surrogate_in
 from .attempts import INTERRUPTED_MESSAGE, AttemptLoop
 from .backend import Backend, LocalBackend
@@ -46,6 +47,7 @@ from .errors import (
     JobValidationError,
     QueueFull,
 )
+from .planning import Planner
 from .progress import EventCallback, Progress, Running, reserved
 from .quota import Quota
 from .records import (
@@ -123,6 +125,7 @@ class JobManager:
         spawn: Spawn = start_thread,
         oracle: ShapeOracle | None = None,
         backend: Backend | None = None,
+        offload: EstimatePool | None = None,
     ) -> None:
         self.config = config
         self.backend: Backend = backend or LocalBackend()
@@ -146,13 +149,16 @@ class JobManager:
             poll_seconds=config.poll_seconds, store_progress_seconds=config.store_progress_seconds,
         )
         self.quota = Quota(config, lambda: self.store, self.jobs_root, self._lock)
+        self.planner = Planner(oracle, offload)
+        """Builds and plans definitions; with `offload` (the web app's estimate pool), a costly one in its workers."""
         self.definitions = Definitions(
-            config.dataset_roots, oracle, self.jobs_root, Trainer(config.caffe.flavour, config.caffe.label)
+            config.dataset_roots, oracle, self.jobs_root, Trainer(config.caffe.flavour, config.caffe.label),
+            self.planner,
         )
         attempts = AttemptLoop(
             config, self.devices, self.progress, self._lock, self._running, jobs_root=self.jobs_root, oracle=oracle,
             definition=self.definitions.get, measure=self.quota.measure, stopping=lambda: self._stopping,
-            backend=self.backend,
+            backend=self.backend, planner=self.planner,
         )
         self.dispatcher = Dispatcher(
             config, self.devices, lambda: self.store, self.progress, attempts, self.definitions, lock=self._lock,
@@ -340,7 +346,7 @@ class JobManager:
             raise JobValidationError({"device": f"no device {device_key!r}"})
         with self._lock:
             held = reserved(self._running.values(), device.key)
-        return preview(request, device, held, self.definitions, self.config, self.oracle)
+        return preview(request, device, held, self.definitions, self.config)
 
     def stored_bytes(self) -> int:
         """What the jobs' folders hold, as last measured (all of them measured at the first call)."""

@@ -40,11 +40,13 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from ..core.cost import Meter
 from ..core.errors import NetError
 from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ..core.net import build_net, filter_layers, net_state
 from ..core.training import fill_num_classes, training_definition
 from ..files import open_confined, open_regular
+from ..turns import Turns
 from .definition import (
     NET_SOURCE,
     SOLVER_SOURCE,
@@ -142,8 +144,10 @@ def _records(jobs_root: Path, relative: PurePosixPath) -> Iterator[dict[str, Any
         fd = open_confined(jobs_root, relative, where="the job's folder")
     except NetError:
         return
+    turns = Turns()  # a job snapshotting every iteration has a record a line: others get their turns
     with os.fdopen(fd, "rb") as lines:
         for line in lines:
+            turns.take()
             if b'"snapshot"' not in line:
                 continue
             try:
@@ -243,18 +247,29 @@ class PackedNets:
 
 def packed_nets(
     net_text: str, solver_text: str, spec: Mapping[str, Any], attempt: Attempt | None, max_iter: int | None,
-    definition: JobDefinition | None,
+    definition: JobDefinition | None, meter: Meter | None = None,
 ) -> PackedNets:
     """The nets and solver as the job trained them (see the module), and its deploy net where one can be made.
     `definition` is the job's loaded definition (its dataset's item shapes and mean file), None when the dataset
-    cannot be read now: the deploy net then needs the request's `data_shapes`."""
+    cannot be read now: the deploy net then needs the request's `data_shapes`. `meter` may stop the deploy net's
+    build (core.cost.TimeUp): a recurrent net unrolls into thousands of layers, which jobs.planning then builds in
+    an estimate worker."""
+    return packed_from(net_text, solver_text, spec, attempt, max_iter, train_mean_file(definition),
+                       item_shapes(spec, definition), meter)
+
+
+def packed_from(
+    net_text: str, solver_text: str, spec: Mapping[str, Any], attempt: Attempt | None, max_iter: int | None,
+    mean: Path | None, shapes: Mapping[str, tuple[int, ...]], meter: Meter | None = None,
+) -> PackedNets:
+    """`packed_nets` given what it needs of the definition: the train net's mean file and the items' shapes (what an
+    estimate worker is sent: a few values, not the definition, whose serialising costs as much as its text)."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     classes = spec.get("classes")
     if isinstance(classes, int):
         fill_num_classes(training, classes)
     params = _unique_params(training)
     _apply_data_overrides(params, dict(spec.get("data") or {}))
-    mean = _mean_file(definition)
     for param in params:
         for layer in param.layer:
             for holder in (layer.transform_param, layer.data_param):
@@ -276,7 +291,7 @@ def packed_nets(
     for param in params:
         files[names[id(param)]] = text_format.MessageToString(param)
     files[SOLVER_FILE] = _solver(training, names, attempt, max_iter)
-    deploy, refused = deploy_net(training.train.param, _shapes(spec, definition), training.train.state)
+    deploy, refused = deploy_net(training.train.param, dict(shapes), training.train.state, meter)
     if deploy is not None:
         files = {DEPLOY_FILE: deploy, **files}
     return PackedNets(files, refused, mean)
@@ -303,7 +318,7 @@ def _solver(training: Any, names: dict[int, str], attempt: Attempt | None, max_i
     return str(text_format.MessageToString(solver))
 
 
-def _mean_file(definition: JobDefinition | None) -> Path | None:
+def train_mean_file(definition: JobDefinition | None) -> Path | None:
     if definition is None:
         return None
     for layer in definition.training.train.param.layer:
@@ -313,7 +328,7 @@ def _mean_file(definition: JobDefinition | None) -> Path | None:
     return None
 
 
-def _shapes(spec: Mapping[str, Any], definition: JobDefinition | None) -> dict[str, tuple[int, ...]]:
+def item_shapes(spec: Mapping[str, Any], definition: JobDefinition | None) -> dict[str, tuple[int, ...]]:
     """One item's shape by data top (or "layer/top"): the dataset's as the job read it, the request's over it."""
     shapes: dict[str, tuple[int, ...]] = {}
     if definition is not None:
@@ -324,7 +339,7 @@ def _shapes(spec: Mapping[str, Any], definition: JobDefinition | None) -> dict[s
 
 
 def deploy_net(
-    train: Any, shapes: Mapping[str, tuple[int, ...]], train_state: Any | None = None
+    train: Any, shapes: Mapping[str, tuple[int, ...]], train_state: Any | None = None, meter: Meter | None = None
 ) -> tuple[str | None, str | None]:
     """The deploy net DIGITS makes from a net (its filterLayersByState): the layers a TEST-phase state with stage
     "deploy" includes, without data layers, after an Input of one item of each data top they read (cropped as the
@@ -377,7 +392,7 @@ def deploy_net(
         copy.ClearField("include")
         copy.ClearField("exclude")
     try:
-        build_net(deploy, PHASE_TEST, source=DEPLOY_FILE)
+        build_net(deploy, PHASE_TEST, source=DEPLOY_FILE, meter=meter)
     except NetError as error:
         return None, f"the deploy stage's net does not build: {error.message}"
     return str(text_format.MessageToString(deploy)), None

@@ -16,11 +16,12 @@ from ..core.errors import NetError
 from ..core.fallback import Decision
 from ..core.net import ShapeOracle
 from ..devices import Device
-from .attempts import plan_for, stacks
+from .attempts import stacks
 from .config import ManagerConfig
 from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
 from .disk import disk_full, free_note
 from .errors import DiskFull, InvalidDefinition, JobValidationError
+from .planning import Planner
 from .records import QUEUED, Job
 from .request import JobRequest
 from .scheduler import limit_for, memory_cap
@@ -34,10 +35,13 @@ class Definitions:
     """The jobs' definitions, loaded from their folders once and kept (by job id) until the job is deleted."""
 
     def __init__(
-        self, roots: tuple[Path, ...], oracle: ShapeOracle | None, jobs_root: Path, trainer: Trainer | None = None
+        self, roots: tuple[Path, ...], oracle: ShapeOracle | None, jobs_root: Path, trainer: Trainer | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self.roots = roots
         self.oracle = oracle
+        self.planner = planner or Planner(oracle)
+        """Where a definition's nets are built and planned (a costly one in an estimate worker: jobs.planning)."""
         self.jobs_root = jobs_root
         self.trainer = trainer or Trainer()
         """The Caffe that trains, as definitions need it: NVcaffe nets are accepted only when it is NVcaffe."""
@@ -67,6 +71,7 @@ class Definitions:
             epochs=spec.get("epochs"),
             test_interval=spec.get("test_interval"),
             test_iter=spec.get("test_iter"),
+            facts=self.planner.facts,
         )
 
     def keep(self, job_id: str, definition: JobDefinition) -> None:
@@ -152,7 +157,6 @@ class JobPreview:
 
 def preview(
     request: JobRequest, device: Device, reserved_bytes: int, definitions: Definitions, config: ManagerConfig,
-    oracle: ShapeOracle | None,
 ) -> JobPreview:
     """The plan of a job for `request` on `device` as its first attempt would get it: the limit the scheduler
     gives (`reserved_bytes`: what running jobs planned there and have not allocated yet; the CPU's cap less Caffe's
@@ -165,8 +169,8 @@ def preview(
     if limit is None:
         raise JobValidationError({"device": f"the free memory of {device.key!r} is unknown: {device.error or 'n/a'}"})
     engine = config.policy.engine(device.kind)
-    decision = plan_for(request.spec(device.key), definition, oracle, engine=engine, limit_bytes=limit.limit_bytes,
-                        policy=config.policy)
+    decision = definitions.planner.plan(request.spec(device.key), definition, engine=engine,
+                                        limit_bytes=limit.limit_bytes, policy=config.policy)
     return JobPreview(device.key, engine, limit.limit_bytes, decision, definition)
 
 

@@ -1,6 +1,7 @@
 """A job's trained model, downloaded (jobs/model_files.py says what is packed and how files are opened):
 
-    GET /jobs/<id>/snapshots                      200 {"job_id", "snapshots": [snapshot, ...], "model_url"}
+    GET /jobs/<id>/snapshots                      200 {"job_id", "snapshots": [snapshot, ...], "model_url", "total",
+                                                       "older"}   ?limit=N (at most 500) &before=<iteration>
     GET /jobs/<id>/snapshots/<N>/<kind>           200 the file (kind "caffemodel" or "solverstate"), as an attachment
     GET /jobs/<id>/model.tar.gz                   200 the trained model (?iteration=N; default: the latest snapshot)
 
@@ -14,6 +15,7 @@ with MEMPLUGIN_AUTH_READS; the job page's links carry the page's session).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import unicodedata
@@ -41,7 +43,6 @@ from ..jobs.model_files import (
     find_snapshot,
     open_job_file,
     open_mean_file,
-    packed_nets,
     tar_gz,
     written_snapshots,
 )
@@ -69,11 +70,35 @@ def refused(error: DownloadError) -> HTTPException:
     return Conflict(str(error)) if error.status == 409 else NotFound(str(error))
 
 
-def snapshot_documents(manager: JobManager, job: Job) -> list[dict[str, Any]]:
-    """The job's snapshots as GET /jobs/<id>/snapshots lists them (newest last), each file with its size now; a
-    file that could not be sent (gone, or not a plain file any more) is left out."""
+MAX_LISTED_SNAPSHOTS = 500
+"""Snapshots one answer of GET /jobs/<id>/snapshots lists at most (its default): each is opened for its size, and a
+job with `snapshot: 1` writes one an iteration (5,000 of them held the server's thread 0.8 s at every job page)."""
+PAGE_SNAPSHOTS = 20
+"""Snapshots the job's page lists (templates/memplugin/job_files.html, static/js/job-files.js)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotPage:
+    """The newest snapshots before an iteration, as documents (oldest first), and how many the job wrote in all."""
+
+    documents: list[dict[str, Any]]
+    total: int
+    older: int | None
+    """The iteration to give as `before` for the next older page (None: this page reaches the oldest)."""
+
+
+def snapshot_documents(
+    manager: JobManager, job: Job, limit: int = MAX_LISTED_SNAPSHOTS, before: int | None = None
+) -> SnapshotPage:
+    """The job's `limit` newest snapshots (of those before the iteration `before`) as GET /jobs/<id>/snapshots lists
+    them (newest last), each file with its size now; a file that could not be sent (gone, or not a plain file any
+    more) is left out."""
+    written = written_snapshots(manager.jobs_root, job, manager.attempts(job.id))
+    earlier = [snapshot for snapshot in written if before is None or snapshot.iteration < before]
+    chosen = earlier[-limit:]
+    older = chosen[0].iteration if len(earlier) > len(chosen) else None
     documents = []
-    for snapshot in written_snapshots(manager.jobs_root, job, manager.attempts(job.id)):
+    for snapshot in chosen:
         files: dict[str, Any] = {}
         for kind in KINDS:
             relative = snapshot.files.get(kind)
@@ -88,15 +113,20 @@ def snapshot_documents(manager: JobManager, job: Job) -> list[dict[str, Any]]:
             "iteration": snapshot.iteration, "attempt": snapshot.attempt, "files": files,
             "model_url": url_for("memplugin.api_job_model", job_id=job.id, iteration=snapshot.iteration),
         })
-    return documents
+    return SnapshotPage(documents, len(written), older)
 
 
 def list_snapshots(job_id: str) -> ResponseReturnValue:
+    """The newest snapshots (?limit=N, default and at most 500; ?before=<iteration> for older ones)."""
+    limit = _number_arg("limit", 3)
+    if limit is not None and not 1 <= limit <= MAX_LISTED_SNAPSHOTS:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_LISTED_SNAPSHOTS}")
+    before = _number_arg("before", 10)
     manager = _manager()
     job = _job(manager, job_id)
-    documents = snapshot_documents(manager, job)
-    model_url = url_for("memplugin.api_job_model", job_id=job.id) if documents else None
-    return jsonify(job_id=job.id, snapshots=documents, model_url=model_url)
+    page = snapshot_documents(manager, job, limit or MAX_LISTED_SNAPSHOTS, before)
+    model_url = url_for("memplugin.api_job_model", job_id=job.id) if page.total else None
+    return jsonify(job_id=job.id, snapshots=page.documents, model_url=model_url, total=page.total, older=page.older)
 
 
 def page_files(job_id: str) -> dict[str, Any] | None:
@@ -105,13 +135,14 @@ def page_files(job_id: str) -> dict[str, Any] | None:
     try:
         manager = _manager()
         job = manager.get(job_id)
-        documents = snapshot_documents(manager, job)
+        page = snapshot_documents(manager, job, PAGE_SNAPSHOTS)
     except Exception:
         current_app.logger.exception("the snapshots of job %s could not be listed", job_id)
         return None
     return {
-        "snapshots": documents,
-        "model_url": url_for("memplugin.api_job_model", job_id=job.id) if documents else None,
+        "snapshots": page.documents,
+        "total": page.total,
+        "model_url": url_for("memplugin.api_job_model", job_id=job.id) if page.documents else None,
         "snapshots_url": url_for("memplugin.api_job_snapshots", job_id=job.id),
     }
 
@@ -181,7 +212,7 @@ def _members(manager: JobManager, job: Job, snapshot: Snapshot, attempt: Attempt
     except (NetError, OSError) as problem:  # the dataset moved or went: the nets are still packed
         definition, definition_problem = None, str(problem)
     try:
-        nets = packed_nets(net_text, solver_text, job.spec, attempt, job.max_iter, definition)
+        nets = manager.planner.packed(net_text, solver_text, job.spec, attempt, job.max_iter, definition)
     except NetError as error:
         raise refused(DownloadError(f"the job's net cannot be packed: {error.message}", 409)) from None
     now = time.time()
@@ -229,12 +260,17 @@ def _text(manager: JobManager, job: Job, name: str) -> str:
 
 
 def _iteration_arg() -> int | None:
-    value = request.args.get("iteration")
+    return _number_arg("iteration", 10)
+
+
+def _number_arg(name: str, digits: int) -> int | None:
+    """A query parameter that must be a whole number written with 0-9, at most `digits` of them (None: absent)."""
+    value = request.args.get(name)
     if value is None:
         return None
-    number = inputs.ascii_int(value, max_digits=10) if value.isascii() and value.isdigit() else None
+    number = inputs.ascii_int(value, max_digits=digits) if value.isascii() and value.isdigit() else None
     if number is None:
-        raise BadRequest("iteration must be a whole number (the digits 0-9, at most 10 of them)")
+        raise BadRequest(f"{name} must be a whole number (the digits 0-9, at most {digits} of them)")
     return number
 
 

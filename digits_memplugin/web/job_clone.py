@@ -14,6 +14,7 @@ the REST document keeps it.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..jobs.definition import NET_SOURCE, SOLVER_SOURCE, data_phases
 from ..jobs.errors import JobNotFound
 from ..jobs.manager import JobManager
 from ..jobs.model_files import DownloadError, open_job_file
+from ..jobs.outline import Outline
 from ..jobs.records import Job
 from ..networks import STANDARD_NETWORKS
 from ..sizes import format_size
@@ -110,19 +112,27 @@ def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str
     """A job request's fields (request_document) as the New model form's, and what it has no field for."""
     notes: list[str] = []
     fields: dict[str, Any] = {"model_name": document.get("name") or ""}
-    net_text = document["net"]
-    try:
-        net = parse_net(net_text, NET_SOURCE)
-    except NetError:
-        net = None
-    train, val, backend = _sources(net, document.get("data") or {}, notes)
+    net_text, solver_text, data = document["net"], document["solver"], document.get("data") or {}
+    large = _large_texts(net_text, solver_text, data, document.get("max_iter"))
+    if large is not None and net_text is large.net_text:  # never a standard network: pasted as it is
+        layers, network = large.outline.layers, None
+    else:
+        try:
+            net = parse_net(net_text, NET_SOURCE)
+        except NetError:
+            net = None
+        layers = None if net is None else {layer.name: (layer.type, tuple(data_phases(layer))) for layer in net.layer}
+        network = _standard_network(net)
+    train, val, backend = _sources(layers, data, notes)
     fields.update(data_backend=backend, train_source=train, val_source=val)
-    network = _standard_network(net)
     if network is not None:
         fields.update(network="standard", standard_network=network)
     else:
         fields.update(network="custom", custom_network=net_text)
-    fields.update(_solver_fields(document["solver"], document.get("max_iter"), validation=bool(val)))
+    if large is not None and solver_text is large.solver_text:  # never one the form's settings make
+        fields.update(solver="file", solver_text=large.outline.solver_text or solver_text)
+    else:
+        fields.update(_solver_fields(solver_text, document.get("max_iter"), validation=bool(val)))
     shapes = dict(document.get("data_shapes") or {})
     item = shapes.pop(DATA_TOP, None)
     if item:
@@ -151,18 +161,46 @@ def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str
     return fields, notes
 
 
-def _sources(net: Any, data: dict[str, str], notes: list[str]) -> tuple[str, str, str]:
-    """The training and validation sources and the dataset format, from the request's data by layer or phase."""
+@dataclasses.dataclass(frozen=True)
+class _Large:
+    """The texts of a clone too large to parse in the server's thread (the one not large is None), and their
+    outline, made in an estimate worker."""
+
+    net_text: str | None
+    solver_text: str | None
+    outline: Outline
+
+
+def _large_texts(net_text: str, solver_text: str, data: dict[str, str], max_iter: int | None) -> _Large | None:
+    """None when both texts are small enough to parse here (the estimate pool's `inline_bytes`, 16 KiB: 30 ms at
+    most); else what the page needs of the large ones, from a worker (jobs/outline.py): a stored job's texts may be
+    4 MiB each, seconds to parse, and the clone page is a read anyone allowed to read may repeat."""
+    plugin = current_app.extensions["memplugin"]
+    pool = plugin.estimates
+    limit = pool.inline_bytes if pool is not None else None
+    big_net = net_text if limit is not None and len(net_text) > limit else None
+    big_solver = solver_text if limit is not None and len(solver_text) > limit else None
+    if big_net is None and big_solver is None:
+        return None
+    found = plugin.jobs.planner.outline(big_net, big_solver, list(data), max_iter)
+    return _Large(big_net, big_solver, found)
+
+
+def _sources(
+    layers: dict[str, tuple[str, tuple[str, ...]]] | None, data: dict[str, str], notes: list[str]
+) -> tuple[str, str, str]:
+    """The training and validation sources and the dataset format, from the request's data by layer or phase
+    (`layers`: each layer's type and the phases it feeds, by name; None when the net does not parse)."""
     train: list[str] = []
     val: list[str] = []
     backend = "lmdb"
-    layers = {layer.name: layer for layer in (net.layer if net is not None else [])}
     for key, source in data.items():
         if key.lower() in ("train", "test"):
             phases = {key.lower()}
-        elif key in layers:
-            phases = data_phases(layers[key])
-            if layers[key].type == "HDF5Data":
+        elif layers is not None and key in layers:
+            kind, fed = layers[key]
+            phases = set(fed)
+            if kind == "HDF5Data":
                 backend = "hdf5"
         else:
             continue

@@ -42,9 +42,10 @@
     }
     box.hidden = !latest;
     const older = document.getElementById("snapshots-older");
+    const total = typeof document_.total === "number" ? document_.total : snapshots.length;
     if (older) {
-      older.hidden = snapshots.length <= SHOWN;
-      older.replaceChildren("The latest " + SHOWN + " of " + snapshots.length + " snapshots; ",
+      older.hidden = total <= SHOWN;
+      older.replaceChildren("The latest " + SHOWN + " of " + total + " snapshots; ",
         el("a", { href: section.dataset.snapshotsUrl }, "all of them"), " (JSON).");
     }
     body.replaceChildren(...snapshots.slice(-SHOWN).map((snapshot) => el("tr", { dataset: { iteration: String(snapshot.iteration) } },
@@ -56,7 +57,8 @@
 
   async function refresh() {
     try {
-      const answer = await MP.requestJSON(section.dataset.snapshotsUrl);
+      // The latest SHOWN only: the server opens each listed file for its size (a job may write thousands).
+      const answer = await MP.requestJSON(section.dataset.snapshotsUrl + "?limit=" + SHOWN);
       if (answer.ok && answer.data) draw(answer.data);
     } catch (error) {
       /* offline: the next reconnection fetches again */
