@@ -175,7 +175,7 @@ def _large_texts(net_text: str, solver_text: str, data: dict[str, str], max_iter
     """None when both texts are small enough to parse here (the estimate pool's `inline_bytes`, 16 KiB: 30 ms at
     most); else what the page needs of the large ones, from a worker (jobs/outline.py): a stored job's texts may be
     4 MiB each, seconds to parse, and the clone page is a read anyone allowed to read may repeat."""
-    plugin = current_app.extensions["memplugin"]
+    plugin = current_plugin()
     pool = plugin.estimates
     limit = pool.inline_bytes if pool is not None else None
     big_net = net_text if limit is not None and len(net_text) > limit else None
