@@ -199,10 +199,10 @@ def counting_children(pid: int, interval: float = 0.02) -> Iterator[list[int]]:
 
 
 def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: float | None = None, limit: int = 500,
-                  quiet: float = 2.0, timeout: float = 120.0) -> dict[str, Any]:
+                  quiet: float | None = 2.0, timeout: float = 120.0) -> dict[str, Any]:
     """`clients` socket.io clients (websocket) each send `events` `subscribe_jobs` {"limit": `limit`}, at once or
     `per_second`, then wait until each was told `rate_limited` (or, once answers came, nothing more came for `quiet`
-    seconds; or `timeout`): what they received. Run it with `socket_attack_apart`, so that the clients' decoding of the pages (350 KB each)
+    seconds, unless `quiet` is None; or `timeout`): what they received. Run it with `socket_attack_apart`, so that the clients' decoding of the pages (350 KB each)
     does not hold the probe's interpreter."""
     import socketio
 
@@ -229,7 +229,7 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
         for index in range(events):
             for client in connected:
                 client.emit("subscribe_jobs", {"limit": limit}, namespace="/memplugin")
-            if per_second:
+            if per_second:  # the attack's pace (what is measured): `per_second` rounds of events a second
                 time.sleep(max(0.0, started + (index + 1) / per_second - time.monotonic()))
         sent_at = time.monotonic()
         sent_in = sent_at - started
@@ -237,9 +237,11 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
         while time.monotonic() - started < timeout:
             told = all(any(name == "rate_limited" for name, _ in got) for got in received)
             answered = any(received)
-            if (told and per_second is None) or (answered and time.monotonic() - last[0] > quiet):
+            if (told and per_second is None) or (
+                quiet is not None and answered and time.monotonic() - last[0] > quiet
+            ):
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # between two looks at the answers (the end is every client told, or a quiet spell)
         names = [name for got in received for name, _ in got]
         return {
             "sent": clients * events, "sent_in": sent_in, "sent_at": sent_at, "seconds": time.monotonic() - started,
