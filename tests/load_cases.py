@@ -166,16 +166,19 @@ def descendants(pid: int) -> list[int]:
 
 
 def pycaffe_children(pid: int) -> int:
-    """The pycaffe shape children alive below `pid` (estimate workers' and the server's own)."""
-    count = 0
+    """The pycaffe shape children alive below `pid` (estimate workers' and the server's own). A process a child
+    forks has the child's command line until it execs (one does, briefly, while it builds the net): it is the same
+    child's, not another one."""
+    found: dict[int, int] = {}
     for child in descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
+            parent = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"digits_memplugin.pycaffe_shapes" in command:
-            count += 1
-    return count
+            found[child] = parent
+    return sum(1 for parent in found.values() if parent not in found)
 
 
 @contextmanager
