@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -11,6 +12,7 @@ from flask.testing import FlaskClient
 from zoo_cases import ZOO
 
 from digits_memplugin import create_app, devices
+from digits_memplugin.extension import get_plugin
 from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from digits_memplugin.sizes import GIB, MIB
 
@@ -126,12 +128,37 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
+AppFactory = Callable[..., Flask]
+
+
 @pytest.fixture
-def app(data_dir: Path) -> Iterator[Flask]:
-    """The standalone app on tmp_path; a job manager it started (a form post creates jobs) is stopped after."""
-    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True})
-    yield app
-    app.extensions["memplugin"].close()
+def make_app(data_dir: Path) -> Iterator[AppFactory]:
+    """Standalone apps (threading mode, TESTING, data in data_dir unless `MEMPLUGIN_DATA_DIR` is given), each with
+    the settings it is called with; every one is closed after the test (with the job manager a form post started)."""
+    apps: list[Flask] = []
+
+    def make(**config: Any) -> Flask:
+        app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True,
+                          **config})
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        get_plugin(app).close()
+
+
+@pytest.fixture
+def app_config() -> dict[str, Any]:
+    """The settings a test module's `app` adds to the defaults: a module overrides this fixture (it may take the
+    module's own fixtures, e.g. a dataset root) instead of defining an app of its own."""
+    return {}
+
+
+@pytest.fixture
+def app(make_app: AppFactory, app_config: dict[str, Any]) -> Flask:
+    """The standalone app on tmp_path, with the module's `app_config`."""
+    return make_app(**app_config)
 
 
 @pytest.fixture

@@ -50,43 +50,6 @@ CURVED = lstm_net(3, 6)
 """~0.6 KB, cheap as written; with CURVE_NEAR_500 it is built eight times at ~500 timesteps."""
 CURVE_NEAR_500 = list(range(493, 501))
 
-EIGHT_KB_LSTM_LAYERS = 70
-"""LSTM layers of the issue's ~8 KB net (7.7 KB as `lstm_net` writes them): built as written, it stops at the
-50,000-layer limit, ~10 s of one core here."""
-
-
-def long_hdf5_list(root: Path, lines: int = 40_000) -> None:
-    """In the dataset root `root`: one.h5 (4 MNIST-shaped items and labels) under `lines` names (links in a hidden
-    folder, which the datasets' scan skips), long.txt naming each once, long_out.txt the same and then
-    ../../outside/secret.h5 (outside the roots when `root` is `<folder>/data/datasets`), good.txt naming one.h5,
-    and the LMDB mnist_test_lmdb for a test phase."""
-    import h5py
-    import numpy as np
-
-    links = root / ".l"
-    links.mkdir(parents=True)
-    with h5py.File(root / "one.h5", "w") as h5:
-        h5["data"] = np.zeros((4, 1, 28, 28), dtype=np.float32)
-        h5["label"] = np.zeros((4,), dtype=np.float32)
-    for index in range(lines):
-        os.symlink("../one.h5", links / f"{index}.h5")
-    names = "".join(f".l/{index}.h5\n" for index in range(lines))
-    (root / "long.txt").write_text(names)
-    (root / "long_out.txt").write_text(names + "../../outside/secret.h5\n")
-    (root / "good.txt").write_text("one.h5\n")
-    write_lmdb(root / "mnist_test_lmdb", records=8)
-
-
-def hdf5_lenet(source: str) -> str:
-    """LeNet whose TRAIN data layer reads the HDF5 list `source` (its TEST one an LMDB, given as the job's data)."""
-    start = LENET.index('name: "mnist"')
-    start = LENET.rindex("layer {", 0, start)
-    end = LENET.index("\n}\n", start) + 3
-    layer = ('layer { name: "mnist" type: "HDF5Data" top: "data" top: "label" include { phase: TRAIN }\n'
-             f'  hdf5_data_param {{ source: "{source}" batch_size: 64 }} }}\n')
-    return LENET[:start] + layer + LENET[end:]
-
-
 PAD_NET = """
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
 layer { name: "pad" type: "Pad" bottom: "x" top: "p" pad_param { pad_u: 1 pad_d: 1 pad_l: 1 pad_r: 1 } }
@@ -204,23 +167,18 @@ def descendants(pid: int) -> list[int]:
 
 def pycaffe_children(pid: int) -> int:
     """The pycaffe shape children alive below `pid` (estimate workers' and the server's own). A process a child
-    forks holds the child's command line until it execs (seen under load): it is the same child, not another."""
-    shapes = set()
+    forks has the child's command line until it execs (one does, briefly, while it builds the net): it is the same
+    child's, not another one."""
+    found: dict[int, int] = {}
     for child in descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
+            parent = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"digits_memplugin.pycaffe_shapes" in command:
-            shapes.add(child)
-    return sum(1 for child in shapes if parent_of(child) not in shapes)
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+            found[child] = parent
+    return sum(1 for parent in found.values() if parent not in found)
 
 
 @contextmanager
@@ -244,10 +202,10 @@ def counting_children(pid: int, interval: float = 0.02) -> Iterator[list[int]]:
 
 
 def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: float | None = None, limit: int = 500,
-                  quiet: float = 2.0, timeout: float = 120.0) -> dict[str, Any]:
+                  quiet: float | None = 2.0, timeout: float = 120.0) -> dict[str, Any]:
     """`clients` socket.io clients (websocket) each send `events` `subscribe_jobs` {"limit": `limit`}, at once or
     `per_second`, then wait until each was told `rate_limited` (or, once answers came, nothing more came for `quiet`
-    seconds; or `timeout`): what they received. Run it with `socket_attack_apart`, so that the clients' decoding of the pages (350 KB each)
+    seconds, unless `quiet` is None; or `timeout`): what they received. Run it with `socket_attack_apart`, so that the clients' decoding of the pages (350 KB each)
     does not hold the probe's interpreter."""
     import socketio
 
@@ -274,7 +232,7 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
         for index in range(events):
             for client in connected:
                 client.emit("subscribe_jobs", {"limit": limit}, namespace="/memplugin")
-            if per_second:
+            if per_second:  # the attack's pace (what is measured): `per_second` rounds of events a second
                 time.sleep(max(0.0, started + (index + 1) / per_second - time.monotonic()))
         sent_at = time.monotonic()
         sent_in = sent_at - started
@@ -282,9 +240,11 @@ def socket_attack(url: str, clients: int = 10, events: int = 40, per_second: flo
         while time.monotonic() - started < timeout:
             told = all(any(name == "rate_limited" for name, _ in got) for got in received)
             answered = any(received)
-            if (told and per_second is None) or (answered and time.monotonic() - last[0] > quiet):
+            if (told and per_second is None) or (
+                quiet is not None and answered and time.monotonic() - last[0] > quiet
+            ):
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # between two looks at the answers (the end is every client told, or a quiet spell)
         names = [name for got in received for name, _ in got]
         return {
             "sent": clients * events, "sent_in": sent_in, "sent_at": sent_at, "seconds": time.monotonic() - started,

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         if snapshot:
             Path(snapshot.group(1)).parent.mkdir(parents=True, exist_ok=True)
             Path(snapshot.group(1)).touch()
-        time.sleep(float(settings.get("line_seconds") or 0))  # type: ignore[arg-type]
+        time.sleep(float(settings.get("line_seconds") or 0))  # type: ignore[arg-type]  # the script's pace: a slow Caffe
     end = settings.get("end", 0)
     if end == "abort":
         os.abort()

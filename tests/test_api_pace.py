@@ -9,8 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ import pytest
 from flask import Flask
 from test_jobs_fixtures import wait_for
 
-from digits_memplugin import create_app
 from digits_memplugin.extension import get_plugin
 
 pytestmark = pytest.mark.slow
@@ -38,11 +35,9 @@ def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def app(tmp_path: Path, sample_root: Path) -> Iterator[Flask]:
-    app = create_app({"MEMPLUGIN_DATA_DIR": tmp_path / "data", "MEMPLUGIN_ASYNC_MODE": "threading",
-                      "MEMPLUGIN_DATASET_ROOTS": [str(sample_root)], "TESTING": True})
-    yield app
-    get_plugin(app).close()
+def app_config(sample_root: Path) -> dict[str, Any]:
+    """conftest's `app`, reading the sample dataset."""
+    return {"MEMPLUGIN_DATASET_ROOTS": [str(sample_root)]}
 
 
 def test_the_first_jobs_defaults_follow_the_sample_dataset(app: Flask) -> None:
@@ -107,7 +102,6 @@ def test_a_running_job_tells_its_speed_and_time_left_from_its_first_records(app:
         counting.clear()
         if document["status"] == "running" and document["iterations_per_second"] is not None:
             measured.append(document)
-        time.sleep(0.1)
         return document["status"] in ("done", "failed", "cancelled")
 
     wait_for(ended, timeout=240, what="the job to end")

@@ -8,7 +8,6 @@ points marked. Any script error on the page fails the test (browser_fixtures.pag
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +88,12 @@ def first_nan(server: Server, job_id: str) -> int:
 
 def assert_marked(page: Page, label: str, iterations: set[int]) -> None:
     """The series has a gap at each of `iterations` and a red ✕ near the top of the chart above it."""
-    page.wait_for_function(f"(label) => {{ const m = ({MARKS})(label); return m && m.length === {len(iterations)}; }}",
-                           arg=label, timeout=TRAINING)
-    time.sleep(0.2)  # the chart is redrawn at most every 50 ms
+    # Every mark there and drawn: the chart is redrawn at most every 50 ms, so its canvas may lag its data.
+    page.wait_for_function(
+        f"(label) => {{ const m = ({MARKS})(label); return m && m.length === {len(iterations)}"
+        " && m.every((k) => k.rgb[0] > 150 && k.rgb[1] < 110 && k.rgb[2] < 130); }",
+        arg=label, timeout=TRAINING,
+    )
     marks = page.evaluate(MARKS, label)
     assert {mark["x"] for mark in marks} == iterations
     for mark in marks:

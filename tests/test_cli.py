@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import queue
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from test_jobs_fixtures import wait_for
 
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 
@@ -170,6 +172,23 @@ def test_serve_simulated_gpus_on_gevent_page_api_and_pushed_event(simulated_serv
     assert "Traceback" not in output
 
 
+OPEN_TCP_STATES = {"01", "08"}
+"""ESTABLISHED and CLOSE_WAIT in /proc/net/tcp: a connection whose server side is not closed yet."""
+
+
+def open_connections(port: int) -> list[str]:
+    """The TCP connections on this machine whose local end is `port` (the server's) and that its server has not
+    closed yet (listening sockets left out): /proc/net/tcp's own lines."""
+    open_ = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table, encoding="ascii") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] in OPEN_TCP_STATES:
+                    open_.append(line.strip())
+    return open_
+
+
 def test_websocket_sessions_end_without_an_error_in_the_log(server: Server) -> None:
     """gevent used to read a closed websocket's last frame as the next HTTP request and log its bytes as an
     invalid request at every disconnect; the handler now closes the connection after a websocket instead."""
@@ -180,8 +199,11 @@ def test_websocket_sessions_end_without_an_error_in_the_log(server: Server) -> N
         client.connect(server.base_url, namespaces=["/memplugin"], transports=transports, wait_timeout=10)
         client.emit("subscribe_devices", namespace="/memplugin")
         client.disconnect()
+    # The server has ended each session (closed its side of every connection): what it would log about their last
+    # frames, it has logged by now.
+    port = int(server.base_url.rstrip("/").rsplit(":", 1)[1])
+    wait_for(lambda: not open_connections(port), timeout=30, what="the server to close the sessions' connections")
     # The server goes on answering, on a new connection and on the same server.
-    time.sleep(0.5)
     assert requests.get(server.base_url + "memplugin/api/health", timeout=10).status_code == 200
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=20) == 0

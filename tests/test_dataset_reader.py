@@ -98,6 +98,19 @@ def in_thread(call: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, outcome
 
 
+def read_bytes(pid: int) -> int:
+    """What a process has read so far (/proc/PID/io's rchar: files and pipes alike)."""
+    io = dict(line.split(": ", 1) for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(io["rchar"])
+
+
+def reading_the_long_list(pid: int, long_root: Path, since: int) -> None:
+    """Wait until reader `pid` has read more than the long list since `since`: it has its request and is in the
+    read (checking 20,000 names takes seconds), not before it."""
+    size = (long_root / "long.txt").stat().st_size
+    wait_for(lambda: read_bytes(pid) > since + size, timeout=30, what="the reader to be reading the long list")
+
+
 def started_reader(pool: Any, root: Path) -> int:
     """The pid of `pool`'s one reader, started by a first read."""
     assert DatasetInfo.from_json(pool.run("lmdb", lmdb_arguments(root), 30)).entries == 3
@@ -107,8 +120,9 @@ def started_reader(pool: Any, root: Path) -> int:
 
 def test_a_reader_that_stops_answering_is_killed_at_its_deadline_and_replaced(pool: Any, root: Path, long_root: Path) -> None:
     pid = started_reader(pool, root)
+    since = read_bytes(pid)
     thread, outcome = in_thread(lambda: pool.run("hdf5", list_arguments(long_root), 1.0))
-    time.sleep(0.2)
+    reading_the_long_list(pid, long_root, since)
     os.kill(pid, signal.SIGSTOP)  # as stuck as a library waiting on a file can be
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -123,8 +137,9 @@ def test_a_reader_that_stops_answering_is_killed_at_its_deadline_and_replaced(po
 
 def test_a_reader_killed_while_it_reads_is_a_crash_naming_how_it_ended(pool: Any, root: Path, long_root: Path) -> None:
     pid = started_reader(pool, root)
+    since = read_bytes(pid)
     thread, outcome = in_thread(lambda: pool.run("hdf5", list_arguments(long_root), 30.0))
-    time.sleep(0.2)
+    reading_the_long_list(pid, long_root, since)
     os.kill(pid, signal.SIGBUS)
     thread.join(timeout=10)
     error = outcome["error"]
@@ -143,9 +158,10 @@ def test_a_reader_cuts_a_long_list_short_at_its_own_deadline_and_stays(pool: Any
 
 
 def test_a_read_waits_for_a_busy_reader_only_within_its_own_deadline(pool: Any, root: Path, long_root: Path) -> None:
-    started_reader(pool, root)
+    pid = started_reader(pool, root)
+    since = read_bytes(pid)
     thread, _ = in_thread(lambda: pool.run("hdf5", list_arguments(long_root), 3.0))
-    time.sleep(0.2)
+    reading_the_long_list(pid, long_root, since)  # the pool's one reader is busy
     began = time.monotonic()
     with pytest.raises(ReadTimedOut, match=r"the 1 dataset readers stayed busy for 0\.3 s"):
         pool.run("lmdb", lmdb_arguments(root), 0.3)
@@ -171,7 +187,7 @@ def test_concurrent_reads_use_at_most_max_readers(root: Path) -> None:
     most = 0
     while any(thread.is_alive() for thread, _ in threads):
         most = max(most, len(reader_pids()))
-        time.sleep(0.01)
+        time.sleep(0.01)  # a sample of the readers alive while the reads run: a maximum over time, no condition
     assert all(outcome["value"].entries == 3 for _, outcome in threads), threads
     assert 1 <= most <= dataset_reader.MAX_READERS
 
@@ -183,7 +199,7 @@ def test_a_reader_ends_when_its_parent_is_killed(root: Path, tmp_path: Path) -> 
         "from digits_memplugin.datasets import lmdb_info\n"
         f"lmdb_info(Path({str(root / 'small_lmdb')!r}), 'data', [Path({str(root)!r})])\n"
         "print('read', flush=True)\n"
-        "time.sleep(60)\n"
+        "time.sleep(60)\n"  # a parent that stays until it is killed: what is tested
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:

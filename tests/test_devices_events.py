@@ -56,7 +56,7 @@ def device_events(client: SocketIOTestClient, at_least: int) -> list[dict[str, A
         payloads += [event["args"][0] for event in client.get_received(NS) if event["name"] == "devices"]
         if len(payloads) >= at_least or time.monotonic() > deadline:
             return payloads
-        time.sleep(0.005)
+        time.sleep(0.005)  # between two looks at what was received
 
 
 def first_payload_where(client: SocketIOTestClient, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,50 +50,47 @@ TRIED: collections.Counter[str] = collections.Counter()
 STATUSES: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    # function_scoped_fixture: the app (and its client) is one per test on purpose, shared by the test's examples
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                           HealthCheck.function_scoped_fixture],
 )
 
 
 # ============================================================================ the app
 
 
-def fuzz_app(folder: Path) -> Flask:
-    """An app with small limits and datasets, whose jobs validate but never train."""
+def fuzz_settings(folder: Path) -> dict[str, Any]:
+    """Small limits and datasets (written under `folder`): the fuzzed app's jobs validate but never train."""
     datasets = folder / "datasets"
     datasets.mkdir(parents=True, exist_ok=True)
     for name, records in (("mnist_train_lmdb", 16), ("mnist_test_lmdb", 8)):
         if not (datasets / name).exists():
             write_lmdb(datasets / name, records=records)
-    return create_app(
-        {
-            "MEMPLUGIN_DATA_DIR": folder / "data",
-            "MEMPLUGIN_ASYNC_MODE": "threading",
-            "MEMPLUGIN_DATASET_ROOTS": [str(datasets)],
-            "MEMPLUGIN_MAX_REQUEST_BYTES": REQUEST_LIMIT,
-            "MEMPLUGIN_CPU_MEMORY_CAP": 1 << 20,
-            "MEMPLUGIN_MAX_QUEUED_JOBS": 1000,
-            "MEMPLUGIN_MAX_STORED_JOBS": 100_000,  # the fuzzer stores many jobs (each a few kB)
-            "MEMPLUGIN_CLIENT_EVENT_BURST": 10**9,  # the socket fuzzer sends one client's events as fast as it can
-            "MEMPLUGIN_CLIENT_EVENTS_PER_SECOND": 1e9,
-            "MEMPLUGIN_SOCKET_EVENTS_PER_SECOND": 1e9,
-            "TESTING": True,
-        }
-    )
+    return {
+        "MEMPLUGIN_DATASET_ROOTS": [str(datasets)],
+        "MEMPLUGIN_MAX_REQUEST_BYTES": REQUEST_LIMIT,
+        "MEMPLUGIN_CPU_MEMORY_CAP": 1 << 20,
+        "MEMPLUGIN_MAX_QUEUED_JOBS": 1000,
+        "MEMPLUGIN_MAX_STORED_JOBS": 100_000,  # the fuzzer stores many jobs (each a few kB)
+        "MEMPLUGIN_CLIENT_EVENT_BURST": 10**9,  # the socket fuzzer sends one client's events as fast as it can
+        "MEMPLUGIN_CLIENT_EVENTS_PER_SECOND": 1e9,
+        "MEMPLUGIN_SOCKET_EVENTS_PER_SECOND": 1e9,
+    }
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flask]:
-    app = fuzz_app(tmp_path_factory.mktemp("fuzz-api"))
-    yield app
-    get_plugin(app).close()
+def fuzz_app(folder: Path) -> Flask:
+    """The fuzzed app on `folder`, for bench/fuzz_api.py (the tests get the same one from conftest's `app`)."""
+    return create_app({"MEMPLUGIN_DATA_DIR": folder / "data", "MEMPLUGIN_ASYNC_MODE": "threading", "TESTING": True,
+                       **fuzz_settings(folder)})
 
 
-@pytest.fixture(scope="module")
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
+@pytest.fixture
+def app_config(tmp_path: Path) -> dict[str, Any]:
+    """conftest's `app` (one per test, shared by that test's examples) with the fuzzed app's settings."""
+    return fuzz_settings(tmp_path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def job_ids(client: FlaskClient) -> list[str]:
     """Real jobs for the id-taking endpoints (each fails at placement: resumable, deletable); replaced when the
     fuzzer deletes one."""
@@ -484,17 +482,17 @@ def models_json(client: FlaskClient, value: tuple[Any, int]) -> None:
     check("POST /models.json", response, {201, 400, 413})
 
 
-_TOKENS: dict[int, str] = {}
+_TOKENS: weakref.WeakKeyDictionary[FlaskClient, str] = weakref.WeakKeyDictionary()
 
 
 def csrf_token(client: FlaskClient) -> str:
     """The form's CSRF token in `client`'s session (read once per client from the New model page)."""
-    if id(client) not in _TOKENS:
+    if client not in _TOKENS:
         page = client.get(f"{MODEL_URL}/new").get_data(as_text=True)
         match = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', page)
         assert match, "the form carries no CSRF token"
-        _TOKENS[id(client)] = match.group(1)
-    return _TOKENS[id(client)]
+        _TOKENS[client] = match.group(1)
+    return _TOKENS[client]
 
 
 def check_page(target: str, response: TestResponse, allowed: set[int]) -> None:
@@ -562,18 +560,18 @@ SOCKET_PAYLOADS = st.one_of(
 )
 ANSWERS = {"subscribe_job": {"job", "job_error"}, "subscribe_jobs": {"jobs", "job_error"}, "subscribe_devices": {"devices"}}
 """The event each request is answered with (at least one of them)."""
-_SOCKETS: dict[int, Any] = {}
+_SOCKETS: weakref.WeakKeyDictionary[Flask, Any] = weakref.WeakKeyDictionary()
 
 
 def socket_for(client: FlaskClient) -> Any:
     """A socket.io test client on `client`'s app, connected to the plugin's namespace (one per app, reconnected if
     an event ever disconnected it, which the check below reports first)."""
     app = client.application
-    connected = _SOCKETS.get(id(app))
+    connected = _SOCKETS.get(app)
     if connected is None or not connected.is_connected(NS):
         connected = get_plugin(app).socketio.test_client(app, namespace=NS)
         connected.get_received(NS)
-        _SOCKETS[id(app)] = connected
+        _SOCKETS[app] = connected
     return connected
 
 
@@ -712,17 +710,42 @@ def test_socket_events_with_arbitrary_names_and_payloads(client: FlaskClient, jo
     socket_events(client, value, job_ids)
 
 
+REACH_EXAMPLES = 40
+"""Inputs drawn per target by the test below: enough for its fixed draws to reach every kind of answer."""
+REACHED = {200, 201, 400, 404, 405, 413}
+
+
+def drawn_from(name: str, client: FlaskClient, ids: list[str]) -> Callable[[], None]:
+    """`name`'s target tried on REACH_EXAMPLES inputs of its strategy, the same ones at every run."""
+    strategy, target = TARGETS[name]
+
+    @settings(FUZZ, max_examples=REACH_EXAMPLES, derandomize=True)
+    @given(strategy)
+    def draw(value: Any) -> None:
+        if name in TAKE_IDS:
+            target(client, value, ids)
+        else:
+            target(client, value)
+
+    return draw
+
+
 def test_the_fuzzers_reach_success_and_every_kind_of_refusal(client: FlaskClient, job_ids: list[str]) -> None:
-    """A fuzzer whose inputs all fail the same way tests one line: the targets must reach the endpoints' work."""
+    """A fuzzer whose inputs all fail the same way tests one line: the targets must reach the endpoints' work.
+    The inputs are drawn here from the targets' own strategies, the same ones at every run (derandomized), and only
+    the answers to them are counted: what other tests ran, or did not, changes nothing."""
     for body in ({"net": LENET, "data_shapes": {"*": [1, 28, 28]}},
                  {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 2}):
         path = "/estimate" if "data_shapes" in body else "/jobs"
         response = client.post(f"{API}{path}", data=padded(body, 0), content_type="application/json")
         assert response.status_code in (200, 201), response.get_json()
-    assert STATUSES, "run with the fuzz tests"
-    seen = collections.Counter(status for counts in STATUSES.values() for status in counts.elements())
-    if sum(TRIED.values()) >= 1000:  # the whole module ran: its inputs got through to every kind of answer
-        assert {200, 201, 400, 404, 405, 413} <= set(seen), seen
+    before = {name: collections.Counter(counts) for name, counts in STATUSES.items()}
+    for name in TARGETS:
+        drawn_from(name, client, job_ids)()
+    seen: collections.Counter[Any] = collections.Counter()
+    for name, counts in STATUSES.items():
+        seen.update(counts - before.get(name, collections.Counter()))
+    assert set(seen) >= REACHED, seen
 
 
 def test_the_api_root_with_a_slash_is_json(client: FlaskClient) -> None:

@@ -31,9 +31,7 @@ from test_hardening_paths import Watch, hdf5, lenet_with, train_data
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, ManagerFactory, lenet_request, wait_for, write_lmdb
 from test_jobs_restart import Server, serve
 
-from digits_memplugin import create_app
 from digits_memplugin.core.prototxt import parse_net
-from digits_memplugin.extension import get_plugin
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -72,13 +70,9 @@ def linked(datasets: Path, outside: Path) -> Path:
 
 
 @pytest.fixture
-def app(data_dir: Path, linked: Path) -> Iterator[Flask]:
-    app = create_app(
-        {"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
-         "MEMPLUGIN_DATASET_ROOTS": [str(linked)], "TESTING": True}
-    )
-    yield app
-    get_plugin(app).close()
+def app_config(linked: Path) -> dict[str, Any]:
+    """conftest's `app`, reading the dataset root with the links."""
+    return {"MEMPLUGIN_DATASET_ROOTS": [str(linked)]}
 
 
 @pytest.fixture

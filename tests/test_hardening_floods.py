@@ -300,7 +300,7 @@ def test_devices_keep_answering_while_clients_post_large_nets(served: Served) ->
             started = time.monotonic()
             assert requests.get(served.api("/devices"), timeout=120).status_code == 200
             latencies.append(time.monotonic() - started)
-            time.sleep(0.05)
+            time.sleep(0.05)  # the probe's pace: /devices asked all through the posts, a sample, not a wait
 
     prober = threading.Thread(target=probe)
     prober.start()
@@ -323,7 +323,7 @@ def test_a_full_estimate_queue_is_a_503_with_retry_after_and_small_estimates_go_
         while not done.is_set():
             small.append(requests.post(tight.api("/estimate"), json={"net": LENET, "data_shapes": {"*": [1, 28, 28]}},
                                        timeout=60))
-            time.sleep(0.2)
+            time.sleep(0.2)  # the pace of a client asking small estimates all through the large ones
 
     asker = threading.Thread(target=lenet)
     asker.start()

@@ -39,7 +39,7 @@ from load_cases import (
     socket_attack_apart,
 )
 from test_hardening_floods import make_app, start
-from test_jobs_fixtures import LENET
+from test_jobs_fixtures import LENET, wait_for
 from zoo_cases import ZOO
 
 from digits_memplugin.core.cost import MAX_BUILD_LAYERS, BuildLimitError, Meter, TimeUp, estimate_cost, layers_in
@@ -161,8 +161,9 @@ def test_subscribe_jobs_pages_of_500_leave_devices_answering(tmp_path: Path) -> 
         api = server.api("")
         requests.get(f"{api}/devices", timeout=60)
         with probing(api) as probe:
-            time.sleep(0.3)
-            got = socket_attack_apart(server.url, clients=10, events=40, limit=500, timeout=60)
+            wait_for(lambda: probe.answered_at, what="the probe's first answer")  # answering before the attack
+            # Until every client is told (no quiet spell taken for the end: a loaded server may pause longer).
+            got = socket_attack_apart(server.url, clients=10, events=40, limit=500, quiet=None, timeout=60)
         # 4 pages at once from all clients together (400 / 103), then 2 a second while the 400 events are read
         assert got["page_sizes"] == [500] and 1 <= got["pages"] <= 10, got
         assert got["clients_told"] == 10, got
@@ -355,11 +356,13 @@ def test_small_recurrent_nets_leave_the_server_answering_and_its_memory_bounded(
         assert warm.status_code == 200
         before = rss_bytes(server.process.pid)
         with probing(api) as probe:
-            time.sleep(0.3)
+            wait_for(lambda: probe.answered_at, what="the probe's first answer")  # answering before the nets
             first = requests.post(f"{api}/estimate", json={"net": UNROLLED}, timeout=300)
             second = requests.post(f"{api}/estimate", json={"net": CURVED, "curve_batches": CURVE_NEAR_500},
                                    timeout=300)
-            time.sleep(0.3)
+            answered = time.monotonic()
+            wait_for(lambda: probe.answered_at and probe.answered_at[-1] > answered,
+                     what="a probe answered after the nets")  # and still answering after them
         assert first.status_code == 200 and first.json()["total_bytes"] > 0, first.text[:300]
         assert second.status_code == 200 and [p["batch"] for p in second.json()["curve"]] == CURVE_NEAR_500
         assert not probe.failures and probe.slowest < DEVICES_WITHIN, probe.summary()
@@ -376,6 +379,7 @@ def test_child_slots_bound_the_children_alive_and_the_wait() -> None:
     slots = ChildSlots(2)
     inside, most, lock = [0], [0], threading.Lock()
     errors: list[BaseException] = []
+    together = threading.Barrier(2)  # each child leaves its slot only once another is in one too: two at once
 
     def child() -> None:
         try:
@@ -383,7 +387,7 @@ def test_child_slots_bound_the_children_alive_and_the_wait() -> None:
                 with lock:
                     inside[0] += 1
                     most[0] = max(most[0], inside[0])
-                time.sleep(0.05)
+                together.wait(timeout=30)
                 with lock:
                     inside[0] -= 1
         except BaseException as error:  # noqa: BLE001 - reported below

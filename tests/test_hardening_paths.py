@@ -25,9 +25,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, ManagerFactory, lenet_request, wait_for, write_lmdb
 
-from digits_memplugin import create_app
 from digits_memplugin.core.proto import caffe_pb2
-from digits_memplugin.extension import get_plugin
 from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]
@@ -121,17 +119,9 @@ def roots(datasets: Path, outside: Path) -> Path:
 
 
 @pytest.fixture
-def app(data_dir: Path, roots: Path) -> Iterator[Flask]:
-    app = create_app(
-        {
-            "MEMPLUGIN_DATA_DIR": data_dir,
-            "MEMPLUGIN_ASYNC_MODE": "threading",
-            "MEMPLUGIN_DATASET_ROOTS": [str(roots)],
-            "TESTING": True,
-        }
-    )
-    yield app
-    get_plugin(app).close()
+def app_config(roots: Path) -> dict[str, Any]:
+    """conftest's `app`, reading the dataset root under test."""
+    return {"MEMPLUGIN_DATASET_ROOTS": [str(roots)]}
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import MIB, ManagerFactory, lenet_request
+from test_jobs_fixtures import MIB, ManagerFactory, lenet_request, wait_for
 
 from digits_memplugin.core.oom import CANCELLED, FAILED, OUT_OF_MEMORY, SUCCESS, Outcome, OutOfMemory
 from digits_memplugin.devices import DeviceList, DeviceReader, read_devices
@@ -129,9 +129,7 @@ def test_cancel_reaches_the_backends_handle(make_manager: ManagerFactory) -> Non
     backend = FakeBackend([Outcome(SUCCESS, "finished")], hold=True)
     manager = make_manager(backend=backend, poll_seconds=0.1)
     job = manager.submit(lenet_request())
-    deadline = time.monotonic() + 30
-    while not backend.launched and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: backend.launched, timeout=30, what="the backend's launch")
     manager.cancel(job.id)
     assert manager.wait(job.id, timeout=30).status == "cancelled"
     assert backend.launched[0].cancelled.is_set()
@@ -365,9 +363,19 @@ def test_without_a_tail_the_whole_log_is_read_from_where_it_ended(tmp_path: Path
     assert [r["iteration"] for r in records] == [1] and jobs.whole_reads == 2
 
 
-def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path) -> None:
+def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = ScriptedJobs([("RUNNING", ""), ("STOPPED", "")])
     attempt, _, _ = _follow(jobs, tmp_path)
+    decided = threading.Event()  # the cancel's own task has decided whether Ray's stop is needed
+    stop_if_overdue = attempt._stop_if_overdue
+
+    def deciding() -> None:
+        try:
+            stop_if_overdue()
+        finally:
+            decided.set()
+
+    monkeypatch.setattr(attempt, "_stop_if_overdue", deciding)
     attempt.cancel()
     ray_backend.OUTCOME_SECONDS, saved = 0.0, ray_backend.OUTCOME_SECONDS
     try:
@@ -376,7 +384,7 @@ def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path) -> 
         ray_backend.OUTCOME_SECONDS = saved
     assert result.outcome.status == CANCELLED
     assert (tmp_path / "attempts" / "1" / "cancel").is_file()  # a wrapper that starts later ends at once
-    time.sleep(0.3)
+    assert decided.wait(30), "the cancel's task did not end"
     assert jobs.stopped == []  # it ended by itself: Ray's stop (no time to snapshot) was not needed
 
 
@@ -403,13 +411,11 @@ def test_a_cancel_gives_the_wrapper_its_time_to_snapshot_before_rays_stop(tmp_pa
     ray_backend.OUTCOME_SECONDS, saved = 0.0, ray_backend.OUTCOME_SECONDS
     try:
         waiter.start()
-        while jobs.polls == 0:
-            time.sleep(0.01)
+        wait_for(lambda: jobs.polls, timeout=30, what="the first poll of the job's status")
         asked = time.monotonic()
         attempt.cancel()
         assert (tmp_path / "attempts" / "1" / "cancel").is_file()
-        while not jobs.stopped and time.monotonic() - asked < 5:
-            time.sleep(0.01)
+        wait_for(lambda: jobs.stopped, timeout=5, what="Ray's stop")
         waited = time.monotonic() - asked
         waiter.join(timeout=5)
     finally:
@@ -596,7 +602,7 @@ class FileTail:
                 raise TailClosed("the job ended")
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(0.02)
+            time.sleep(0.02)  # a tail of a growing file looks again (as Ray's tail does over its log)
 
     def close(self) -> None:
         self.file.close()

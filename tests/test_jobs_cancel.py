@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,12 @@ pytest_plugins = ["test_jobs_fixtures"]  # the datasets and make_manager fixture
 
 RARE_SNAPSHOTS = LENET_SOLVER.replace("test_iter: 100", "test_iter: 2")
 """The zoo's LeNet solver (a snapshot every 5000 iterations, as DIGITS' default) with a quick test pass."""
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's main thread alone (its /proc task), without the threads Caffe starts to prefetch."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def records(manager: JobManager, job_id: str, attempt: int) -> list[dict[str, Any]]:
@@ -83,7 +90,11 @@ def test_a_cancel_during_a_test_pass_ends_it_at_once(make_manager: ManagerFactor
     job = manager.submit(dataclasses.replace(lenet_request(max_iter=100_000), solver=long_test))
     progress = manager.folder(job.id) / "attempts" / "1" / "progress.jsonl"
     wait_for(lambda: progress.is_file() and '"constructed"' in progress.read_text(), what="the solver")
-    time.sleep(1.0)  # into the test pass
+    # After its "constructed" record the child does nothing but the initial test pass: CPU time its main thread
+    # spends from now on is spent in it.
+    pid = runner_pid(manager, job)
+    spent = main_thread_cpu_seconds(pid)
+    wait_for(lambda: main_thread_cpu_seconds(pid) >= spent + 0.3, what="the test pass to be under way")
     asked = time.monotonic()
     manager.cancel(job.id)
     cancelled = manager.wait(job.id, timeout=60)
@@ -102,11 +113,17 @@ import json, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 if sys.argv[1] == "both":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("signals set", file=sys.stderr, flush=True)
 for iteration in range(1, 3000):  # 60 s at most, whatever happens
     print(json.dumps({"event": "iteration", "iteration": iteration, "loss": 2.3}), flush=True)
-    time.sleep(0.02)
+    time.sleep(0.02)  # a child that trains slowly, as a real one does: what is tested
 """
-"""A child that does not honour the cancel's SIGINT (a runner stuck in a step, a `caffe` told to ignore it)."""
+"""A child that does not honour the cancel's SIGINT (a runner stuck in a step, a `caffe` told to ignore it); it
+says on its log (stderr) once its signals are set."""
+
+
+def signals_set(log: Path) -> bool:
+    return log.is_file() and "signals set" in log.read_text()
 
 
 @pytest.mark.parametrize(("ignores", "signal_name"), [("sigint", "SIGTERM"), ("both", "SIGKILL")])
@@ -118,8 +135,7 @@ def test_a_child_that_does_not_stop_in_time_is_stopped_without_a_snapshot(
         command=[sys.executable, "-c", IGNORES_SIGINT, ignores],
     )
     process.start()
-    wait_for((tmp_path / "caffe.log").exists, what="the child")
-    time.sleep(0.5)
+    wait_for(lambda: signals_set(tmp_path / "caffe.log"), what="the child to set its signals")
     asked = time.monotonic()
     process.cancel()
     result = process.wait()
@@ -137,6 +153,7 @@ STOPS_LIKE_CAFFE = """
 import json, signal, sys, time
 asked = []
 signal.signal(signal.SIGINT, lambda number, frame: asked.append(number))
+print("signals set", file=sys.stderr, flush=True)
 iteration = 0
 while iteration < 3000:  # 60 s at most, whatever happens
     iteration += 1
@@ -145,7 +162,7 @@ while iteration < 3000:  # 60 s at most, whatever happens
         print(json.dumps({"event": "snapshot", "iteration": iteration, "model": f"s_iter_{iteration}.caffemodel",
                           "state": f"s_iter_{iteration}.solverstate"}), flush=True)
         sys.exit(0)
-    time.sleep(0.02)
+    time.sleep(0.02)  # a child that trains slowly, as a real one does: what is tested
 """
 """A runner that honours SIGINT as `caffe train --sigint_effect=stop` does but writes no "stopped" record."""
 
@@ -156,8 +173,7 @@ def test_a_runner_without_stopped_records_that_stops_by_itself_is_said_to_have_k
         command=[sys.executable, "-c", STOPS_LIKE_CAFFE],
     )
     process.start()
-    wait_for((tmp_path / "caffe.log").exists, what="the child")
-    time.sleep(0.5)
+    wait_for(lambda: signals_set(tmp_path / "caffe.log"), what="the child to set its signals")
     process.cancel()
     result = process.wait()
     assert (result.outcome.status, result.outcome.exit_code, result.outcome.signal) == ("cancelled", 0, None)

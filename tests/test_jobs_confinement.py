@@ -42,7 +42,7 @@ import errno, json, os, subprocess, sys, threading, time
 from digits_memplugin.jobs.confinement import ConfinementError, confine_attempt
 spec = json.loads(sys.argv[1])
 if spec.get("thread"):
-    threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+    threading.Thread(target=time.sleep, args=(5,), daemon=True).start()  # a second thread: what is tested
 result = {}
 try:
     result["confinement"] = confine_attempt(

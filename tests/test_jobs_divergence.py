@@ -127,7 +127,7 @@ for iteration in range(1, 1500):  # 30 s at most, whatever happens
     loss = float("nan") if iteration >= 3 else 2.3
     # json.dumps writes the bare NaN token, as a runner of another kind might (a parser of Caffe's log).
     print(json.dumps({"event": "iteration", "iteration": iteration, "loss": loss, "outputs": {"loss": loss}}), flush=True)
-    time.sleep(0.02)
+    time.sleep(0.02)  # a runner that trains slowly, as a real one does: what is tested
 """
 """A runner that does not stop by itself and writes Python's non-strict NaN: the supervisor must stop it."""
 

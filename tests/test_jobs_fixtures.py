@@ -6,6 +6,7 @@ Other test modules import from here (tests/ is on sys.path, as for conftest).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,6 +141,10 @@ def comparable_record(record: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+WAIT_POLL_SECONDS = 0.05
+"""How often `wait_for` looks again: the only sleep of a condition wait, never a wait by itself."""
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "the condition") -> Any:
     """Poll `predicate` until it returns something true; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -147,8 +152,34 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "t
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(WAIT_POLL_SECONDS)  # between two looks at the condition
     pytest.fail(f"timed out waiting for {what}")
+
+
+class Calls:
+    """Counts the calls of `owner.name` (a method of one object, or a module's function), which still runs as
+    before: the proof a test waits for that a loop of the code under test has gone round, where a fixed sleep would
+    only hope so."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+        self.begun = 0
+        self._lock = threading.Lock()
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.begun += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    def wait_rounds(self, rounds: int, timeout: float = 60.0, what: str = "the calls") -> None:
+        """Wait until `rounds` calls have begun after this point and each has been followed by the next one: what the
+        loop making them does after a call (with what it read) has run `rounds` times since. Fails the test after
+        `timeout` seconds."""
+        with self._lock:
+            target = self.begun + rounds + 1
+        wait_for(lambda: self.begun >= target, timeout, f"{rounds} rounds of {what}")
 
 
 def pid_alive(pid: int) -> bool:

@@ -5,14 +5,15 @@ a real Redis is tests/test_jobs_workers.py."""
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import ManagerFactory, lenet_request, pid_alive, runner_pid, wait_for
+from test_jobs_fixtures import Calls, ManagerFactory, lenet_request, pid_alive, runner_pid, wait_for
 
 from digits_memplugin.devices import DeviceList, DeviceReader
+from digits_memplugin.jobs import manager as manager_module
 from digits_memplugin.jobs.errors import DataFolderInUse, JobStateError
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
 
@@ -48,10 +49,16 @@ def test_a_follower_submits_and_the_leader_runs_the_job_without_being_woken(make
     assert leader.list_jobs() == [] and not (leader.jobs_root / job.id).exists()
 
 
+def leader_polls(monkeypatch: pytest.MonkeyPatch, leader: JobManager) -> Calls:
+    """The leader's dispatcher polls on a shared store: each poll begins by reading the store's cancel requests."""
+    return Calls(monkeypatch, leader.store, "cancel_requests")
+
+
 def test_a_follower_does_not_interrupt_the_leaders_running_job_and_its_cancel_reaches_the_leader(
-    make_manager: ManagerFactory,
+    make_manager: ManagerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     leader = make_manager(shared_store=True)
+    polls = leader_polls(monkeypatch, leader)
     job = leader.submit(lenet_request(max_iter=100_000))
     pid = runner_pid(leader, job)
     wait_for(lambda: leader.get(job.id).snapshot, what="a snapshot")
@@ -72,14 +79,17 @@ def test_a_follower_does_not_interrupt_the_leaders_running_job_and_its_cancel_re
     wait_for(lambda: len(leader.attempts(job.id)) == 2, timeout=60, what="attempt 2")
     start = leader.attempts(job.id)[1].start_iteration
     wait_for(lambda: leader.get(job.id).iteration > start, timeout=60, what="training to continue")
-    time.sleep(3 * leader.config.poll_seconds)  # polls that would apply a stale request
+    polls.wait_rounds(2, what="the leader's polls")  # polls that would have applied a stale request
     assert leader.get(job.id).status == "running" and leader.get(job.id).cancel_requested_at is None
     follower.cancel(job.id)
     assert leader.wait(job.id, timeout=60).status == "cancelled"
 
 
-def test_a_follower_cancels_a_queued_job_and_the_leader_never_places_it(make_manager: ManagerFactory) -> None:
+def test_a_follower_cancels_a_queued_job_and_the_leader_never_places_it(
+    make_manager: ManagerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     leader = make_manager(shared_store=True)
+    polls = leader_polls(monkeypatch, leader)
     follower = make_manager(shared_store=True)
     running = leader.submit(lenet_request(max_iter=100_000))  # the CPU's one slot
     wait_for(lambda: leader.get(running.id).status == "running", what="the first job to run")
@@ -87,18 +97,23 @@ def test_a_follower_cancels_a_queued_job_and_the_leader_never_places_it(make_man
     assert follower.cancel(queued.id).status == "cancelled"
     leader.cancel(running.id)
     leader.wait(running.id, timeout=60)
-    time.sleep(3 * leader.config.poll_seconds)
+    polls.wait_rounds(2, what="the leader's polls")  # with the CPU free: polls that would have placed the job
     assert leader.get(queued.id).status == "cancelled" and leader.attempts(queued.id) == []
 
 
-def test_a_follower_leads_once_the_leader_has_stopped(make_manager: ManagerFactory) -> None:
+def test_a_follower_leads_once_the_leader_has_stopped(
+    make_manager: ManagerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     leader = make_manager(shared_store=True)
     events: list[tuple[str, dict[str, Any]]] = []
     follower = make_manager(events, shared_store=True)
+    polls = leader_polls(monkeypatch, leader)
+    tries = Calls(monkeypatch, manager_module, "take_folder")  # once started, only the follower tries the lock
     running = leader.submit(lenet_request(max_iter=100_000))  # the CPU's one slot
     pid = runner_pid(leader, running)
     queued = follower.submit(lenet_request(max_iter=4))
-    time.sleep(3 * follower.config.poll_seconds)
+    tries.wait_rounds(2, what="the follower's tries of the folder's lock")
+    polls.wait_rounds(2, what="the leader's polls")  # which see the job queued and the CPU taken
     assert follower.follower and leader.get(queued.id).status == "queued"
 
     leader.stop()
@@ -124,6 +139,19 @@ class CountingReader(DeviceReader):
         return super().read()
 
 
+class RecordedWaits(threading.Event):
+    """The manager's wake-up event, recording the timeout of each wait on it: the dispatcher's loop waits on it
+    once a round, for a poll's time (polling) or until woken (None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["one-process", "shared-store"])
 def test_an_idle_leader_reads_no_devices(tmp_path: Path, datasets: Path, shared: bool) -> None:
     """Without jobs the dispatcher sleeps until woken (one process) or polls only the store (shared): no NVML."""
@@ -131,9 +159,16 @@ def test_an_idle_leader_reads_no_devices(tmp_path: Path, datasets: Path, shared:
     config = ManagerConfig(data_dir=tmp_path / "data", dataset_roots=(datasets,), poll_seconds=0.05,
                            shared_store=shared)
     manager = JobManager(config, reader)
+    waits = RecordedWaits()
+    manager._wake = manager.dispatcher._wake = waits  # before the loop starts: the one event both use
     manager.start()
     try:
-        time.sleep(0.5)
+        if shared:  # three polls of the store done: the fourth wait has begun
+            wait_for(lambda: len(waits.timeouts) >= 4, what="three polls of the store")
+            assert set(waits.timeouts) == {0.05}
+        else:  # the loop looked and went to sleep until woken: it will not look again by itself
+            wait_for(lambda: waits.timeouts, what="the dispatcher to wait")
+            assert waits.timeouts == [None]
         assert reader.reads == 0
     finally:
         manager.stop()

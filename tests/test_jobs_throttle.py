@@ -4,6 +4,8 @@ A fake clock and a flusher that the test runs by hand make every case exact."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,34 +58,90 @@ def test_iterations_beyond_the_rate_are_coalesced_and_the_latest_is_sent() -> No
     assert h.flushers == []  # the flusher ended: nothing pending
 
 
-def test_at_most_n_per_second_over_a_steady_stream_in_real_time() -> None:
-    """Real threads and clock: 20 events a second allowed, 1000 offered a second for a second; the last arrives."""
-    import threading
-    import time
+class SimulatedTime:
+    """A clock for the throttle and for its real flusher threads: a flusher's sleep blocks until the test moves the
+    clock past its end. The test's `advance_to` wakes each sleeper at its own wake-up time, in order, and returns once
+    every flusher is asleep again or has ended, so a stream of events is replayed exactly, on any machine."""
 
+    def __init__(self) -> None:
+        self.now = 100.0
+        self._changed = threading.Condition()
+        self._wakeups: list[float] = []
+        self.active = 0
+        self.spawned = 0
+
+    def __call__(self) -> float:
+        with self._changed:
+            return self.now
+
+    def spawn(self, target: Callable[[], None]) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            finally:
+                with self._changed:
+                    self.active -= 1
+                    self._changed.notify_all()
+
+        with self._changed:
+            self.active += 1
+            self.spawned += 1
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def sleep(self, seconds: float) -> None:
+        with self._changed:
+            wake = self.now + seconds
+            self._wakeups.append(wake)
+            self._changed.notify_all()
+            assert self._changed.wait_for(lambda: self.now >= wake, timeout=30), "the test never moved the clock"
+            self._wakeups.remove(wake)
+            self._changed.notify_all()
+
+    def _settled(self) -> bool:
+        """Every flusher alive is asleep until a time still to come."""
+        return len([wake for wake in self._wakeups if wake > self.now]) == self.active
+
+    def settle(self) -> None:
+        with self._changed:
+            assert self._changed.wait_for(self._settled, timeout=30), "a flusher neither slept nor ended"
+
+    def advance_to(self, moment: float) -> None:
+        self.settle()
+        while True:
+            with self._changed:
+                due = [wake for wake in self._wakeups if wake <= moment]
+                self.now = min(due) if due else moment
+                self._changed.notify_all()
+            self.settle()
+            if not due:
+                return
+
+
+def test_at_most_n_per_second_over_a_steady_stream() -> None:
+    """Real flusher threads on a simulated clock: 20 events a second allowed, 1000 offered over a second (one a
+    millisecond); every two sent are an interval apart, and the last one offered arrives."""
+    clock = SimulatedTime()
     sent: list[tuple[float, int]] = []
-    lock = threading.Lock()
-
-    def emit(name: str, payload: dict[str, Any]) -> None:
-        with lock:
-            sent.append((time.monotonic(), payload["iteration"]))
-
-    throttle = EventThrottle(emit, 20.0)
-    start = time.monotonic()
+    throttle = EventThrottle(lambda name, payload: sent.append((clock.now, payload["iteration"])), 20.0,
+                             spawn=clock.spawn, sleep=clock.sleep, clock=clock)
+    start = clock.now
     n = 0
-    while time.monotonic() - start < 1.0:
+    for millisecond in range(1000):
+        clock.advance_to(start + millisecond / 1000)
         n += 1
         throttle("job_progress", {"job_id": "a", "event": "iteration", "iteration": n})
-        time.sleep(0.001)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (not sent or sent[-1][1] != n):
-        time.sleep(0.01)
-    with lock:
-        times = [t for t, _ in sent]
-        assert sent[-1][1] == n  # the latest is never lost
+    clock.advance_to(start + 2.0)  # long after the stream: the flusher has sent what was pending and ended
+    clock.settle()
+    times = [t for t, _ in sent]
+    assert sent[-1][1] == n  # the latest is never lost
+    assert sent[0] == (start, 1)  # the first at once
     elapsed = times[-1] - times[0]
     assert len(times) <= 20 * elapsed + 2
+    assert all(later - earlier >= throttle.interval - 1e-9 for earlier, later in itertools.pairwise(times)), times
     assert n > 200 and len(times) < n / 5  # it really throttled
+    assert clock.spawned >= 1 and clock.active == 0  # a flusher ran, and it ended once nothing was pending
 
 
 def test_attempt_events_send_what_is_pending_first() -> None:

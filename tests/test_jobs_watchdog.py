@@ -12,19 +12,25 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_jobs_fixtures import wait_for
 
 from digits_memplugin.core import oom
 from digits_memplugin.jobs.attempt import AttemptProcess, AttemptResult
-from digits_memplugin.jobs.watchdog import Watchdog, cpu_times, data_segment
+from digits_memplugin.jobs.watchdog import Watchdog, cpu_times, data_segment, main_thread_stack
 
 pytestmark = pytest.mark.slow
 
 STALL = 3.0
 """The watchdog's silence in these tests: long enough for a child to start, short enough for a quick test."""
+CPU_STALL = 1.0
+"""The silence of a watchdog on the child's CPU clock (`on_cpu_time`): one second of the child's running, which a
+loaded machine may spread over a minute of the wall clock."""
+CPU_BOUND = 300.0
+"""How long, on the wall clock, a child on the CPU clock may take to burn CPU_STALL on a loaded machine."""
 
 # OpenBLAS maps its 128 MiB buffer at the first buffered call; under a data cap that map fails, and OpenBLAS
 # retries for ever: the hang of issue 12, made on purpose (no warm-up before the cap).
@@ -43,6 +49,7 @@ BLAS_RETRY = textwrap.dedent(
     """
 )
 PYTHON_SPIN = 'print(\'{"event": "started"}\', flush=True)\nwhile True:\n    pass\n'
+# The sleeps in these children are what is tested: a child asleep, and children that report every half second.
 ASLEEP = 'import time\nprint(\'{"event": "started"}\', flush=True)\ntime.sleep(600)\n'
 STEADY = textwrap.dedent(
     """
@@ -55,11 +62,36 @@ STEADY = textwrap.dedent(
 )
 
 
-def attempt(tmp_path: Path, script: str, env: dict[str, str] | None = None) -> AttemptProcess:
+def cpu_clock(pid: int) -> Callable[[], float]:
+    """A clock that runs only while process `pid` runs: its CPU time (user and system) from /proc, the last reading
+    once it is gone. On it a child that spins is busy for the whole of its silence however loaded the machine is
+    (on the wall clock a niced child may get a tenth of a CPU, which the watchdog rightly calls nearly idle)."""
+    last = [0.0]
+
+    def now() -> float:
+        times = cpu_times(pid)
+        if times is not None:
+            last[0] = times[0] + times[1]
+        return last[0]
+
+    return now
+
+
+def on_cpu_time(pid: int, seconds: float) -> Watchdog:
+    """The watchdog of an attempt, on the child's CPU clock: it judges what the child did, not what it was let do.
+    Its gdb has the wall-clock bound of the whole test (a niced gdb on a loaded machine may need more than the 20 s
+    the server gives it, and would then leave the stack unread)."""
+    return Watchdog(pid, seconds, clock=cpu_clock(pid), stack=lambda traced: main_thread_stack(traced, CPU_BOUND))
+
+
+def attempt(tmp_path: Path, script: str, env: dict[str, str] | None = None, on_cpu: bool = False) -> AttemptProcess:
+    """The child of `script` under the watchdog: silent for STALL on the wall clock, or (`on_cpu`) for CPU_STALL
+    of its own CPU time."""
     (tmp_path / "child.py").write_text(script)
     return AttemptProcess(
         tmp_path, "attempt.json", "caffe.log", environment={"OPENBLAS_NUM_THREADS": "1", **(env or {})},
-        stall_seconds=STALL, grace_seconds=1.0, command=[sys.executable, str(tmp_path / "child.py")],
+        stall_seconds=CPU_STALL if on_cpu else STALL, grace_seconds=1.0,
+        command=[sys.executable, str(tmp_path / "child.py")], watchdog=on_cpu_time if on_cpu else Watchdog,
     )
 
 
@@ -79,7 +111,7 @@ def run(process: AttemptProcess, bound: float = 120.0) -> oom.Outcome:
 
 
 def test_a_child_retrying_blas_allocation_is_out_of_memory(tmp_path: Path) -> None:
-    outcome = run(attempt(tmp_path, BLAS_RETRY))
+    outcome = run(attempt(tmp_path, BLAS_RETRY, on_cpu=True), bound=CPU_BOUND)
     assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry
     assert outcome.out_of_memory is not None
     if shutil.which("gdb"):  # scripts/system-deps.sh installs it; the stack says which loop it is
@@ -100,13 +132,9 @@ def test_without_a_stack_the_retry_is_told_from_proc(tmp_path: Path) -> None:
     )
     try:
         assert child.stdout is not None and "started" in child.stdout.readline()
-        watchdog = Watchdog(child.pid, STALL, stack=lambda pid: None)
-        deadline = time.monotonic() + 60
-        stall = None
-        while stall is None and time.monotonic() < deadline:
-            stall = watchdog.stalled()
-            time.sleep(0.2)
-        assert stall is not None and stall.frames is None
+        watchdog = Watchdog(child.pid, CPU_STALL, stack=lambda pid: None, clock=cpu_clock(child.pid))
+        stall = wait_for(watchdog.stalled, timeout=CPU_BOUND, what="the watchdog to find the child stalled")
+        assert stall.frames is None
         assert stall.busy and stall.system_share is not None and stall.system_share > 0.5
         assert stall.data_limit is not None and stall.data_bytes is not None and stall.data_bytes < stall.data_limit
         found = oom.stalled_out_of_memory(stall)
@@ -119,9 +147,9 @@ def test_without_a_stack_the_retry_is_told_from_proc(tmp_path: Path) -> None:
 
 
 def test_a_child_spinning_in_python_fails_with_no_progress(tmp_path: Path) -> None:
-    outcome = run(attempt(tmp_path, PYTHON_SPIN))
+    outcome = run(attempt(tmp_path, PYTHON_SPIN, on_cpu=True), bound=CPU_BOUND)
     assert outcome.status == oom.FAILED and not outcome.retry
-    assert outcome.message.startswith(f"made no progress for {STALL:.0f} s")
+    assert outcome.message.startswith(f"made no progress for {CPU_STALL:.0f} s")
     assert "of a CPU" in outcome.message and "watchdog" in outcome.message
 
 
@@ -144,7 +172,7 @@ def test_log_lines_count_as_progress(tmp_path: Path) -> None:
         import json, sys, time
         for i in range(12):
             print(f"I1203 building layer {i}", file=sys.stderr, flush=True)
-            time.sleep(0.5)
+            time.sleep(0.5)  # what is tested: a child that logs every half second
         print(json.dumps({"event": "finished"}), flush=True)
         """
     )

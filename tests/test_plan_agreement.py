@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import AppFactory
 from flask import Flask
 from test_jobs_fixtures import LENET, SHORT_SOLVER, comparable_record, datasets, wait_for  # noqa: F401 - datasets is a fixture
 
-from digits_memplugin.app import create_app
 from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
 
 pytestmark = pytest.mark.slow
@@ -32,27 +31,18 @@ NET = 'name: "mnist"'.join(_FIRST) + 'name: "mnist_val"' + _SECOND
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 
 
-def make_app(data: Path, roots: Path, **config: Any) -> Flask:
-    return create_app({"MEMPLUGIN_DATA_DIR": data, "MEMPLUGIN_ASYNC_MODE": "threading",
-                       "MEMPLUGIN_DATASET_ROOTS": [str(roots)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP, "TESTING": True,
-                       **config})
+@pytest.fixture
+def app_config(datasets: Path) -> dict[str, Any]:  # noqa: F811 - datasets is the fixture imported above
+    """conftest's `app` under the 64 MiB CPU cap, reading the LeNet datasets."""
+    return {"MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_CPU_MEMORY_CAP": CAP}
 
 
 @pytest.fixture
-def app(tmp_path: Path, datasets: Path) -> Iterator[Flask]:  # noqa: F811 - the fixture above
-    app = make_app(tmp_path / "data", datasets)
-    yield app
-    app.extensions["memplugin"].close()
-
-
-@pytest.fixture
-def binary_app(tmp_path: Path, datasets: Path) -> Iterator[Flask]:  # noqa: F811 - the fixture above
+def binary_app(make_app: AppFactory, tmp_path: Path, app_config: dict[str, Any]) -> Flask:
     """The same server with the bundled Caffe's binary build as its Caffe root: jobs train through `caffe`."""
     if not (BUNDLED_BINARY_ROOT / "build" / "tools" / "caffe").is_file():
         pytest.fail(f"the bundled Caffe's binary build is missing at {BUNDLED_BINARY_ROOT}: run `make install`")
-    app = make_app(tmp_path / "binary-data", datasets, MEMPLUGIN_CAFFE_ROOT=str(BUNDLED_BINARY_ROOT))
-    yield app
-    app.extensions["memplugin"].close()
+    return make_app(**app_config, MEMPLUGIN_DATA_DIR=tmp_path / "binary-data", MEMPLUGIN_CAFFE_ROOT=str(BUNDLED_BINARY_ROOT))
 
 
 def form(**fields: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +17,28 @@ from google.protobuf import text_format
 
 from digits_memplugin.core.proto import caffe_pb2
 
-
-def _find_zoo() -> Path:
-    """The team's shared zoo: $DIGITS_MEMPLUGIN_ZOO, else ../shared/zoo beside the checkout (where the team keeps
-    it), else the workplace's /work/shared/zoo (a clean clone elsewhere, as CI makes)."""
-    candidates = [Path(os.environ["DIGITS_MEMPLUGIN_ZOO"])] if os.environ.get("DIGITS_MEMPLUGIN_ZOO") else []
-    candidates += [Path(__file__).resolve().parents[2] / "shared" / "zoo", Path("/work/shared/zoo")]
-    for candidate in candidates:
-        if (candidate / "SOURCES.tsv").is_file():
-            return candidate
-    raise FileNotFoundError(f"the shared zoo is not at any of {', '.join(map(str, candidates))}")
+ZOO_VARIABLE = "DIGITS_MEMPLUGIN_ZOO"
+BESIDE_THE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+"""../shared/zoo relative to the repository's root: where the team keeps the zoo beside its checkouts."""
 
 
-ZOO = _find_zoo()
+def find_zoo(environ: Mapping[str, str] = os.environ, beside: Path = BESIDE_THE_CHECKOUT) -> Path:
+    """The team's shared zoo: $DIGITS_MEMPLUGIN_ZOO when it is set (and then only there), else ../shared/zoo beside
+    the checkout. Nowhere else: a zoo found at some fixed place on this machine would make a clone's tests pass
+    here and fail on the next machine."""
+    named = environ.get(ZOO_VARIABLE)
+    candidate = Path(named) if named else beside
+    if (candidate / "SOURCES.tsv").is_file():
+        return candidate
+    where = (f"${ZOO_VARIABLE} names {candidate}, which holds no SOURCES.tsv" if named else
+             f"{candidate} (../shared/zoo beside the checkout) holds no SOURCES.tsv and ${ZOO_VARIABLE} is not set")
+    raise FileNotFoundError(
+        f"the shared zoo of Caffe nets is missing: {where}; put the zoo beside the checkout or set ${ZOO_VARIABLE} "
+        "to its folder"
+    )
+
+
+ZOO = find_zoo()
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)

@@ -92,6 +92,7 @@ class AttemptProcess:
         command: list[str] | None = None,
         divergence: str = DEFAULT_POLICY,
         cancel_seconds: float = CANCEL_SECONDS,
+        watchdog: Callable[[int, float], Watchdog] = Watchdog,
     ) -> None:
         self.folder = folder
         self.spec_file = spec_file
@@ -104,6 +105,8 @@ class AttemptProcess:
         """After a cancel's SIGINT, how long the child has to snapshot and stop before SIGTERM."""
         self.stall_seconds = stall_seconds
         """Silence (no record, no log line) after which the watchdog ends the child; None: never."""
+        self.watchdog = watchdog
+        """Makes the child's watchdog from its pid and `stall_seconds` (a test gives it a clock of its own)."""
         self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file]
         self.process: subprocess.Popen[str] | None = None
         self.divergence = DivergenceWatch(divergence)
@@ -215,7 +218,7 @@ class AttemptProcess:
             raise RuntimeError("the attempt was not started")
         reader = threading.Thread(target=self._read_records, args=(process.stdout,), daemon=True)
         reader.start()
-        watchdog = None if self.stall_seconds is None else Watchdog(process.pid, self.stall_seconds)
+        watchdog = None if self.stall_seconds is None else self.watchdog(process.pid, self.stall_seconds)
         while process.poll() is None:
             if watchdog is not None and self._trainer is not None and watchdog.pid != self._trainer:
                 watchdog.follow(self._trainer)
