@@ -50,6 +50,43 @@ CURVED = lstm_net(3, 6)
 """~0.6 KB, cheap as written; with CURVE_NEAR_500 it is built eight times at ~500 timesteps."""
 CURVE_NEAR_500 = list(range(493, 501))
 
+EIGHT_KB_LSTM_LAYERS = 70
+"""LSTM layers of the issue's ~8 KB net (7.7 KB as `lstm_net` writes them): built as written, it stops at the
+50,000-layer limit, ~10 s of one core here."""
+
+
+def long_hdf5_list(root: Path, lines: int = 40_000) -> None:
+    """In the dataset root `root`: one.h5 (4 MNIST-shaped items and labels) under `lines` names (links in a hidden
+    folder, which the datasets' scan skips), long.txt naming each once, long_out.txt the same and then
+    ../../outside/secret.h5 (outside the roots when `root` is `<folder>/data/datasets`), good.txt naming one.h5,
+    and the LMDB mnist_test_lmdb for a test phase."""
+    import h5py
+    import numpy as np
+
+    links = root / ".l"
+    links.mkdir(parents=True)
+    with h5py.File(root / "one.h5", "w") as h5:
+        h5["data"] = np.zeros((4, 1, 28, 28), dtype=np.float32)
+        h5["label"] = np.zeros((4,), dtype=np.float32)
+    for index in range(lines):
+        os.symlink("../one.h5", links / f"{index}.h5")
+    names = "".join(f".l/{index}.h5\n" for index in range(lines))
+    (root / "long.txt").write_text(names)
+    (root / "long_out.txt").write_text(names + "../../outside/secret.h5\n")
+    (root / "good.txt").write_text("one.h5\n")
+    write_lmdb(root / "mnist_test_lmdb", records=8)
+
+
+def hdf5_lenet(source: str) -> str:
+    """LeNet whose TRAIN data layer reads the HDF5 list `source` (its TEST one an LMDB, given as the job's data)."""
+    start = LENET.index('name: "mnist"')
+    start = LENET.rindex("layer {", 0, start)
+    end = LENET.index("\n}\n", start) + 3
+    layer = ('layer { name: "mnist" type: "HDF5Data" top: "data" top: "label" include { phase: TRAIN }\n'
+             f'  hdf5_data_param {{ source: "{source}" batch_size: 64 }} }}\n')
+    return LENET[:start] + layer + LENET[end:]
+
+
 PAD_NET = """
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
 layer { name: "pad" type: "Pad" bottom: "x" top: "p" pad_param { pad_u: 1 pad_d: 1 pad_l: 1 pad_r: 1 } }
