@@ -228,14 +228,7 @@ def hdf5_info(
     name = name or str(listing)
     arguments = {"listing": os.path.abspath(listing), "shown": name, "tops": list(tops), "layer": layer,
                  "roots": _roots_json(allowed)}
-    try:
-        answer = read_in_reader("hdf5", arguments, seconds=seconds)
-    except ReaderCrashed as crash:
-        raise _crashed(crash, f"HDF5 list file {name}", "one of its files may be damaged", where) from None
-    except ReadTimedOut as error:
-        if error.field is not None:  # the reader's own words: they name the list already
-            raise
-        raise ReadTimedOut(f"HDF5 list file {name}: {error.message}", **where) from None
+    answer = _read_hdf5_list("hdf5", arguments, seconds, name, "one of its files may be damaged", where)
     return _facts(answer, f"HDF5 list file {name}", where)
 
 
@@ -250,14 +243,7 @@ def hdf5_list_files(
     naming files whose names take more than MAX_JOB_LIST_ANSWER bytes a NetError; `name` is how messages show it."""
     _no_nul(str(listing), **where)
     arguments = {"listing": os.path.abspath(listing), "shown": name, "roots": _roots_json(roots), "where": dict(where)}
-    try:
-        answer = read_in_reader("hdf5_list", arguments, seconds=seconds)
-    except ReaderCrashed as crash:
-        raise _crashed(crash, f"HDF5 list file {name}", "the list may be damaged", where) from None
-    except ReadTimedOut as error:
-        if error.field is not None:  # the reader's own words: they name the list already
-            raise
-        raise ReadTimedOut(f"HDF5 list file {name}: {error.message}", **where) from None
+    answer = _read_hdf5_list("hdf5_list", arguments, seconds, name, "the list may be damaged", where)
     try:
         return _listed_files(answer)
     except ValueError as error:
@@ -281,6 +267,20 @@ def _listed_files(answer: Any) -> list[Path]:
     if not listed:
         raise ValueError("no file")
     return listed
+
+
+def _read_hdf5_list(task: str, arguments: dict[str, Any], seconds: float, name: str, damaged: str,
+                    where: Mapping[str, Any]) -> Any:
+    """A reader's answer about the HDF5 list `name`: its crash said as a damaged file (`damaged`), its timeout with
+    the list's name (unless the reader's own words name it already)."""
+    try:
+        return read_in_reader(task, arguments, seconds=seconds)
+    except ReaderCrashed as crash:
+        raise _crashed(crash, f"HDF5 list file {name}", damaged, where) from None
+    except ReadTimedOut as error:
+        if error.field is not None:  # the reader's own words: they name the list already
+            raise
+        raise ReadTimedOut(f"HDF5 list file {name}: {error.message}", **where) from None
 
 
 def _crashed(crash: ReaderCrashed, what: str, why: str, where: Mapping[str, Any]) -> NetError:
