@@ -99,7 +99,7 @@ def test_the_trained_model_is_downloaded_from_the_job_page_and_snapshots_appear_
         expect(at.locator("#download-model")).to_be_visible()
         first = int(rows.first.get_attribute("data-iteration") or "0")
         assert first == 40
-        expect(rows).to_have_count(2, timeout=TRAINING)
+        expect(rows.nth(1)).to_be_attached(timeout=TRAINING)  # a second one at least: a fast machine writes several
         server.request("POST", f"jobs/{job['id']}/cancel")
         ended(server, job["id"])
         snapshots = server.data_dir / "jobs" / job["id"] / "snapshots"
