@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from test_jobs_fixtures import (
 from digits_memplugin.core.oom import OUT_OF_MEMORY
 from digits_memplugin.fake_nvml import FakeNvml
 from digits_memplugin.jobs.errors import JobStateError, JobValidationError
+from digits_memplugin.jobs.manager import STORE_FILE
+from digits_memplugin.jobs.records import QUEUED
+from digits_memplugin.jobs.store import JobStore
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets and make_manager fixtures
@@ -234,3 +238,39 @@ def test_a_device_that_does_not_exist_is_a_validation_error(make_manager: Manage
     with pytest.raises(JobValidationError) as raised:
         manager.submit(lenet_request(device=3))
     assert "device" in raised.value.errors
+
+
+def test_a_job_being_placed_when_stop_begins_is_not_started_on_a_closed_store(
+    make_manager: ManagerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() began while the scheduler planned a job outside the lock: the placement that followed used to start
+    the job's task after stop had collected the tasks it joins, and the task then read the closed store (a CI run's
+    'Cannot operate on a closed database' in a later test). Once stopping, nothing is placed."""
+    manager = make_manager(poll_seconds=0.05)
+    attempts = manager.dispatcher.attempts
+    planning, release = threading.Event(), threading.Event()
+    plan = attempts.plan
+
+    def held_plan(*args: Any, **kwargs: Any) -> Any:
+        planning.set()
+        assert release.wait(30), "the test never released the plan"
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(attempts, "plan", held_plan)
+    started: list[threading.Thread] = []
+    spawn = manager.dispatcher.spawn
+    monkeypatch.setattr(manager.dispatcher, "spawn", lambda target: started.append(spawn(target)) or started[-1])
+    job = manager.submit(lenet_request())
+    assert planning.wait(30), "the scheduler never planned the job"
+    stopper = threading.Thread(target=manager.stop, daemon=True)
+    stopper.start()
+    wait_for(lambda: manager._stopping, 10, "stop to begin")
+    release.set()
+    stopper.join(40)
+    assert not stopper.is_alive()
+    assert started == [], "a job's task was started after stop began"
+    store = JobStore(manager.config.data_dir / STORE_FILE)
+    try:
+        assert store.get_job(job.id).status == QUEUED  # left queued for the next start, not marked running
+    finally:
+        store.close()

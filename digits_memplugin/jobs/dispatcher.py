@@ -183,6 +183,8 @@ class Dispatcher:
                 self.progress.emit_job(failed)
             return
         with self._lock:
+            if self._stopping():  # stop() has collected the running tasks it joins: start none after that
+                return
             try:
                 where = where_now(planned)
             except _Replan:

@@ -285,15 +285,21 @@ class JobManager:
             if not self._started:
                 return
             self._stopping = True
-            running = list(self._running.values())
-            for entry in running:
-                if entry.process is not None:
-                    entry.process.kill()
+            self._kill_running()
             self._wake.set()
         deadline = time.monotonic() + timeout
-        for task in [self._scheduler, *(entry.task for entry in running)]:
+
+        def join(task: Any) -> None:
             if task is not None and hasattr(task, "join"):
                 task.join(max(0.0, deadline - time.monotonic()))
+
+        # The scheduler first: it places nothing once stopping is set (under the lock), so the tasks collected after
+        # it are all there are, and none is left reading the store closed below.
+        join(self._scheduler)
+        with self._lock:
+            running = self._kill_running()
+        for entry in running:
+            join(entry.task)
         atexit.unregister(self.stop)
         with self._lock:
             self._started = False
@@ -304,6 +310,14 @@ class JobManager:
             if self._lock_file is not None:
                 self._lock_file.close()
                 self._lock_file = None
+
+    def _kill_running(self) -> list[Running]:
+        """Kill every running attempt's process (under the lock); the entries, whose tasks then end."""
+        running = list(self._running.values())
+        for entry in running:
+            if entry.process is not None:
+                entry.process.kill()
+        return running
 
     # --- requests -----------------------------------------------------------------------------------------------
 
