@@ -1,0 +1,1 @@
+"""Confinement the kernel enforces (Landlock) for the children that read untrusted input."""

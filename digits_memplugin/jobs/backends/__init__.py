@@ -1,0 +1,1 @@
+"""Where an attempt runs: children of this server, or Ray jobs on a cluster's nodes."""

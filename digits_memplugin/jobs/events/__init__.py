@@ -1,0 +1,1 @@
+"""What running jobs tell: progress records kept and passed on, and their pace (speed, time left)."""

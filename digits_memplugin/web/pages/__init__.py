@@ -1,0 +1,1 @@
+"""The HTML pages and the New model form."""

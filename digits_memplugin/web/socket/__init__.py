@@ -1,0 +1,1 @@
+"""The socketio namespace, its JSON and its rate limits."""
