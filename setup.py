@@ -29,20 +29,20 @@ setup(
         "digits_memplugin.static": ["**/*"],
         "digits_memplugin": ["py.typed"],
         "digits_memplugin.networks": ["*.prototxt"],
-        # The capped-start library the binary runner preloads into `caffe`, built on the machine (jobs/preload.py).
-        "digits_memplugin.jobs": ["capped_start.c"],
-        "digits_memplugin.web": ["openapi.json"],  # served at <prefix>/api/openapi.json
+        # The capped-start library the binary runner preloads into `caffe`, built on the machine (jobs/child/preload.py).
+        "digits_memplugin.jobs.child": ["capped_start.c"],
+        "digits_memplugin.web.api.envelope": ["openapi.json"],  # served at <prefix>/api/openapi.json
     },
     include_package_data=False,
     zip_safe=False,
     install_requires=[
-        "flask>=3.1,<4",  # 3.1: request.max_content_length set per request (web/api.py within_limit)
+        "flask>=3.1,<4",  # 3.1: request.max_content_length set per request (web/api/envelope.py within_limit)
         "flask-socketio>=5.3,<6",
         # CSRF tokens and validation for the "New model" form.
         "flask-wtf>=1.2,<2",
         "wtforms>=3.3,<4",
         "simple-websocket>=1.0,<2",
-        # The Ray job backend follows each job's log through Ray's log-tail websocket (jobs/ray_backend.py): a small
+        # The Ray job backend follows each job's log through Ray's log-tail websocket (jobs/backends/ray.py): a small
         # pure-Python client whose every connect, handshake and read takes a timeout.
         "websocket-client>=1.8,<2",
         "gevent>=23.9",
@@ -80,7 +80,7 @@ setup(
         # to download, which a server without internet access could not), but it brings scipy (~100 MB with it),
         # which nothing else needs: an extra, not a requirement; the command says how to install it when missing.
         "sample": ["scikit-learn>=1.3,<1.6"],
-        # The Ray job backend (jobs/ray_backend.py) talks to Ray over HTTP only and needs no Ray on the web server;
+        # The Ray job backend (jobs/backends/ray.py) talks to Ray over HTTP only and needs no Ray on the web server;
         # the nodes and the end-to-end test need Ray itself. Install with `-c constraints/ray.txt`, which keeps
         # protobuf 3.20 and numpy 1.x for pycaffe.
         "ray": ["ray[default]==2.60.0"],

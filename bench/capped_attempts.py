@@ -42,7 +42,7 @@ from test_jobs_fixtures import BLAS_CORES, LENET, LENET_DATA, SHORT_SOLVER, writ
 from test_jobs_restart import serve
 from test_jobs_watchdog import BLAS_RETRY
 
-from digits_memplugin.jobs.attempt import AttemptProcess
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
 
 JOB = {"net": LENET, "solver": SHORT_SOLVER, "data": LENET_DATA, "device": "cpu", "max_iter": 4,
        "memory_cap": "64MiB", "batch": 512, "fallback": {"start": "wanted"}, "name": "capped"}

@@ -1,4 +1,4 @@
-"""What confining a training attempt costs (jobs.confinement, Landlock), measured side by side in one run.
+"""What confining a training attempt costs (jobs.child.confinement, Landlock), measured side by side in one run.
 
 * `confine_attempt` itself, in a fresh child process, for 2, 256 and 4096 dataset read paths (each a file opened a
   component at a time without following links, then one Landlock rule): median of 7 children each.
@@ -30,13 +30,13 @@ sys.path.insert(0, str(REPO / "tests"))
 from test_jobs_confinement import WITHOUT_LANDLOCK
 from test_jobs_fixtures import lenet_request, write_lmdb
 
-from digits_memplugin import landlock
-from digits_memplugin.devices import DeviceReader
+from digits_memplugin.confine import landlock
+from digits_memplugin.devices.reader import DeviceReader
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
 
 CONFINE = r"""
 import json, sys, time
-from digits_memplugin.jobs.confinement import confine_attempt
+from digits_memplugin.jobs.child.confinement import confine_attempt
 reads = json.load(open(sys.argv[2]))
 started = time.perf_counter()
 done = confine_attempt(sys.argv[1], reads, ["outputs", "snapshots", "data/lmdb", "attempts/1"])
@@ -80,8 +80,8 @@ def attempt_times(tmp: Path, runs: int) -> dict[str, list[float]]:
     if job.status != "done":
         raise SystemExit(f"the LeNet job did not train: {job.message}")
     commands = {
-        "confined": [sys.executable, "-m", "digits_memplugin.jobs.runner", "attempts/1/attempt.json"],
-        "unconfined": [sys.executable, "-c", WITHOUT_LANDLOCK, "digits_memplugin.jobs.runner", "attempts/1/attempt.json"],
+        "confined": [sys.executable, "-m", "digits_memplugin.jobs.child.runner", "attempts/1/attempt.json"],
+        "unconfined": [sys.executable, "-c", WITHOUT_LANDLOCK, "digits_memplugin.jobs.child.runner", "attempts/1/attempt.json"],
     }
     times: dict[str, list[float]] = {name: [] for name in commands}
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GLOG_logtostderr": "1"}

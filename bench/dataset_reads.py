@@ -30,7 +30,7 @@ import numpy as np
 from report import replace_section
 from test_jobs_fixtures import write_lmdb
 
-from digits_memplugin import dataset_reader, dataset_scan, datasets
+from digits_memplugin.estimate import dataset_reader, dataset_scan, datasets
 
 LINES = 40_000
 

@@ -366,8 +366,8 @@ class RehearsalNvml(Nvml):
     the stand-in device), whose process list the monitor fills from the stand-in's live file before each query."""
 
     def __init__(self, pynvml: Any, device_bytes: int) -> None:
-        from digits_memplugin import devices
-        from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
+        from digits_memplugin.devices import reader as devices
+        from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml
 
         self.gpu = FakeGpu(name="digits-memplugin stand-in (no GPU)", uuid="GPU-5a4d1000-0000-0000-0000-000000000000",
                            pci_bus_id="00000000:18:00.0", memory_total=device_bytes)
@@ -375,7 +375,7 @@ class RehearsalNvml(Nvml):
         super().__init__(pynvml)
 
     def show(self, pid: int | None, live_file: Path | None) -> None:
-        from digits_memplugin.fake_nvml import FakeProcess
+        from digits_memplugin.devices.fake_nvml import FakeProcess
 
         live = 0
         if live_file is not None and live_file.is_file():

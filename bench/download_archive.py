@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import numpy as np
 from report import replace_section
 
-from digits_memplugin.jobs import model_files
-from digits_memplugin.jobs.model_files import Member, OpenFile, tar_gz
+from digits_memplugin.jobs.definition import model_files
+from digits_memplugin.jobs.definition.model_files import Member, OpenFile, tar_gz
 
 VALUES = 60_000_000
 """float32 values in the weights: AlexNet has about 61 M parameters."""

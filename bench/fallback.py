@@ -3,12 +3,12 @@
 For each zoo net and memory cap, every policy starts from a batch that does not fit (the wanted batch: a power of
 two at least twice the true largest) and tries batches until one trains:
 
-* ours: the planner's batch for the cap, then core.fallback's recalibration after each failure (job manager rules);
+* ours: the planner's batch for the cap, then core.planning.fallback's recalibration after each failure (job manager rules);
 * halving: the batch halves after each failure (Accelerate's find_executable_batch_size before 0.21);
 * x0.9: the batch shrinks by 10% after each failure (Accelerate's current rule);
 * power: from batch 2, doubling while it trains; the last batch that trained (Lightning's BatchSizeFinder "power").
 
-An attempt is a real training child (jobs.runner) under the cap (RLIMIT_DATA): the solver is built, the test pass
+An attempt is a real training child (jobs.child.runner) under the cap (RLIMIT_DATA): the solver is built, the test pass
 at start runs, then one training iteration: the peak is reached by then (Caffe frees nothing). Whether a batch
 fits a (net, cap) is measured once and cached, with its duration and the failure's numbers, so that all the
 policies are judged on the same ground truth; the true largest batch is found by bisection on the same cache.
@@ -42,13 +42,13 @@ from google.protobuf import text_format
 from report import replace_section
 from zoo_cases import CASES_BY_NAME
 
-from digits_memplugin.core.fallback import CPU_SAFETY_MARGIN, Failure, Policy, decide
 from digits_memplugin.core.oom import OUT_OF_MEMORY, SUCCESS
+from digits_memplugin.core.planning.fallback import CPU_SAFETY_MARGIN, Failure, Policy, decide
 from digits_memplugin.core.prototxt import parse_net
-from digits_memplugin.jobs.attempt import AttemptProcess
-from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec
-from digits_memplugin.jobs.definition import JobDefinition, load_definition, test_iters, write_attempt
-from digits_memplugin.jobs.runner import THREAD_STACK_BYTES
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
+from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
+from digits_memplugin.jobs.child.runner import THREAD_STACK_BYTES
+from digits_memplugin.jobs.definition.definition import JobDefinition, load_definition, test_iters, write_attempt
 from digits_memplugin.measure.runner import prepare_net
 
 MiB = 1 << 20
@@ -176,7 +176,7 @@ class Outcome:
 
 
 def ours(case: Case, wanted: int | None, policy: Policy) -> Outcome:
-    """The job manager's rules (jobs/attempts.py): decide, run, recalibrate from the failure, decide again."""
+    """The job manager's rules (jobs/scheduling/attempt_loop.py): decide, run, recalibrate from the failure, decide again."""
     failures: list[Failure] = []
     seconds = 0.0
     limit = case.cap - case.overhead

@@ -34,7 +34,7 @@ import requests
 from report import replace_section
 from test_jobs_restart import serve
 
-from digits_memplugin.pace import format_duration
+from digits_memplugin.jobs.events.pace import format_duration
 
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 FIRST_JOB = {"model_name": "my first LeNet", "train_source": "digits_train_lmdb", "val_source": "digits_val_lmdb",

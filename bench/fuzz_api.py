@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import test_fuzz_api as fuzz
 from fuzz import run as run_strategy  # bench/fuzz.py: one hypothesis target, its failure printed
 
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 
 
 def run(name: str, examples: int, at: int, client: Any, ids: list[str]) -> bool:

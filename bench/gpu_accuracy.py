@@ -32,7 +32,7 @@ from report import replace_section
 
 from digits_memplugin.core.layers.base import WORKSPACE
 from digits_memplugin.core.memory import DEFAULT_CUDA_CONTEXT_BYTES, MemoryOptions
-from digits_memplugin.core.planner import MAX_BATCH, MemoryCurve, max_batch, usable_bytes
+from digits_memplugin.core.planning.planner import MAX_BATCH, MemoryCurve, max_batch, usable_bytes
 from digits_memplugin.core.training import TrainingDefinition, training_definition
 
 MiB = 1024 * 1024

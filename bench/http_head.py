@@ -1,4 +1,4 @@
-"""What reading a request head strictly costs (digits_memplugin/http_framing.py), beside gevent's own parse.
+"""What reading a request head strictly costs (digits_memplugin/host/http_framing.py), beside gevent's own parse.
 
 A browser-like head of 13 header lines, parsed the way gevent does (Python's email parser, through gevent's
 `headers_factory`) and the way `serve` does now (each line checked, the same parse, the framing decided), in
@@ -17,7 +17,7 @@ import timeit
 
 from gevent.pywsgi import headers_factory
 
-from digits_memplugin.http_framing import framing, read_field_lines
+from digits_memplugin.host.http_framing import framing, read_field_lines
 
 HEAD = (
     b"Host: 127.0.0.1:5000\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64) Chrome/130.0 Safari/537.36\r\n"

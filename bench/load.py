@@ -66,7 +66,8 @@ NS = "/memplugin"
 # the training child's nice value taken from LOAD_JOB_NICE.
 SERVE = """
 import dataclasses, json, os, sys, time
-from digits_memplugin.jobs import manager, throttle
+from digits_memplugin.jobs import manager
+from digits_memplugin.web.socket import throttle
 log = open(sys.argv[1], "a", buffering=1)
 original = throttle.EventThrottle.__init__
 def counted(self, emit, *args, **kwargs):

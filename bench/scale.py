@@ -44,11 +44,11 @@ from report import replace_section
 from test_jobs_fixtures import lenet_request, write_lmdb
 from test_jobs_ray import Cluster, _answers
 
-from digits_memplugin.devices import DeviceReader
-from digits_memplugin.jobs import ray_backend
-from digits_memplugin.jobs.backend import Backend, LocalBackend
+from digits_memplugin.devices.reader import DeviceReader
+from digits_memplugin.jobs.backends import ray as ray_backend
+from digits_memplugin.jobs.backends.local import Backend, LocalBackend
+from digits_memplugin.jobs.backends.ray import LogTail, RayBackend, RayError, RayJobsClient
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
-from digits_memplugin.jobs.ray_backend import LogTail, RayBackend, RayError, RayJobsClient
 
 SLOTS = 2
 

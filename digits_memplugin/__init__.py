@@ -9,19 +9,19 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .app import create_app as create_app
-    from .extension import init_app as init_app
+    from .host.app import create_app as create_app
+    from .host.extension import init_app as init_app
 
 __all__ = ["__version__", "create_app", "init_app"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "init_app":
-        from .extension import init_app
+        from .host.extension import init_app
 
         return init_app
     if name == "create_app":
-        from .app import create_app
+        from .host.app import create_app
 
         return create_app
     raise AttributeError(f"module 'digits_memplugin' has no attribute {name!r}")

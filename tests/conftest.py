@@ -11,10 +11,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 from zoo_cases import ZOO
 
-from digits_memplugin import create_app, devices
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin import create_app
+from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from digits_memplugin.host.extension import get_plugin
 
 # Fixture modules that test modules import (and load with `pytest_plugins`): rewritten like test modules, so their
 # asserts report what failed.

@@ -22,7 +22,7 @@ import requests
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for, write_lmdb
 
 from digits_memplugin import create_app
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 
 
 def lstm_net(layers: int, steps: int, tag: str = "") -> str:
@@ -213,7 +213,7 @@ def pycaffe_children(pid: int) -> int:
             parent = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if b"digits_memplugin.pycaffe_shapes" in command:
+        if b"digits_memplugin.estimate.pycaffe_shapes" in command:
             found[child] = parent
     return sum(1 for parent in found.values() if parent not in found)
 

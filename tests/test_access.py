@@ -12,7 +12,7 @@ from flask_socketio import SocketIO
 
 import digits_memplugin
 from digits_memplugin import create_app
-from digits_memplugin.settings import ConfigError
+from digits_memplugin.host.settings import ConfigError
 
 TOKEN = "s3cret-token-of-some-length"
 API = "/memplugin/api"

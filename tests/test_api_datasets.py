@@ -19,8 +19,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_jobs_fixtures import write_lmdb
 
-from digits_memplugin import create_app, dataset_scan
+from digits_memplugin import create_app
 from digits_memplugin.core.proto import caffe_pb2
+from digits_memplugin.estimate import dataset_scan
 
 URL = "/memplugin/api/datasets"
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from flask import Flask
 from flask.testing import FlaskClient
 
-from digits_memplugin import devices
-from digits_memplugin.caffe_build import bundled, devices_document
-from digits_memplugin.fake_nvml import FakeNvml
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.jobs.child.caffe_build import bundled, devices_document
 
 
 def test_lists_the_fake_gpus_and_the_cpu(

@@ -29,9 +29,9 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
 
 from digits_memplugin import create_app
 from digits_memplugin.core.proto import caffe_pb2
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.networks import standard_network
-from digits_memplugin.web.forms import solver_prototxt
+from digits_memplugin.web.pages.forms import solver_prototxt
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
 
 from digits_memplugin import create_app
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

@@ -17,8 +17,8 @@ import pytest
 from flask import Flask
 from test_jobs_fixtures import wait_for
 
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.pace import Window
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.events.pace import Window
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ from test_jobs_fixtures import wait_for
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from digits_memplugin import create_app
-from digits_memplugin.fake_nvml import FakeNvml
+from digits_memplugin.core.sizes import GIB
+from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.networks import standard_network
-from digits_memplugin.sizes import GIB
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]

@@ -13,8 +13,8 @@ import pytest
 from browser_fixtures import TRAIN_DB, TYPE_BATCH_UNTIL_ESTIMATE, VIEWPORT, Server, screenshot, watch
 from playwright.sync_api import Browser, Page, expect
 
+from digits_memplugin.core.sizes import format_size
 from digits_memplugin.networks import standard_network
-from digits_memplugin.sizes import format_size
 
 LENET = standard_network("lenet")
 
@@ -25,7 +25,7 @@ CAPPED_AT_25 = (
     "Batch 25: capped at 25 so that an epoch of the 512 training items has 21 iterations (at most 1/20 of the training "
     "set); GPU 0 has memory for more."
 )
-"""Auto's note on the 512-image training set (core/planner.py auto_cap)."""
+"""Auto's note on the 512-image training set (core/planning/planner.py auto_cap)."""
 
 
 def open_form(page: Page, server: Server) -> None:

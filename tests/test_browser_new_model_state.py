@@ -20,8 +20,8 @@ from browser_fixtures import TRAIN_DB, Server, watch
 from playwright.sync_api import Browser, ConsoleMessage, Page, ViewportSize, expect
 from test_browser_new_model import LENET, open_form, use_custom_network
 
-from digits_memplugin.sizes import format_size
-from digits_memplugin.web.panel_words import CATEGORY_TERMS
+from digits_memplugin.core.sizes import format_size
+from digits_memplugin.web.pages.panel_words import CATEGORY_TERMS
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]

@@ -12,7 +12,8 @@ import pytest
 from scripted_caffe import caffe_root
 
 from digits_memplugin import create_app
-from digits_memplugin.caffe_build import (
+from digits_memplugin.host.settings import ConfigError
+from digits_memplugin.jobs.child.caffe_build import (
     BINARY,
     BVLC,
     NVCAFFE,
@@ -22,10 +23,7 @@ from digits_memplugin.caffe_build import (
     find_caffe,
     flavour_of_version,
 )
-from digits_memplugin.caffe_build import (
-    caffe_root as named_root,
-)
-from digits_memplugin.settings import ConfigError
+from digits_memplugin.jobs.child.caffe_build import caffe_root as named_root
 
 
 def test_without_a_setting_the_bundled_pycaffe_trains() -> None:
@@ -174,7 +172,7 @@ def test_where_a_driver_is_loaded_the_bundled_cuda_build_trains_unless_a_caffe_i
     is (the CPU-only pycaffe could not train on their GPUs); without a driver, or with a Caffe named, it is not taken."""
     import os
 
-    from digits_memplugin.caffe_build import BUNDLED_CUDA, BUNDLED_CUDA_ROOT, bundled, find_caffe
+    from digits_memplugin.jobs.child.caffe_build import BUNDLED_CUDA, BUNDLED_CUDA_ROOT, bundled, find_caffe
 
     if not (BUNDLED_CUDA_ROOT / "build" / "tools" / "caffe").is_file():
         if os.environ.get("CAFFE_CUDA") == "1":

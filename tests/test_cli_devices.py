@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin import create_app, devices
-from digits_memplugin.caffe_build import bundled, devices_document
+from digits_memplugin import create_app
 from digits_memplugin.cli import main
 from digits_memplugin.cli.devices import format_table
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.child.caffe_build import bundled, devices_document
 
 SCRIPT = Path(sys.executable).parent / "digits-memplugin"
 SPEC = "2x24GiB,16GiB"

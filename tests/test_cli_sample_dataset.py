@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_jobs_fixtures import LENET, SHORT_SOLVER
 
-from digits_memplugin import dataset_scan
 from digits_memplugin.cli.sample_dataset import TRAIN_NAME, VAL_NAME
 from digits_memplugin.core.proto import caffe_pb2
+from digits_memplugin.estimate import dataset_scan
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

@@ -123,7 +123,7 @@ def test_errors_are_one_line_without_traceback(files: list[str], tmp_path: Path)
 def test_caffe_root_trains_through_the_named_caffes_binary(files: list[str]) -> None:
     """`--caffe-root` names the Caffe that trains: the bundled Caffe's binary build (no pycaffe) trains the job with
     `caffe train`, out-of-memory fallback included, and says so first."""
-    from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
+    from digits_memplugin.jobs.child.caffe_build import BUNDLED_BINARY_ROOT
 
     result = train(*files, "--batch", "512", "--memory-cap", "64MiB", "--start", "wanted", "--max-iter", "3",
                    "--caffe-root", str(BUNDLED_BINARY_ROOT))

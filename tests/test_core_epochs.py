@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from digits_memplugin.core.epochs import (
-    DEFAULT_EPOCHS,
-    EpochLength,
-    iterations_per_epoch,
-    validation_iterations,
-)
+from digits_memplugin.core.epochs import DEFAULT_EPOCHS, EpochLength, iterations_per_epoch, validation_iterations
 
 
 def test_the_sample_set_at_autos_batch_trains_630_iterations_in_30_epochs() -> None:

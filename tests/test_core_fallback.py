@@ -1,4 +1,4 @@
-"""core.fallback: the first plan, recalibration from failures, the kept effective batch, the retry budget.
+"""core.planning.fallback: the first plan, recalibration from failures, the kept effective batch, the retry budget.
 
 Pure tests on affine footprints (Caffe's memory is affine in the batch) plus one on the real estimator; the real
 out-of-memory path (capped child processes) is tested in test_jobs_manager.py and measured in bench/fallback.py.
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from digits_memplugin.core.estimate import Estimator
-from digits_memplugin.core.fallback import Failure, Policy, correction, decide
 from digits_memplugin.core.memory import MemoryOptions
+from digits_memplugin.core.planning.fallback import Failure, Policy, correction, decide
 from digits_memplugin.core.training import training_definition
 
 MIB = 1 << 20

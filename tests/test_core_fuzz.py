@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from test_core_netstate import run_pycaffe
 from zoo_cases import ZOO
 
-from digits_memplugin.core.errors import NetError, ShapeError, UnsupportedLayerError
+from digits_memplugin.core.errors import MemPluginError, NetError, ShapeError, UnsupportedLayerError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers import known_types, rule_for
 from digits_memplugin.core.layers.base import PHASE_TRAIN
@@ -35,7 +35,6 @@ from digits_memplugin.core.net import build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.core.sourcemap import layer_lines
-from digits_memplugin.errors import MemPluginError
 
 HANG_SECONDS = 60.0
 """No single input may take longer (the real bound is far lower: the largest zoo net estimates in 0.1 s)."""

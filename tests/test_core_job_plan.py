@@ -1,4 +1,4 @@
-"""core.job_plan.plan_job, the one place a job is planned (the job manager's attempts and placement, the form, the REST
+"""core.planning.job_plan.plan_job, the one place a job is planned (the job manager's attempts and placement, the form, the REST
 estimate and the command line): driven with a linear footprint and plain values. The attempt loop itself runs real
 jobs in test_jobs_manager.py; test_plan_agreement.py drives one request through every path."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from digits_memplugin.core.fallback import Decision
-from digits_memplugin.core.job_plan import JobAsk, PlanningPolicy, plan_job
 from digits_memplugin.core.layers.base import ENGINE_CPU, ENGINE_CUDNN
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin.core.planning.fallback import Decision
+from digits_memplugin.core.planning.job_plan import JobAsk, PlanningPolicy, plan_job
+from digits_memplugin.core.sizes import GIB, MIB
 
 
 def footprint(batch: int, test_batch: int | None) -> int:

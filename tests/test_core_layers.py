@@ -28,8 +28,8 @@ from digits_memplugin.core.memory import SUBNET_OWN_ELSEWHERE, MemoryOptions, ne
 from digits_memplugin.core.net import Net, build_net, input_net
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.core.training import training_definition
+from digits_memplugin.estimate.pycaffe_shapes import caffe_net, differences
 from digits_memplugin.measure.runner import measure
-from digits_memplugin.pycaffe_shapes import caffe_net, differences
 
 CONV_NET = """
 name: "conv"

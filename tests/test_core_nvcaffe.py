@@ -45,7 +45,7 @@ from digits_memplugin.core.net import Net, build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.core.training import training_definition
-from digits_memplugin.jobs.definition import NVCAFFE_REFUSAL, Trainer, load_definition
+from digits_memplugin.jobs.definition.definition import NVCAFFE_REFUSAL, Trainer, load_definition
 
 NV = "default_forward_type: FLOAT\n"
 """A net-level field only NVcaffe's schema has: the text is then read as an NVcaffe net."""
@@ -558,7 +558,7 @@ def test_the_ssd_rules_build_what_this_pycaffe_builds() -> None:
     """pycaffe here (brocolli's Caffe) carries Wei Liu's SSD layers, the same code NVcaffe took: on BVLC-schema nets
     the rules give its shapes exactly, params included."""
     from digits_memplugin.core.net import input_net
-    from digits_memplugin.pycaffe_shapes import caffe_net, differences
+    from digits_memplugin.estimate.pycaffe_shapes import caffe_net, differences
 
     train = SSD_LAYERS + input_layer("gt", 1, 1, 3, 8) + (
         'layer { name: "loss" type: "MultiBoxLoss" bottom: "loc_flat" bottom: "conf_flat" bottom: "priors" '

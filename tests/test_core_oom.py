@@ -248,10 +248,10 @@ def test_outcomes_serialise_to_json_shapes() -> None:
 
 
 def test_the_core_imports_no_server_modules() -> None:
-    """core.oom, core.fallback and core.schedule load without Flask, gevent, pynvml, sqlite3 or subprocess."""
+    """core.oom, core.planning.fallback and core.schedule load without Flask, gevent, pynvml, sqlite3 or subprocess."""
     code = (
         "import sys\n"
-        "import digits_memplugin.core.oom, digits_memplugin.core.fallback, digits_memplugin.core.schedule\n"
+        "import digits_memplugin.core.oom, digits_memplugin.core.planning.fallback, digits_memplugin.core.schedule\n"
         "bad = {'flask', 'gevent', 'pynvml', 'sqlite3', 'subprocess'} & set(sys.modules)\n"
         "print(sorted(bad))\n"
     )

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from digits_memplugin.core.errors import BlobLimitError, NetError, ShapeError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
-from digits_memplugin.core.planner import (
+from digits_memplugin.core.planning.planner import (
     MAX_BATCH,
     MemoryCurve,
     auto_batch_limit,

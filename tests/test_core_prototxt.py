@@ -13,12 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_core_netstate import run_pycaffe
 
-from digits_memplugin.core.errors import NetError, PrototxtSyntaxError, ShapeError
+from digits_memplugin.core.errors import MemPluginError, NetError, PrototxtSyntaxError, ShapeError
 from digits_memplugin.core.layers.base import PHASE_TEST
 from digits_memplugin.core.net import build_net
 from digits_memplugin.core.prototxt import DEFAULT_LIMITS, MAX_DETAIL, ParseLimits, parse_net, parse_solver
 from digits_memplugin.core.sourcemap import code_spans_outside_strings, count_layer_blocks, layer_lines, string_spans
-from digits_memplugin.errors import MemPluginError
 
 INPUT = 'layer { name: "input" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }\n'
 RELU = 'name: "r" type: "ReLU" bottom: "data" top: "r"'

@@ -24,7 +24,7 @@ from digits_memplugin.core.errors import NetError, PrototxtSyntaxError
 from digits_memplugin.core.net import Net, build_net, input_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition, fill_num_classes, training_definition
-from digits_memplugin.pycaffe_shapes import caffe_net, differences, pycaffe_oracle
+from digits_memplugin.estimate.pycaffe_shapes import caffe_net, differences, pycaffe_oracle
 
 pytestmark = pytest.mark.slow
 
@@ -231,7 +231,7 @@ def test_fork_only_fields_are_read_as_nvcaffe_here_and_refused_by_caffe(
     if "solver" in failing:
         command = ["-c", "import sys, caffe; caffe.get_solver(sys.argv[1])", str(ZOO / failing)]
     else:
-        command = ["-m", "digits_memplugin.pycaffe_shapes", str(ZOO / failing), "TEST"]
+        command = ["-m", "digits_memplugin.estimate.pycaffe_shapes", str(ZOO / failing), "TEST"]
     result = subprocess.run(
         [sys.executable, *command], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path
     )

@@ -18,7 +18,7 @@ from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.net import Net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition, training_definition
-from digits_memplugin.files import confined_loader
+from digits_memplugin.estimate.files import confined_loader
 
 
 def relu(name: str, rule: str = "") -> str:

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from test_jobs_fixtures import wait_for, write_lmdb
 
-from digits_memplugin import dataset_reader
-from digits_memplugin.dataset_reader import ReaderCrashed, ReadTimedOut
-from digits_memplugin.datasets import DatasetInfo, lmdb_info
+from digits_memplugin.estimate import dataset_reader
+from digits_memplugin.estimate.dataset_reader import ReaderCrashed, ReadTimedOut
+from digits_memplugin.estimate.datasets import DatasetInfo, lmdb_info
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def reader_pids() -> set[int]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"digits_memplugin.dataset_reader" in command:
+        if ppid == os.getpid() and b"digits_memplugin.estimate.dataset_reader" in command:
             found.add(int(entry.name))
     return found
 
@@ -196,7 +196,7 @@ def test_a_reader_ends_when_its_parent_is_killed(root: Path, tmp_path: Path) -> 
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from digits_memplugin.datasets import lmdb_info\n"
+        "from digits_memplugin.estimate.datasets import lmdb_info\n"
         f"lmdb_info(Path({str(root / 'small_lmdb')!r}), 'data', [Path({str(root)!r})])\n"
         "print('read', flush=True)\n"
         "time.sleep(60)\n"  # a parent that stays until it is killed: what is tested

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin import devices
-from digits_memplugin.devices import Device, DeviceReader, DeviceSelectionError, allowed_gpus, child_cuda_environment
-from digits_memplugin.fake_nvml import ERROR_DRIVER_NOT_LOADED, FakeGpu, FakeNvml, FakeProcess
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import ERROR_DRIVER_NOT_LOADED, FakeGpu, FakeNvml, FakeProcess
+from digits_memplugin.devices.reader import (
+    Device,
+    DeviceReader,
+    DeviceSelectionError,
+    allowed_gpus,
+    child_cuda_environment,
+)
 
 Install = Callable[[FakeNvml], FakeNvml]
 HostTree = Callable[..., devices.HostPaths]
@@ -280,7 +286,7 @@ def test_only_the_devices_module_imports_pynvml() -> None:
 
 
 def test_the_devices_module_loads_neither_flask_nor_gevent() -> None:
-    probe = "import sys, digits_memplugin.devices; print(sorted({'flask', 'gevent'} & set(sys.modules)))"
+    probe = "import sys, digits_memplugin.devices.reader; print(sorted({'flask', 'gevent'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
 

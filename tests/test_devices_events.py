@@ -14,10 +14,11 @@ import pytest
 from flask import Flask
 from flask_socketio.test_client import SocketIOTestClient
 
-from digits_memplugin import create_app, devices
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.sizes import GIB
+from digits_memplugin import create_app
+from digits_memplugin.core.sizes import GIB
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.host.extension import get_plugin
 
 NS = "/memplugin"
 DEADLINE = 10.0

@@ -9,8 +9,8 @@ from flask import Flask
 from flask_socketio import SocketIO
 
 import digits_memplugin
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.settings import ConfigError
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.host.settings import ConfigError
 
 
 def make_host(tmp_path: Path, **options: object) -> tuple[Flask, SocketIO]:

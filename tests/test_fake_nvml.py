@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from digits_memplugin import fake_nvml
-from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices import fake_nvml
+from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 Install = Callable[[FakeNvml], FakeNvml]
 

@@ -12,7 +12,7 @@ import pytest
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.training import training_definition
-from digits_memplugin.files import confined_loader, open_regular
+from digits_memplugin.estimate.files import confined_loader, open_regular
 
 NET = 'name: "tiny"\nlayer { name: "in" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 } } }\n'
 

@@ -38,7 +38,7 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, write_lmdb
 from werkzeug.test import TestResponse
 
 from digits_memplugin import create_app
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 
 NS = "/memplugin"
 

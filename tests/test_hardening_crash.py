@@ -25,14 +25,14 @@ from test_jobs_fixtures import LENET, LENET_DATA, LENET_SOLVER, ManagerFactory, 
 
 from digits_memplugin import create_app
 from digits_memplugin.core.oom import FAILED, OUT_OF_MEMORY, classify
-from digits_memplugin.devices import DeviceReader
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.jobs import attempt as attempt_module
-from digits_memplugin.jobs.attempt import oom_kill_count
+from digits_memplugin.devices.reader import DeviceReader
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.backends import attempt_process as attempt_module
+from digits_memplugin.jobs.backends.attempt_process import oom_kill_count
 from digits_memplugin.jobs.errors import JobStateError
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
-from digits_memplugin.jobs.records import Job
-from digits_memplugin.jobs.store import JobStore, StoreBusy, StoreFull
+from digits_memplugin.jobs.store.database import JobStore, StoreBusy, StoreFull
+from digits_memplugin.jobs.store.records import Job
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -246,7 +246,7 @@ def test_the_runner_reports_a_full_disk_on_stdout_and_stops(tmp_path: Path, smal
     and the failure is a ReportDiskFull the runner turns into its error record."""
     import io
 
-    from digits_memplugin.jobs.runner import DISK_FULL, ReportDiskFull, Reporter, _report_error
+    from digits_memplugin.jobs.child.runner import DISK_FULL, ReportDiskFull, Reporter, _report_error
 
     out = io.StringIO()
     report = Reporter(out, small_disk / "progress.jsonl")
@@ -344,8 +344,8 @@ GEVENT_WAIT = """
 from gevent import monkey; monkey.patch_all()
 import sys, time, gevent
 from pathlib import Path
-from digits_memplugin.jobs.store import JobStore
-from digits_memplugin.jobs.records import Job
+from digits_memplugin.jobs.store.database import JobStore
+from digits_memplugin.jobs.store.records import Job
 store = JobStore(Path(sys.argv[1]), busy_seconds=120)
 print("open", flush=True)
 sys.stdin.readline()             # the test has locked the database now

@@ -399,7 +399,7 @@ def child(tmp_path: Path, net: str, phase: str = "TEST") -> subprocess.Completed
     work = tmp_path / "cwd"
     work.mkdir(exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(tmp_path / "hostile.prototxt"), phase],
+        [sys.executable, "-m", "digits_memplugin.estimate.pycaffe_shapes", str(tmp_path / "hostile.prototxt"), phase],
         check=False, capture_output=True, text=True, timeout=120, cwd=work,
         env={**os.environ, "GLOG_logtostderr": "1"},
     )
@@ -430,7 +430,7 @@ def test_the_child_cannot_delete_a_folder(tmp_path: Path, outside: Path) -> None
 
 CONFINED_ATTEMPTS = """
 import errno, json, os, socket, sys
-from digits_memplugin.sandbox import confine
+from digits_memplugin.estimate.sandbox import confine
 outside = sys.argv[1]
 confine()
 tried = {}

@@ -28,8 +28,8 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for, write_
 
 import digits_memplugin
 from digits_memplugin import create_app
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.settings import ConfigError, Settings
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.host.settings import ConfigError, Settings
 from digits_memplugin.web.access import host_allowed, host_name, same_site_path
 
 pytest_plugins = ["test_jobs_fixtures"]

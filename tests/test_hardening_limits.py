@@ -20,9 +20,9 @@ from test_jobs_restart import Server, serve
 
 from digits_memplugin import create_app
 from digits_memplugin.core.prototxt import DEFAULT_LIMITS
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.jobs.throttle import ClientRateLimiter
-from digits_memplugin.settings import ConfigError, Settings
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.host.settings import ConfigError, Settings
+from digits_memplugin.web.socket.throttle import ClientRateLimiter
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -306,8 +306,8 @@ def test_the_queue_limit_refuses_more_waiting_jobs_with_a_clear_400(data_dir: Pa
 def test_concurrent_reads_of_one_dataset_do_not_refuse_each_other(datasets: Path) -> None:
     """LMDB refuses a second open of an environment in one process: submissions reading the same dataset at once
     failed with "already open in this process" (found by the queue test above, in threading mode)."""
-    from digits_memplugin.datasets import lmdb_item
-    from digits_memplugin.errors import MemPluginError
+    from digits_memplugin.core.errors import MemPluginError
+    from digits_memplugin.estimate.datasets import lmdb_item
 
     failures: list[str] = []
     barrier = threading.Barrier(8)
@@ -395,6 +395,6 @@ def test_a_client_over_its_event_rate_is_told_and_not_served(limited: Flask, idl
         flooder.emit("subscribe_jobs", namespace=NS)
     received = events(flooder)
     answered = [e for e in received if e["name"] == "jobs"]
-    # each page listing the one job counts 4 (3 for the page, one per 5 jobs listed: web/namespace.py's event_cost)
+    # each page listing the one job counts 4 (3 for the page, one per 5 jobs listed: web/socket/namespace.py's event_cost)
     assert burst // 4 <= len(answered) < burst // 2
     assert any(e["name"] == "rate_limited" for e in received)

@@ -2,7 +2,7 @@
 half of 7; docs/security.md, "Floods and storage" and "The estimate path").
 
 - Socket events are charged what they cost: a `subscribe_jobs` page of 500 jobs counts 103 events (the fix:
-  jobs/throttle.py's buckets and web/namespace.py's `event_cost`), so ten clients sending the 400 events the
+  web/socket/throttle.py's buckets and web/socket/namespace.py's `event_cost`), so ten clients sending the 400 events the
   limits allow get a few pages and `rate_limited`, and /devices keeps answering.
 - Estimates are routed by their predicted cost (core/cost.py), not their text size, run in the server against a
   deadline, and keep in the definition cache only what is small: small recurrent nets go to a worker, the server
@@ -60,11 +60,11 @@ from digits_memplugin.core.layers.recurrent import MAX_UNROLLED_STEPS, LSTMRule,
 from digits_memplugin.core.memory import MemoryOptions
 from digits_memplugin.core.net import build_net, prepare_net
 from digits_memplugin.core.prototxt import DEFAULT_LIMITS, parse_net
-from digits_memplugin.estimate_pool import EstimatePool, default_workers, run_estimate
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.jobs.throttle import ClientRateLimiter
-from digits_memplugin.pycaffe_shapes import MAX_CHILDREN, ChildSlots, pycaffe_oracle
-from digits_memplugin.web.namespace import PAGE_COST, ROWS_PER_EVENT, event_cost, listing_cost
+from digits_memplugin.estimate.pool import EstimatePool, default_workers, run_estimate
+from digits_memplugin.estimate.pycaffe_shapes import MAX_CHILDREN, ChildSlots, pycaffe_oracle
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.web.socket.namespace import PAGE_COST, ROWS_PER_EVENT, event_cost, listing_cost
+from digits_memplugin.web.socket.throttle import ClientRateLimiter
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -409,7 +409,7 @@ def test_child_slots_bound_the_children_alive_and_the_wait() -> None:
 def test_a_process_runs_at_most_its_pycaffe_children_at_once() -> None:
     """Six threads asking pycaffe at once (as job submissions in the server do): at most MAX_CHILDREN children
     are alive at any moment, and every answer comes."""
-    from digits_memplugin import pycaffe_shapes
+    from digits_memplugin.estimate import pycaffe_shapes
 
     net = parse_net(PAD_NET)
     answers: list[Any] = []

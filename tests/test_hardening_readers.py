@@ -34,7 +34,7 @@ from test_hardening_paths import Watch, hdf5, lenet_with, train_data
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, write_lmdb
 from test_jobs_restart import Server, serve
 
-from digits_memplugin import dataset_scan
+from digits_memplugin.estimate import dataset_scan
 
 pytest_plugins = ["test_jobs_fixtures"]
 

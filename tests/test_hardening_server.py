@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from digits_memplugin.server import NoDelayWSGIServer
+from digits_memplugin.host.server import NoDelayWSGIServer
 
 
 def test_each_accepted_connection_gets_tcp_nodelay() -> None:

@@ -7,7 +7,7 @@ pass over this round; docs/security.md, "Floods and storage", "Time" under "Path
   outside the roots is refused without that file being opened. An ImageData list takes turns (turns.py).
 - A recurrent net's nets were built (submission, preview) and planned (preview, placing, attempts) in the server's
   thread: an 8 KB LSTM net takes ~10 s to build up to the 50,000-layer limit here. They go to an estimate worker
-  by the same predicted cost as estimates do (jobs.planning): /devices keeps answering while ten are posted.
+  by the same predicted cost as estimates do (jobs.scheduling.planning): /devices keeps answering while ten are posted.
 - Reads anyone allowed to read may repeat: a stored job's clone page and trained model parsed its texts (3.6 MB:
   2.5 s) and built its deploy net in the server's thread; its snapshots' listing opened every snapshot file (a
   job with `snapshot: 1`); its progress read every record in one go (100,000 iterations: 1.1 s).
@@ -38,12 +38,12 @@ from test_hardening_readers import h5_file, under_attack
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for, write_lmdb
 
 from digits_memplugin.core.errors import NetError
-from digits_memplugin.core.job_plan import PlanningPolicy
-from digits_memplugin.datasets import MAX_JOB_LIST_ANSWER, MAX_JOB_LIST_LINES, hdf5_list_files
-from digits_memplugin.estimate_pool import EstimatePool
-from digits_memplugin.jobs.attempts import plan_for
-from digits_memplugin.jobs.definition import JobDefinition, load_definition, net_facts
-from digits_memplugin.jobs.planning import SHIPPED, Planner, cost_of, received, shipped
+from digits_memplugin.core.planning.job_plan import PlanningPolicy
+from digits_memplugin.estimate.datasets import MAX_JOB_LIST_ANSWER, MAX_JOB_LIST_LINES, hdf5_list_files
+from digits_memplugin.estimate.pool import EstimatePool
+from digits_memplugin.jobs.definition.definition import JobDefinition, load_definition, net_facts
+from digits_memplugin.jobs.scheduling.attempt_loop import plan_for
+from digits_memplugin.jobs.scheduling.planning import SHIPPED, Planner, cost_of, received, shipped
 
 pytest_plugins = ["test_jobs_fixtures"]
 

@@ -1,4 +1,4 @@
-"""jobs.attempt_spec: the attempt.json the manager writes and the runner reads, round-tripped; a malformed one is
+"""jobs.child.attempt_spec: the attempt.json the manager writes and the runner reads, round-tripped; a malformed one is
 refused by the runner, naming the field, before anything is trained."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from digits_memplugin.jobs import runner
-from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec, AttemptSpecError
+from digits_memplugin.jobs.child import runner
+from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec, AttemptSpecError
 
 SCHEDULE = {"policy": "step", "base_lr": 0.01, "gamma": 0.1, "power": 1.0, "stepsize": 100, "stepvalues": []}
 

@@ -1,4 +1,4 @@
-"""jobs.backend, jobs.ray_backend, jobs.node and jobs.cluster without Ray: a fake backend through the manager's
+"""jobs.backends.local, jobs.backends.ray, jobs.backends.node and devices.cluster without Ray: a fake backend through the manager's
 attempt loop (handles stored, the out-of-memory retry, cancel, reaping at start), the Ray backend's reading of a
 job's log against a fake Jobs API, and the Ray backend with its node wrapper run as plain subprocesses giving the
 same attempts and records as the local backend for the same job."""
@@ -21,19 +21,19 @@ import pytest
 from test_jobs_fixtures import MIB, ManagerFactory, lenet_request, wait_for
 
 from digits_memplugin.core.oom import CANCELLED, FAILED, OUT_OF_MEMORY, SUCCESS, Outcome, OutOfMemory
-from digits_memplugin.devices import DeviceList, DeviceReader, read_devices
-from digits_memplugin.jobs import ray_backend
-from digits_memplugin.jobs.attempt import AttemptResult
-from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec
-from digits_memplugin.jobs.backend import Launch, LocalBackend
-from digits_memplugin.jobs.cluster import ClusterDeviceReader, cpu_host
+from digits_memplugin.devices.cluster import ClusterDeviceReader, cpu_host
+from digits_memplugin.devices.reader import DeviceList, DeviceReader, read_devices
+from digits_memplugin.host.settings import ConfigError, Settings
+from digits_memplugin.jobs.backends import ray as ray_backend
+from digits_memplugin.jobs.backends.attempt_process import AttemptResult
+from digits_memplugin.jobs.backends.local import Launch, LocalBackend
+from digits_memplugin.jobs.backends.node import result_from_json, result_to_json
+from digits_memplugin.jobs.backends.ray import RayAttempt, RayBackend, RayError, TailClosed
+from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.manager import STORE_FILE, JobManager, ManagerConfig
-from digits_memplugin.jobs.node import result_from_json, result_to_json
-from digits_memplugin.jobs.ray_backend import RayAttempt, RayBackend, RayError, TailClosed
-from digits_memplugin.jobs.records import Attempt, Job
-from digits_memplugin.jobs.scheduler import DeviceRefused, admit, normalise_device
-from digits_memplugin.jobs.store import JobStore
-from digits_memplugin.settings import ConfigError, Settings
+from digits_memplugin.jobs.scheduling.scheduler import DeviceRefused, admit, normalise_device
+from digits_memplugin.jobs.store.database import JobStore
+from digits_memplugin.jobs.store.records import Attempt, Job
 
 pytest_plugins = ["test_jobs_fixtures"]  # make_manager, datasets
 
@@ -463,7 +463,7 @@ def test_the_entrypoint_pins_the_device_and_carries_our_cuda_environment(tmp_pat
         "CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, on_record=lambda r: None,
         on_log=lambda lines: None, grace_seconds=5.0, stall_seconds=600.0)
     words = shlex.split(backend.entrypoint(launch))
-    assert words[:4] == ["/opt/venv/bin/python", "-m", "digits_memplugin.jobs.node", "attempts/1/attempt.json"]
+    assert words[:4] == ["/opt/venv/bin/python", "-m", "digits_memplugin.jobs.backends.node", "attempts/1/attempt.json"]
     assert words[words.index("CUDA_VISIBLE_DEVICES=1") - 1:][:2] == ["--env", "CUDA_VISIBLE_DEVICES=1"]
     assert float(words[words.index("--grace") + 1]) < ray_backend.STOP_WAIT_SECONDS  # it reports before Ray's SIGKILL
     assert RayBackend.resources("GPU-abc") == {"memplugin_gpu:GPU-abc": 1.0}

@@ -1,4 +1,4 @@
-"""jobs.binary_runner with the real BVLC `caffe` binary of the bundled Caffe's binary build (a Caffe root without a
+"""jobs.child.binary_runner with the real BVLC `caffe` binary of the bundled Caffe's binary build (a Caffe root without a
 pycaffe, so its jobs train through the binary): the records it reads from caffe's log are the pycaffe runner's for the
 same job, and under a memory cap caffe really fails to allocate, under every OpenBLAS kernel and thread count,
 instead of hanging in OpenBLAS's retry loop: the capped-start library warmed its BLAS up before the cap. Every child
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import BLAS_CORES, MIB, SHORT_SOLVER, ManagerFactory, comparable_record, lenet_request
 
-from digits_memplugin.caffe_build import BINARY, BUNDLED_BINARY_ROOT, BVLC, CaffeBuild, find_caffe
+from digits_memplugin.jobs.child.caffe_build import BINARY, BUNDLED_BINARY_ROOT, BVLC, CaffeBuild, find_caffe
+from digits_memplugin.jobs.child.preload import ensure_library
+from digits_memplugin.jobs.child.runner import THREAD_STACK_BYTES
 from digits_memplugin.jobs.manager import JobManager
-from digits_memplugin.jobs.preload import ensure_library
-from digits_memplugin.jobs.runner import THREAD_STACK_BYTES
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

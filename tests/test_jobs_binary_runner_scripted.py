@@ -1,4 +1,4 @@
-"""jobs.binary_runner with a scripted `caffe` (tests/scripted_caffe.py) standing in for the builds this machine cannot
+"""jobs.child.binary_runner with a scripted `caffe` (tests/scripted_caffe.py) standing in for the builds this machine cannot
 have: NVcaffe 0.17 and BVLC Caffe on a GPU. The stand-in trains nothing: it prints recorded log lines of those builds
 (tests/caffe_logs/) and ends as they end, so what is tested is the real runner, parser, classifier and fallback on
 those lines. Everything BVLC on the CPU is tested with the real binary (test_jobs_binary_runner.py)."""
@@ -13,13 +13,13 @@ import pytest
 from scripted_caffe import caffe_root
 from test_jobs_fixtures import LENET_DATA, MIB, SHORT_SOLVER, ManagerFactory, lenet_request
 
-from digits_memplugin.caffe_build import BINARY, NVCAFFE, find_caffe
 from digits_memplugin.core import oom
 from digits_memplugin.core.schedule import LearningRate
-from digits_memplugin.jobs.attempt import AttemptProcess
-from digits_memplugin.jobs.attempt_spec import AttemptDevice, AttemptSpec
-from digits_memplugin.jobs.caffe_log import TrainingLog
-from digits_memplugin.jobs.request import parse_job_request
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
+from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
+from digits_memplugin.jobs.child.caffe_build import BINARY, NVCAFFE, find_caffe
+from digits_memplugin.jobs.child.caffe_log import TrainingLog
+from digits_memplugin.jobs.definition.request import parse_job_request
 
 pytest_plugins = ["test_jobs_fixtures"]
 
@@ -122,7 +122,7 @@ def test_scripted_nvcaffe_progress_lines_parse_to_the_same_records_as_bvlcs() ->
      "I1203 10:00:01.450000  4242 solver.cpp:368]     Train net output #0: loss = nan (* 1 = -nan loss)"),
 ])
 def test_a_device_before_an_nvcaffe_message_changes_nothing(line: str, same: str) -> None:
-    from digits_memplugin.jobs.caffe_log import message_of
+    from digits_memplugin.jobs.child.caffe_log import message_of
 
     assert message_of(line) == message_of(same)
 
@@ -300,7 +300,7 @@ def test_caffe_dies_with_the_child_that_runs_it(tmp_path: Path) -> None:
     job = tmp_path / "job"
     spec_file = spec_for(job, root / "build" / "tools" / "caffe",
                          device=AttemptDevice("gpu", "GPU-aaaaaaaa-1111-2222-3333-444444444444", 0))
-    child = subprocess.Popen([sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file], cwd=job,
+    child = subprocess.Popen([sys.executable, "-m", "digits_memplugin.jobs.child.runner", spec_file], cwd=job,
                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert child.stdout is not None

@@ -1,4 +1,4 @@
-"""jobs.blas_warmup in a real pycaffe process under each OpenBLAS kernel and thread count: after the warm-up, the
+"""jobs.child.blas_warmup in a real pycaffe process under each OpenBLAS kernel and thread count: after the warm-up, the
 BLAS calls Caffe makes map nothing more, so a memory cap set then can never leave OpenBLAS retrying a failed map
 for ever; without it (a 2x2 sgemm, the old warm-up) the SkylakeX kernels do. Every child here has a time bound."""
 
@@ -22,7 +22,7 @@ CAPPED_CALLS = textwrap.dedent(
     """
     import ctypes, json, mmap, resource, sys
     import caffe
-    from digits_memplugin.jobs.blas_warmup import warm_up
+    from digits_memplugin.jobs.child.blas_warmup import warm_up
     from digits_memplugin.measure.process_memory import data_bytes
 
     blas = ctypes.CDLL(caffe._caffe.__file__)
@@ -92,7 +92,7 @@ def test_the_warm_up_leaves_mallocs_mmap_threshold_alone() -> None:
         """
         import ctypes
         import caffe
-        from digits_memplugin.jobs.blas_warmup import warm_up
+        from digits_memplugin.jobs.child.blas_warmup import warm_up
         from digits_memplugin.measure.process_memory import heap_bytes
         warm_up(caffe._caffe.__file__)
         libc = ctypes.CDLL("libc.so.6")

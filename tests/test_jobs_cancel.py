@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import LENET_SOLVER, ManagerFactory, lenet_request, pid_alive, runner_pid, wait_for
 
-from digits_memplugin.jobs.attempt import AttemptProcess
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
 from digits_memplugin.jobs.manager import JobManager
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""jobs.confinement: a training attempt confined by the kernel (Landlock) to reading its job's folder, the dataset
+"""jobs.child.confinement: a training attempt confined by the kernel (Landlock) to reading its job's folder, the dataset
 files it was checked to read and the runtime's files, and to writing beneath its write folders only.
 
 Each test confines a real child process (the confinement is for good: never the test's own) laid out as an attempt
@@ -27,10 +27,10 @@ import pytest
 from test_hardening_paths import Watch
 from test_jobs_fixtures import ManagerFactory, lenet_request, wait_for, write_lmdb
 
-from digits_memplugin import landlock
-from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT, find_caffe
-from digits_memplugin.jobs import definition as job_definition
-from digits_memplugin.jobs.preload import ensure_library
+from digits_memplugin.confine import landlock
+from digits_memplugin.jobs.child.caffe_build import BUNDLED_BINARY_ROOT, find_caffe
+from digits_memplugin.jobs.child.preload import ensure_library
+from digits_memplugin.jobs.definition import definition as job_definition
 from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]
@@ -39,7 +39,7 @@ needs_landlock = pytest.mark.skipif(landlock.abi() < 1, reason=f"no Landlock her
 
 CHILD = r"""
 import errno, json, os, subprocess, sys, threading, time
-from digits_memplugin.jobs.confinement import ConfinementError, confine_attempt
+from digits_memplugin.jobs.child.confinement import ConfinementError, confine_attempt
 spec = json.loads(sys.argv[1])
 if spec.get("thread"):
     threading.Thread(target=time.sleep, args=(5,), daemon=True).start()  # a second thread: what is tested
@@ -373,7 +373,7 @@ def test_on_a_kernel_without_landlock_the_runner_trains_and_says_it_is_not_confi
     assert first["confinement"]["confined"] is (landlock.abi() >= 1)
     # The same attempt again, on a kernel that has no Landlock.
     done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_LANDLOCK, "digits_memplugin.jobs.runner", "attempts/1/attempt.json"],
+        [sys.executable, "-c", WITHOUT_LANDLOCK, "digits_memplugin.jobs.child.runner", "attempts/1/attempt.json"],
         cwd=folder, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, (folder / "attempts/1/caffe.log").read_text()[-2000:]

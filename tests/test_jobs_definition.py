@@ -1,4 +1,4 @@
-"""jobs.definition: nothing a job reads is outside the dataset folders, nothing it writes is outside its folder,
+"""jobs.definition.definition: nothing a job reads is outside the dataset folders, nothing it writes is outside its folder,
 and the generated prototxts carry the attempt's batch, iter_size and test plan."""
 
 from __future__ import annotations
@@ -16,10 +16,16 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER
 from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
-from digits_memplugin.jobs import definition as job_definition
-from digits_memplugin.jobs.definition import JobDefinition, check_job_folder, load_definition, set_batch, write_attempt
+from digits_memplugin.estimate.pycaffe_shapes import pycaffe_oracle
+from digits_memplugin.jobs.definition import definition as job_definition
+from digits_memplugin.jobs.definition.definition import (
+    JobDefinition,
+    check_job_folder,
+    load_definition,
+    set_batch,
+    write_attempt,
+)
 from digits_memplugin.networks import standard_network
-from digits_memplugin.pycaffe_shapes import pycaffe_oracle
 
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
 

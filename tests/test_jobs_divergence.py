@@ -23,9 +23,9 @@ from browser_fixtures import SCRIPT, Server
 from flask import Flask
 from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request, wait_for
 
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.jobs.attempt import AttemptProcess
-from digits_memplugin.jobs.request import parse_job_request
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
+from digits_memplugin.jobs.definition.request import parse_job_request
 
 pytest_plugins = ["test_jobs_fixtures", "browser_fixtures"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request
 
+from digits_memplugin.jobs.definition.request import parse_job_request
 from digits_memplugin.jobs.errors import JobValidationError
-from digits_memplugin.jobs.request import parse_job_request
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

@@ -17,11 +17,11 @@ import pytest
 from conftest import ZOO
 
 from digits_memplugin.core.proto import caffe_pb2
-from digits_memplugin.datasets import lmdb_item
-from digits_memplugin.devices import DeviceReader
+from digits_memplugin.devices.reader import DeviceReader
+from digits_memplugin.estimate.datasets import lmdb_item
+from digits_memplugin.jobs.definition.request import JobRequest, parse_job_request
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
-from digits_memplugin.jobs.records import Job
-from digits_memplugin.jobs.request import JobRequest, parse_job_request
+from digits_memplugin.jobs.store.records import Job
 
 MIB = 1 << 20
 LENET = (ZOO / "caffe_lenet" / "lenet_train_test.prototxt").read_text()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import Calls, ManagerFactory, lenet_request, pid_alive, runner_pid, wait_for
 
-from digits_memplugin.devices import DeviceList, DeviceReader
+from digits_memplugin.devices.reader import DeviceList, DeviceReader
 from digits_memplugin.jobs import manager as manager_module
 from digits_memplugin.jobs.errors import DataFolderInUse, JobStateError
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig

@@ -25,11 +25,11 @@ from test_jobs_fixtures import (
 )
 
 from digits_memplugin.core.oom import OUT_OF_MEMORY
-from digits_memplugin.fake_nvml import FakeNvml
+from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.jobs.errors import JobStateError, JobValidationError
 from digits_memplugin.jobs.manager import STORE_FILE
-from digits_memplugin.jobs.records import QUEUED
-from digits_memplugin.jobs.store import JobStore
+from digits_memplugin.jobs.store.database import JobStore
+from digits_memplugin.jobs.store.records import QUEUED
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets and make_manager fixtures

@@ -1,4 +1,4 @@
-"""jobs.scheduler (placement) and jobs.request: device choices as clients write them, candidate devices, the memory
+"""jobs.scheduling.scheduler (placement) and jobs.definition.request: device choices as clients write them, candidate devices, the memory
 an attempt may use (free memory, what our own attempts still hold back, the CPU cap), and request validation."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from digits_memplugin import devices
-from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.jobs.request import parse_job_request
-from digits_memplugin.jobs.scheduler import AUTO, candidates, limit_for, normalise_device
-from digits_memplugin.sizes import GIB, MIB
+from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.jobs.definition.request import parse_job_request
+from digits_memplugin.jobs.scheduling.scheduler import AUTO, candidates, limit_for, normalise_device
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""jobs.preload: the capped-start library is built from its source once, cached by the source's hash, and never
+"""jobs.child.preload: the capped-start library is built from its source once, cached by the source's hash, and never
 loaded from a place someone else could have planted it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin.jobs.preload import LIBRARY_NAME, PreloadError, ensure_library, library_path
+from digits_memplugin.jobs.child.preload import LIBRARY_NAME, PreloadError, ensure_library, library_path
 
 
 def test_it_is_built_once_into_a_folder_named_after_its_source(tmp_path: Path) -> None:

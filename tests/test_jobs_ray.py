@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import LENET, LENET_DATA, MIB, SHORT_SOLVER, wait_for
 
-from digits_memplugin.app import create_app
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.jobs import ray_backend
-from digits_memplugin.jobs.cluster import host_resource
+from digits_memplugin.devices.cluster import host_resource
+from digits_memplugin.host.app import create_app
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.backends import ray as ray_backend
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
@@ -90,7 +90,7 @@ class Cluster:
 
     def start_node(self, host: str, gpus: str, head: bool) -> None:
         env = self.env(host, gpus)
-        agent = [sys.executable, "-m", "digits_memplugin.jobs.node", "--agent", str(self.shared), "--interval", "1"]
+        agent = [sys.executable, "-m", "digits_memplugin.jobs.backends.node", "--agent", str(self.shared), "--interval", "1"]
         subprocess.run([*agent, "--once"], env=env, check=True, timeout=60)
         report = json.loads((self.shared / "nodes" / f"{host}.json").read_text())
         resources = {host_resource(host): 1}
@@ -232,7 +232,7 @@ def test_every_hosts_devices_are_listed_with_the_host(ray_app: Any) -> None:
 def test_a_job_runs_on_the_node_asked_and_streams_its_progress(
     cluster: Cluster, ray_app: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="digits_memplugin.jobs.ray_backend")
+    caplog.set_level(logging.WARNING, logger="digits_memplugin.jobs.backends.ray")
     monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # this short job's log followed through Ray's tail
     tails: list[str] = []
     opened = ray_backend.RayJobsClient.tail

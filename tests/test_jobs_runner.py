@@ -1,4 +1,4 @@
-"""jobs.runner, the training child: what it reports is what Caffe itself computes (test outputs averaged like
+"""jobs.child.runner, the training child: what it reports is what Caffe itself computes (test outputs averaged like
 Solver::Test, the loss of each iteration, the learning rate), and under a memory cap Caffe really fails to
 allocate and aborts with the CHECK the classifier knows."""
 
@@ -120,7 +120,7 @@ def test_training_never_waits_for_a_server_that_does_not_read(tmp_path: Path) ->
     iteration held back. The progress file has every record."""
     import threading
 
-    from digits_memplugin.jobs.runner import Reporter
+    from digits_memplugin.jobs.child.runner import Reporter
 
     read_end, write_end = os.pipe()
     with os.fdopen(write_end, "w") as stream:

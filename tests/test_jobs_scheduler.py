@@ -1,4 +1,4 @@
-"""jobs.scheduler's decision, driven with plain values: devices built by hand, a plan function of the limit, the
+"""jobs.scheduling.scheduler's decision, driven with plain values: devices built by hand, a plan function of the limit, the
 jobs running on each device and what they hold back. No threads, no processes, no store, no NVML."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from digits_memplugin.core.fallback import Decision
-from digits_memplugin.core.planner import BatchPlan
-from digits_memplugin.devices import Device, DeviceList
-from digits_memplugin.jobs.scheduler import (
+from digits_memplugin.core.planning.fallback import Decision
+from digits_memplugin.core.planning.planner import BatchPlan
+from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices.reader import Device, DeviceList
+from digits_memplugin.jobs.scheduling.scheduler import (
     AUTO,
     SIMULATED_GPUS,
     DeviceRefused,
@@ -21,7 +22,6 @@ from digits_memplugin.jobs.scheduler import (
     memory_cap,
     place,
 )
-from digits_memplugin.sizes import GIB, MIB
 
 NO_ENV: dict[str, str] = {}
 

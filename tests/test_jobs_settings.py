@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from digits_memplugin.core.sizes import GIB
+from digits_memplugin.host.settings import ConfigError, Settings
 from digits_memplugin.jobs.manager import ManagerConfig
-from digits_memplugin.settings import ConfigError, Settings
-from digits_memplugin.sizes import GIB
 
 
 def test_job_defaults() -> None:

@@ -1,4 +1,4 @@
-"""jobs.store: SQLite with a schema version and WAL, rows of plain columns and JSON (no pickles), attempts numbered
+"""jobs.store.database: SQLite with a schema version and WAL, rows of plain columns and JSON (no pickles), attempts numbered
 per job, and the restart rule: what was queued or running becomes interrupted."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin.jobs.records import Attempt, Job
-from digits_memplugin.jobs.store import SCHEMA_VERSION, JobStore, StoreError
+from digits_memplugin.jobs.store.database import SCHEMA_VERSION, JobStore, StoreError
+from digits_memplugin.jobs.store.records import Attempt, Job
 
 
 def job(job_id: str = "j1", status: str = "queued") -> Job:

@@ -1,4 +1,4 @@
-"""jobs.throttle: progress and log events limited per job and per second, the latest never lost, order kept.
+"""web.socket.throttle: progress and log events limited per job and per second, the latest never lost, order kept.
 
 A fake clock and a flusher that the test runs by hand make every case exact."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from digits_memplugin.jobs.throttle import EventThrottle
+from digits_memplugin.web.socket.throttle import EventThrottle
 
 
 class Clock:

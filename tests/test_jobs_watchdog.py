@@ -1,4 +1,4 @@
-"""jobs.watchdog with children that really get stuck: one spinning in OpenBLAS's allocation retry under a memory
+"""jobs.backends.watchdog with children that really get stuck: one spinning in OpenBLAS's allocation retry under a memory
 cap (out of memory, found on its stack, or from /proc where no stack can be read), one spinning in Python, one
 asleep (both failures); and one that keeps reporting, which the watchdog leaves alone. Every child and every wait
 here is bounded."""
@@ -19,8 +19,9 @@ import pytest
 from test_jobs_fixtures import wait_for
 
 from digits_memplugin.core import oom
-from digits_memplugin.jobs.attempt import AttemptProcess, AttemptResult
-from digits_memplugin.jobs.watchdog import Watchdog, cpu_times, data_segment, main_thread_stack
+from digits_memplugin.jobs.backends.attempt_process import AttemptProcess, AttemptResult
+from digits_memplugin.jobs.backends.watchdog import Watchdog, data_segment, main_thread_stack
+from digits_memplugin.measure.process_times import cpu_times
 
 pytestmark = pytest.mark.slow
 

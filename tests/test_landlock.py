@@ -1,4 +1,4 @@
-"""digits_memplugin.landlock: the kernel's Landlock through ctypes. Each restriction is made in a child process
+"""digits_memplugin.confine.landlock: the kernel's Landlock through ctypes. Each restriction is made in a child process
 (it is for good), which reports what the kernel then allowed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from digits_memplugin import landlock
+from digits_memplugin.confine import landlock
 
 needs_landlock = pytest.mark.skipif(landlock.abi() < 1, reason=f"no Landlock here: {landlock.unavailable()}")
 
@@ -37,7 +37,7 @@ def test_each_abi_handles_the_rights_it_knows() -> None:
 
 CHILD = r"""
 import errno, json, os, signal, socket, sys
-from digits_memplugin import landlock
+from digits_memplugin.confine import landlock
 folder, port = sys.argv[1], int(sys.argv[2])
 rules = landlock.Ruleset()
 rules.allow(os.path.join(folder, "readable"), landlock.READ)

@@ -20,16 +20,18 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, wait_for
 from werkzeug.test import EnvironBuilder, TestResponse
 from werkzeug.wrappers import Request
 
-from digits_memplugin import create_app, devices
+from digits_memplugin import create_app
 from digits_memplugin.core import oom
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers.base import CATEGORIES, ENGINES
-from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.jobs import request as job_request
-from digits_memplugin.jobs.records import JOB_STATES
-from digits_memplugin.resources import package_data_dir
-from digits_memplugin.web import api, api_estimate
-from digits_memplugin.web.api_openapi import load_document
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.host.resources import package_data_dir
+from digits_memplugin.jobs.definition import request as job_request
+from digits_memplugin.jobs.store.records import JOB_STATES
+from digits_memplugin.web.api import envelope as api
+from digits_memplugin.web.api import estimate as api_estimate
+from digits_memplugin.web.api.openapi import load_document
 
 pytest_plugins = ["test_jobs_fixtures"]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from digits_memplugin.pace import Pace, Window, format_duration, format_rate, pace, recent
+from digits_memplugin.jobs.events.pace import Pace, Window, format_duration, format_rate, pace, recent
 
 
 def test_no_speed_until_two_records_say_how_fast() -> None:

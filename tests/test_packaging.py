@@ -32,7 +32,7 @@ def test_wheel_ships_templates_static_and_console_script(wheel: Path) -> None:
     assert "digits_memplugin/templates/memplugin/home.html" in names
     assert "digits_memplugin/templates/memplugin/base.html" in names
     assert "digits_memplugin/static/css/memplugin.css" in names
-    assert "digits_memplugin/web/openapi.json" in names
+    assert "digits_memplugin/web/api/openapi.json" in names
     assert not any(name.startswith(("tests/", "templates/", "static/")) for name in names)
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert "digits-memplugin = digits_memplugin.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -9,8 +9,9 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from digits_memplugin import create_app, devices
-from digits_memplugin.fake_nvml import ERROR_DRIVER_NOT_LOADED, ERROR_NO_PERMISSION, FakeNvml
+from digits_memplugin import create_app
+from digits_memplugin.devices import reader as devices
+from digits_memplugin.devices.fake_nvml import ERROR_DRIVER_NOT_LOADED, ERROR_NO_PERMISSION, FakeNvml
 
 PAGES = ("/", "/memplugin/", "/memplugin/devices")
 

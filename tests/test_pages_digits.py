@@ -17,10 +17,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_for, write_lmdb
 
-from digits_memplugin import create_app, glossary
+from digits_memplugin import create_app
 from digits_memplugin.core import oom
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.web.pages import glossary
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["test_jobs_fixtures"]

@@ -1,6 +1,6 @@
 """The jobs list and a job's page through Flask's test client (first paint, no JavaScript: refresh, cancel and delete
 by form posts with CSRF), GET api/jobs/<id>/progress that the page's chart is drawn from, and how the New model
-form's fields become a job request (web/model_job.py). Jobs train LeNet on the CPU for real, briefly."""
+form's fields become a job request (web/pages/model_job.py). Jobs train LeNet on the CPU for real, briefly."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_
 
 from digits_memplugin import create_app
 from digits_memplugin.core.prototxt import parse_net
-from digits_memplugin.extension import get_plugin
+from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.networks import standard_network
-from digits_memplugin.web import api_jobs
-from digits_memplugin.web.forms import ModelSpec
-from digits_memplugin.web.model_job import MappingError, form_errors, job_body, manager_device
+from digits_memplugin.web.api import jobs as api_jobs
+from digits_memplugin.web.pages.forms import ModelSpec
+from digits_memplugin.web.pages.model_job import MappingError, form_errors, job_body, manager_device
 
 pytestmark = pytest.mark.slow
 

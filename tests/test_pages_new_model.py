@@ -20,11 +20,11 @@ from test_jobs_fixtures import write_lmdb
 
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.prototxt import parse_net
-from digits_memplugin.extension import get_plugin
-from digits_memplugin.fake_nvml import FakeGpu, FakeNvml
+from digits_memplugin.core.sizes import GIB, MIB, format_size
+from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml
+from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.networks import standard_network
-from digits_memplugin.sizes import GIB, MIB, format_size
-from digits_memplugin.web.forms import solver_prototxt
+from digits_memplugin.web.pages.forms import solver_prototxt
 
 LENET = standard_network("lenet")
 FORM_URL = "/memplugin/models/new"
@@ -285,7 +285,7 @@ def test_the_form_trains_on_the_cpu_by_default_when_the_gpus_are_simulated(
 
 def test_without_simulated_gpus_the_default_is_the_next_available_gpu(fake_gpus: FakeNvml, client: FlaskClient,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from digits_memplugin import devices
+    from digits_memplugin.devices import reader as devices
 
     monkeypatch.setattr(devices._session, "simulated", False)
     assert re.search(r'<option selected value="next">Next available GPU', client.get(FORM_URL).text)

@@ -17,9 +17,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_pages_new_model import FORM_URL, LENET, POST_URL, csrf_token, direct_estimate, error_box, form_data
 
-from digits_memplugin.fake_nvml import FakeNvml
-from digits_memplugin.sizes import format_size
-from digits_memplugin.web.panel_words import CATEGORY_TERMS
+from digits_memplugin.core.sizes import format_size
+from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.web.pages.panel_words import CATEGORY_TERMS
 
 PAGE_ESTIMATE_URL = "/memplugin/models/estimate.json"
 API_ESTIMATE_URL = "/memplugin/api/estimate"

@@ -1,6 +1,6 @@
 """One planning path (issue 15): the same job asked for through the New model form (its preview), `POST
 /api/estimate`, `digits-memplugin estimate` and a real job on the CPU gets the same batch_size, iter_size and test
-batch, because all four plan with core.job_plan.plan_job under the server's one policy. Under a 64 MiB CPU cap
+batch, because all four plan with core.planning.job_plan.plan_job under the server's one policy. Under a 64 MiB CPU cap
 LeNet's batch 512 does not fit in one pass, so the agreement covers iter_size too; the job trains for real. A fifth
 way (issue 24): the same job on a server whose Caffe root is the bundled Caffe's binary build trains through the
 `caffe` binary with the same attempts and records."""
@@ -18,7 +18,7 @@ from conftest import AppFactory
 from flask import Flask
 from test_jobs_fixtures import LENET, SHORT_SOLVER, comparable_record, datasets, wait_for  # noqa: F401 - datasets is a fixture
 
-from digits_memplugin.caffe_build import BUNDLED_BINARY_ROOT
+from digits_memplugin.jobs.child.caffe_build import BUNDLED_BINARY_ROOT
 
 pytestmark = pytest.mark.slow
 

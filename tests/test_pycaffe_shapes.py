@@ -10,7 +10,7 @@ from digits_memplugin.core.errors import NetError, ShapeError, UnsupportedLayerE
 from digits_memplugin.core.layers import rule_for
 from digits_memplugin.core.net import build_net, input_net
 from digits_memplugin.core.prototxt import parse_net
-from digits_memplugin.pycaffe_shapes import caffe_error, caffe_net, differences, pycaffe_oracle
+from digits_memplugin.estimate.pycaffe_shapes import caffe_error, caffe_net, differences, pycaffe_oracle
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from digits_memplugin.settings import ConfigError, Settings
+from digits_memplugin.host.settings import ConfigError, Settings
 
 
 def test_device_defaults_poll_every_two_seconds_and_never_simulate() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from digits_memplugin.sizes import GIB, MIB, byte_count, format_size, parse_gpu_spec, parse_size
+from digits_memplugin.core.sizes import GIB, MIB, byte_count, format_size, parse_gpu_spec, parse_size
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
 
 def gpu_spec(text: str) -> str:
     """An argparse type: a `--simulate-gpus` spec, refused with the reason when it does not parse."""
-    from ..sizes import parse_gpu_spec
+    from ..core.sizes import parse_gpu_spec
 
     try:
         parse_gpu_spec(text)
@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from .. import devices
-    from ..caffe_build import CaffeBuildError, devices_document, find_caffe
+    from ..devices import reader as devices
+    from ..jobs.child.caffe_build import CaffeBuildError, devices_document, find_caffe
     from . import CommandError
 
     try:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(document: dict[str, Any]) -> str:
     """The device document as a table, every unknown value shown as "n/a"; processes listed under the table."""
-    from ..sizes import format_size
+    from ..core.sizes import format_size
 
     header = ("DEVICE", "NAME", "TOTAL", "FREE", "USED", "RESERVED", "GPU%", "TEMP", "PROCS", "UUID", "PCI BUS ID")
     rows: list[tuple[str, ...]] = [header]

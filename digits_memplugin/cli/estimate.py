@@ -78,7 +78,7 @@ memory. Sizes that small still go with their unit ("512B")."""
 
 def size(text: str) -> int:
     """Bytes: a number with a unit (8GiB, as the REST API's size strings), or a byte count of at least 1 MiB."""
-    from ..sizes import parse_size
+    from ..core.sizes import parse_size
 
     if text.strip().isdigit() and len(text.strip()) <= 20:
         value = int(text)
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from ..core.errors import NetError
     from ..core.estimate import EstimateRequest, estimate
     from ..core.prototxt import parse_net
-    from ..datasets import shapes_from_sources
-    from ..files import confined_loader
+    from ..estimate.datasets import shapes_from_sources
+    from ..estimate.files import confined_loader
     from . import CommandError
 
     net_text = _read(args.net)
@@ -146,15 +146,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_items(net: Any) -> int | None:
     """Items of the training set the net's TRAIN data layers name, when one is here (relative to the current folder):
-    the smallest, as a job counts them (jobs.definition.phase_items)."""
-    from ..jobs.definition import phase_items
+    the smallest, as a job counts them (jobs.definition.definition.phase_items)."""
+    from ..jobs.definition.definition import phase_items
 
     return phase_items([net], [Path.cwd()], "train", base=Path.cwd())
 
 
 def data_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     """`--data-shape TOP=C,H,W` items as the data_shapes of a request; CommandError naming a malformed one."""
-    from ..datasets import parse_shape
+    from ..estimate.datasets import parse_shape
     from . import CommandError
 
     given: dict[str, tuple[int, ...]] = {}
@@ -195,7 +195,7 @@ def _read(path: Path) -> str:
 
 def _oracle() -> Any:
     try:
-        from ..pycaffe_shapes import pycaffe_oracle
+        from ..estimate.pycaffe_shapes import pycaffe_oracle
     except ImportError:  # pragma: no cover - the fallback module is optional
         return None
     return pycaffe_oracle
@@ -211,7 +211,7 @@ def _at_auto_cap(document: dict[str, Any]) -> bool:
 
 def render(document: dict[str, Any], top_layers: int = 12) -> str:
     """The estimate as a table a person reads: totals, categories, the largest layers, the plan."""
-    from ..sizes import format_size
+    from ..core.sizes import format_size
 
     lines = [
         f"{document.get('flavour', 'bvlc')} caffe, engine {document['engine']}, solver {document['solver_type']}, "

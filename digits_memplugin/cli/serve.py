@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..settings import JOB_BACKENDS
+from ..jobs.backends import JOB_BACKENDS
 from .devices import gpu_spec
 
 
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
 
     monkey.patch_all()
 
-    from ..app import create_app
-    from ..server import serve
-    from ..settings import ConfigError
+    from ..host.app import create_app
+    from ..host.server import serve
+    from ..host.settings import ConfigError
     from . import CommandError
 
     config: dict[str, Any] = {"MEMPLUGIN_DATA_DIR": args.data_dir, "MEMPLUGIN_ASYNC_MODE": "gevent"}

@@ -106,11 +106,11 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from ..core import nonfinite
-    from ..devices import DeviceReader
+    from ..devices.reader import DeviceReader
     from ..jobs.config import gpu_engine_for
+    from ..jobs.definition.request import parse_job_request
     from ..jobs.errors import DataFolderInUse, InvalidDefinition, JobValidationError
     from ..jobs.manager import JobManager, ManagerConfig
-    from ..jobs.request import parse_job_request
     from . import CommandError
 
     body: dict[str, Any] = {
@@ -201,7 +201,7 @@ class Printer:
             print(line, flush=True)
 
     def line(self, name: str, payload: dict[str, Any]) -> str | None:
-        from ..sizes import format_size
+        from ..core.sizes import format_size
 
         if name == "job":
             followed = self._jobs.setdefault(str(payload.get("id")), _Followed())
@@ -211,7 +211,7 @@ class Printer:
                 return f"{payload['message']}"
             cap = str(payload.get("message") or "").partition("; auto capped at ")[2]
             if payload.get("status") == "running" and cap and cap != followed.auto_cap:
-                followed.auto_cap = cap  # the plan's note (core.job_plan), once per attempt that says it
+                followed.auto_cap = cap  # the plan's note (core.planning.job_plan), once per attempt that says it
                 return f"  batch auto: capped at {cap}"
             return None
         if name == "job_attempt":
@@ -244,7 +244,7 @@ class Printer:
         """The line of an iteration record when it is one to print (and the first whose loss is not finite); every
         record counts for the speed."""
         from ..core import nonfinite
-        from ..pace import format_duration, format_rate, pace, recent
+        from ..jobs.events.pace import format_duration, format_rate, pace, recent
 
         followed = self._jobs.setdefault(str(payload.get("job_id")), _Followed())
         iteration = int(payload["iteration"])
@@ -335,8 +335,8 @@ def _display(solver_text: str) -> int:
 
 def _caffe(root: Path | str | None) -> tuple[Any, str | None]:
     """The Caffe that trains (and, for its binary, the capped-start library), or the command's error saying why not."""
-    from ..caffe_build import BINARY, CaffeBuildError, find_caffe
-    from ..jobs.preload import PreloadError, ensure_library
+    from ..jobs.child.caffe_build import BINARY, CaffeBuildError, find_caffe
+    from ..jobs.child.preload import PreloadError, ensure_library
     from . import CommandError
 
     try:
@@ -386,7 +386,7 @@ def definition_words(error: Any, args: argparse.Namespace, roots: tuple[Path, ..
     import copy
 
     from ..core.errors import NetError
-    from ..jobs.definition import DATA_SOURCE_FIELDS, NET_SOURCE, SOLVER_SOURCE, DataSourceError
+    from ..jobs.definition.definition import DATA_SOURCE_FIELDS, NET_SOURCE, SOLVER_SOURCE, DataSourceError
     from .estimate import command_line_words
 
     error = copy.copy(error)
@@ -428,7 +428,7 @@ def _unsourced_data_layer(args: argparse.Namespace, name: str | None) -> Any:
     """The user's data layer called `name` when it names no dataset and no --data gives it one, else None."""
     from ..core.errors import NetError
     from ..core.prototxt import parse_net
-    from ..jobs.definition import DATA_SOURCE_FIELDS
+    from ..jobs.definition.definition import DATA_SOURCE_FIELDS
 
     try:
         net = parse_net(_read(args.net), str(args.net))
@@ -446,6 +446,6 @@ def _unsourced_data_layer(args: argparse.Namespace, name: str | None) -> Any:
 
 
 def _phases(layer: Any) -> list[str]:
-    from ..jobs.definition import data_phases
+    from ..jobs.definition.definition import data_phases
 
     return sorted(data_phases(layer))

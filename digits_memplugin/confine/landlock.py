@@ -5,7 +5,7 @@ are resolved, so a link cannot lead a confined process anywhere it was not grant
 
 The standard library and ctypes only, as `sandbox.py` (seccomp) is: the three system calls are small and fixed,
 and the one Python binding on PyPI (`landlock`) is a pre-release that knows fewer ABI versions than this kernel has.
-`jobs.confinement` says what a training attempt is granted; this module only speaks to the kernel.
+`jobs.child.confinement` says what a training attempt is granted; this module only speaks to the kernel.
 
 * `abi()`: the Landlock ABI version the running kernel offers (0: none, with the reason in `unavailable()`).
   Linux 5.13 brought ABI 1 (files), 5.19 ABI 2 (renaming and linking across folders), 6.2 ABI 3 (truncation),

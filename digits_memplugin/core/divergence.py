@@ -5,7 +5,7 @@ Caffe itself trains on, printing `loss = nan`; DIGITS stopped the job with "Netw
 (Train phase). Try decreasing your learning rate." (digits/model/tasks/caffe_train.py). A job here does the
 same by default (`STOP`), or trains to the end if its submission asked for `CONTINUE`.
 
-The records are the runner's (jobs.runner, or any runner that writes the same records): `iteration` records are
+The records are the runner's (jobs.child.runner, or any runner that writes the same records): `iteration` records are
 the Train phase, `test` records the Test phase; an output is a number, a short list, or {"mean", "count"}, and a
 non-finite number is a float or one of core.nonfinite's strings. `find` says whether a record shows divergence;
 `DivergenceWatch` follows an attempt's records and says when to stop it; core.oom.classify turns it into the

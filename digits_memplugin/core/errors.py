@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MemPluginError
+
+class MemPluginError(Exception):
+    """Base of every error digits-memplugin raises on purpose."""
 
 
 class NetError(MemPluginError, ValueError):

@@ -16,11 +16,11 @@ from .collector import paused_collector
 from .cost import EstimateCost, Meter, estimate_cost, held_bytes, layers_in
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
 from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
-from .job_plan import JobAsk, PlanningPolicy, plan_job
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
-from .planner import MAX_BATCH, BatchPlan, MemoryCurve, auto_cap, max_buildable, passes
+from .planning.job_plan import JobAsk, PlanningPolicy, plan_job
+from .planning.planner import MAX_BATCH, BatchPlan, MemoryCurve, auto_cap, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
 from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
 
@@ -87,7 +87,7 @@ class EstimateRequest:
     safety_margin: float | None = None
     """Fraction of free memory kept back (None: the policy's for the engine, as jobs plan)."""
     policy: PlanningPolicy = dataclasses.field(default_factory=PlanningPolicy)
-    """The server's planning policy: engines and margins per device kind (core.job_plan)."""
+    """The server's planning policy: engines and margins per device kind (core.planning.job_plan)."""
     data_shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     classes: int | None = None
     """Number of classes for DIGITS standard networks (InnerProduct layers without num_output)."""
@@ -418,7 +418,7 @@ def _single_pass_limit(
 
 
 def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, free_bytes: int) -> dict[str, Any]:
-    """The job's plan on a device with `free_bytes`: the plan a job gets (core.job_plan.plan_job), so the batch
+    """The job's plan on a device with `free_bytes`: the plan a job gets (core.planning.job_plan.plan_job), so the batch
     suggested here is the batch the job trains."""
 
     def footprint(batch: int, test_batch: int | None) -> int:

@@ -13,7 +13,6 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from ..sizes import format_size
 from .errors import ShapeError
 from .flavour import BVLC, NVCAFFE, NVCAFFE_UNVERIFIED, flavour_of, layer_storage, pool_allocation
 from .layers.base import (
@@ -38,6 +37,7 @@ from .layers.base import (
     SubNet,
 )
 from .net import Net
+from .sizes import format_size
 
 MiB = 1024 * 1024
 

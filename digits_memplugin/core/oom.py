@@ -21,8 +21,8 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from ..sizes import format_size
 from .divergence import Divergence
+from .sizes import format_size
 
 SUCCESS: Final = "success"
 CANCELLED: Final = "cancelled"
@@ -94,7 +94,7 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, document: dict[str, Any]) -> Outcome:
-        """The outcome `to_dict` wrote (a node's result: jobs.node); KeyError/TypeError/ValueError when it is
+        """The outcome `to_dict` wrote (a node's result: jobs.backends.node); KeyError/TypeError/ValueError when it is
         not one."""
         fields = dict(document)
         memory, divergence = fields.get("out_of_memory"), fields.get("divergence")
@@ -425,7 +425,7 @@ def find_out_of_memory(lines: Sequence[str]) -> OutOfMemory | None:
 
 
 def out_of_memory_in(line: str) -> OutOfMemory | None:
-    """The signature one failure line carries, for a log followed as it is written (jobs/caffe_log.py): every
+    """The signature one failure line carries, for a log followed as it is written (jobs/child/caffe_log.py): every
     predicate, in the classifier's order; None for a line that shows none."""
     for predicate in PREDICATES:
         found = predicate(line)

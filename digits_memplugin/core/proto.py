@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import MemPluginError
+from .errors import MemPluginError
 
 MODULE_NAME = "caffe.proto.caffe_pb2"
 

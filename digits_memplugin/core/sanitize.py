@@ -1,6 +1,6 @@
 """What a net handed to pycaffe may hold: no layer that opens a file or imports code, and no field naming a path.
 
-The estimator asks pycaffe (a child process, `digits_memplugin.pycaffe_shapes`) for the shapes of layer types it
+The estimator asks pycaffe (a child process, `digits_memplugin.estimate.pycaffe_shapes`) for the shapes of layer types it
 has no rule for, and Caffe's layers open what their parameters name as they are set up: HDF5Output creates (so
 truncates) `file_name`, DetectionOutput deletes and re-creates `save_output_param.output_directory` and reads a label
 map and a name-size file, a data transformer reads `mean_file`, data layers open their `source`, InfogainLoss reads

@@ -1,12 +1,12 @@
 """The devices of a cluster's hosts, as one DeviceList the panel, the form and the planner use like this host's own.
 
-Each node's agent (`python -m digits_memplugin.jobs.node --agent ROOT`, started with the node) writes its devices,
+Each node's agent (`python -m digits_memplugin.jobs.backends.node --agent ROOT`, started with the node) writes its devices,
 read with the plugin's own devices.read_devices (NVML), to ROOT/nodes/<host>.json every few seconds; the server
 reads those files (the shared folder, no extra port). A host's GPUs keep their UUID as key (unique across hosts),
 with `host` set; a host's CPU is "cpu@<host>". The server's own CPU stays "cpu" (a job placed there runs on any
 node that has room). A report older than `max_age` is a host gone: its devices are left out, and jobs wait.
 
-The names of the Ray resources that pin an attempt (jobs.ray_backend) live here too, next to the keys they mirror.
+The names of the Ray resources that pin an attempt (jobs.backends.ray) live here too, next to the keys they mirror.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..devices import CPU_KEY, Device, DeviceList, DeviceReader, GpuProcess
+from .reader import CPU_KEY, Device, DeviceList, DeviceReader, GpuProcess
 
 log = logging.getLogger(__name__)
 

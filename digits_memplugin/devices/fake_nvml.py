@@ -3,7 +3,7 @@
 It stands where libnvidia-ml.so would: the real nvidia-ml-py bindings call its functions with the ctypes arguments
 they pass to C (pointers from ``byref``, arrays, ``c_uint`` values, string buffers), it writes through those pointers
 and answers NVML return codes. So the bindings' own structures, versioned calls and error mapping all run, which a
-mock of the ``pynvml`` module would skip. `digits_memplugin.devices.install_library` plugs it in.
+mock of the ``pynvml`` module would skip. `digits_memplugin.devices.reader.install_library` plugs it in.
 
 The structures below are written from ``nvml.h``, not taken from the bindings, so a layout mistake on either side
 shows up as wrong numbers in the tests. This module imports no pynvml: `devices` stays its only importer.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ctypes import POINTER, Structure, c_char, c_int, c_uint, c_ulonglong, c_void_p
 from typing import Any
 
-from .sizes import MIB, format_size, parse_gpu_spec
+from ..core.sizes import MIB, format_size, parse_gpu_spec
 
 # nvmlReturn_t values (nvml.h).
 SUCCESS = 0

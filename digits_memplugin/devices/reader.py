@@ -73,7 +73,7 @@ class Device:
     """None where the driver does not list processes; () where it lists none."""
     error: str | None = None
     host: str | None = None
-    """The cluster host the device is on (jobs.cluster, the Ray backend); None for this server's own."""
+    """The cluster host the device is on (devices.cluster, the Ray backend); None for this server's own."""
 
     def to_json(self) -> dict[str, Any]:
         """The device as the API, the CLI's --json and the `devices` event show it."""

@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .core.errors import NetError
+from ..core.errors import NetError
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +373,6 @@ def main(parent: int) -> int:
 
 if __name__ == "__main__":
     # The package's own copy of this module, not __main__: the error classes must be the ones datasets.py raises.
-    from digits_memplugin.dataset_reader import main as _main
+    from .dataset_reader import main as _main
 
     sys.exit(_main(int(sys.argv[1])))

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .core.errors import NetError
+from ..core.errors import NetError
 from .dataset_reader import ReadTimedOut
 from .datasets import LMDB_DATA_FILE, READ_SECONDS, DatasetInfo, hdf5_info, lmdb_info
 from .files import inside, open_regular

@@ -36,13 +36,13 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from .core.errors import NetError
-from .core.layers.data import DataSpec
-from .core.proto import caffe_pb2
+from ..core.errors import NetError
+from ..core.inputs import shown
+from ..core.layers.data import DataSpec
+from ..core.proto import caffe_pb2
 from .dataset_reader import ReaderCrashed, ReadTimedOut
 from .dataset_reader import read as read_in_reader
 from .files import file_kind, inside, open_regular, read_regular
-from .inputs import shown
 
 LMDB_DATA_FILE = "data.mdb"
 """The data file of an LMDB folder (Caffe opens LMDBs as folders, never as single files)."""

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .core.errors import NetError
-from .core.prototxt import DEFAULT_LIMITS
+from ..core.errors import NetError
+from ..core.prototxt import DEFAULT_LIMITS
 
 Loader = Callable[[str], tuple[str, str]]
 """The same shape as core.training.Loader: path named by the solver -> (text, source name for messages)."""

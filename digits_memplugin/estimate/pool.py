@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import dataclasses
+import importlib
 import io
 import logging
 import math
@@ -55,10 +56,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .core.cost import EstimateCost, Meter, TimeUp
-from .core.errors import NetError
-from .core.estimate import EstimateRequest, estimate, estimate_cost_of
-from .errors import MemPluginError
+from ..core.cost import EstimateCost, Meter, TimeUp
+from ..core.errors import MemPluginError, NetError
+from ..core.estimate import EstimateRequest, estimate, estimate_cost_of
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def run_estimate(
 
 def _dataset_shapes(net_text: str | None, roots: Sequence[Path]) -> dict[str, Any]:
     """Item shapes from the datasets the net names, opened only inside the dataset roots."""
-    from .core.prototxt import parse_net
+    from ..core.prototxt import parse_net
     from .datasets import shapes_from_sources
 
     if net_text is None:
@@ -162,22 +162,19 @@ def _oracle() -> Any:
     return pycaffe_oracle
 
 
-def _job_task(name: str) -> Callable[..., Any]:
-    """A job's build or plan (jobs.planning), imported when a worker first runs one (jobs imports this module)."""
-
-    def run(*args: Any) -> Any:
-        from .jobs.planning import WORKER_TASKS
-
-        return WORKER_TASKS[name](*args)
-
-    return run
+TASKS: Mapping[str, Callable[..., Any]] = {"estimate": run_estimate}
+"""What a worker runs by a plain name. Others name their module: "package.module:name" is `WORKER_TASKS[name]` of
+that module, imported in the worker when first asked for, so that the pool serves the jobs' builds and plans
+(jobs.scheduling.planning) without importing the jobs."""
 
 
-TASKS: Mapping[str, Callable[..., Any]] = {
-    "estimate": run_estimate, "job_facts": _job_task("job_facts"), "job_plan": _job_task("job_plan"),
-    "job_pack": _job_task("job_pack"), "job_outline": _job_task("job_outline"),
-}
-"""What a worker may be asked to run, by name: estimates, and the builds and plans of jobs (jobs.planning)."""
+def task_function(task: str) -> Callable[..., Any]:
+    """The function a task names (see TASKS); KeyError for one that names nothing."""
+    module, _, name = task.rpartition(":")
+    if not module:
+        return TASKS[task]
+    tasks: Mapping[str, Callable[..., Any]] = importlib.import_module(module).WORKER_TASKS
+    return tasks[name]
 
 
 # --- messages -----------------------------------------------------------------------------------------------------
@@ -410,7 +407,7 @@ class EstimatePool:
             return None
 
     def run(self, task: str, args: tuple[Any, ...], *, affinity: int = 0) -> Any:
-        """Run `TASKS[task](*args)` in a worker; the worker at `affinity` if it is free (its caches are warm)."""
+        """Run the task (`task_function`) in a worker; the worker at `affinity` if it is free (its caches are warm)."""
         index = self._acquire(affinity)
         started = time.monotonic()
         worker: _Worker | None = None
@@ -520,7 +517,7 @@ def _trim(limit: int) -> bool:
     (then it ends after its answer)."""
     if _rss_bytes() <= limit:
         return False
-    from .core.estimate import DEFINITIONS
+    from ..core.estimate import DEFINITIONS
 
     DEFINITIONS.clear()
     import gc
@@ -549,7 +546,7 @@ def worker_main(memory_limit: int = WORKER_RSS_LIMIT) -> int:
         except EOFError:
             return 0
         try:
-            answer: tuple[str, Any] = ("ok", TASKS[task](*args))
+            answer: tuple[str, Any] = ("ok", task_function(task)(*args))
         except (NetError, DatasetsFailed) as error:
             answer = ("raise", error)
         except Exception:  # noqa: BLE001 - sent to the server's log
@@ -568,6 +565,6 @@ def worker_main(memory_limit: int = WORKER_RSS_LIMIT) -> int:
 
 if __name__ == "__main__":
     # The package's own copy of this module, not __main__: the classes the answers pickle must be importable by name.
-    from digits_memplugin.estimate_pool import worker_main as _worker_main
+    from .pool import worker_main as _worker_main
 
     sys.exit(_worker_main(int(sys.argv[1]) if len(sys.argv) > 1 else WORKER_RSS_LIMIT))

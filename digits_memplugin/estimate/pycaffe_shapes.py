@@ -1,7 +1,7 @@
 """Real Caffe's answer for a net's shapes, from a child pycaffe process: the estimator's fallback and yardstick.
 
 `core.net.build_net` takes a `ShapeOracle` for layer types it has no rule for; `pycaffe_oracle` is that oracle.
-It writes the net to a temporary file and runs ``python -m digits_memplugin.pycaffe_shapes NET PHASE``, which
+It writes the net to a temporary file and runs ``python -m digits_memplugin.estimate.pycaffe_shapes NET PHASE``, which
 builds `caffe.Net` in CPU mode and prints every layer's top and param shapes as JSON. Caffe aborts the whole
 process on a failed CHECK, so it never runs in the caller's process; a glog ``F...`` line becomes a `NetError`
 naming the layer the log was setting up.
@@ -9,7 +9,7 @@ naming the layer the log was setting up.
 Caffe's layers open what their parameters name as they are set up, and the nets come from anyone who can ask for
 an estimate. So a net reaches the child only through `core.sanitize.check_net` (no layer that opens a file or
 imports code, such as HDF5Output, a data layer or a Python layer; no path-bearing field), and the child builds it
-confined (`digits_memplugin.sandbox`: it may read but not create, truncate, change or delete any file, open a
+confined (`digits_memplugin.estimate.sandbox`: it may read but not create, truncate, change or delete any file, open a
 socket or start a program) in its own empty folder, reporting on a pipe.
 
 A child costs ~100 MB and a second or two of a core, so a process runs at most `MAX_CHILDREN` at once
@@ -39,10 +39,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .core.errors import NetError, ShapeError, UnsupportedLayerError
-from .core.layers import Shape
-from .core.net import Net
-from .core.sanitize import check_net
+from ..core.errors import NetError, ShapeError, UnsupportedLayerError
+from ..core.layers import Shape
+from ..core.net import Net
+from ..core.sanitize import check_net
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a child may take: building a VGG-sized net fills ~140M weights, a few seconds on one core."""
@@ -146,7 +146,7 @@ def caffe_net(net_param: Any, phase: str, *, timeout: float = DEFAULT_TIMEOUT) -
         try:
             with CHILDREN.slot(timeout):
                 result = subprocess.run(
-                    [sys.executable, "-m", "digits_memplugin.pycaffe_shapes", str(net_path), phase],
+                    [sys.executable, "-m", "digits_memplugin.estimate.pycaffe_shapes", str(net_path), phase],
                     check=False,
                     stdin=subprocess.DEVNULL,
                     capture_output=True,  # pipes: the confined child may not write to a file
@@ -304,7 +304,7 @@ def differences(net: Net, built: CaffeNet) -> list[str]:
 def main(argv: list[str]) -> int:
     """Child: build the net with pycaffe in CPU mode, confined, and print its layers and blobs as JSON."""
     if len(argv) != 2:
-        print("usage: python -m digits_memplugin.pycaffe_shapes NET_PROTOTXT TRAIN|TEST", file=sys.stderr)
+        print("usage: python -m digits_memplugin.estimate.pycaffe_shapes NET_PROTOTXT TRAIN|TEST", file=sys.stderr)
         return 2
     net_path, phase = argv
     # stdout carries the report only: whatever Caffe or a library prints goes to stderr, with the log.

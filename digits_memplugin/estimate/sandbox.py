@@ -20,7 +20,7 @@ What works for any user, root included, with no privilege and no kernel option b
 * RLIMIT_CORE 0: a Caffe CHECK failure (SIGABRT) leaves no core file.
 
 Not used: Landlock (an allow-list of paths; needs Linux 5.13+ with its LSM enabled, not the case on every host;
-the training child uses it where it is there, jobs.confinement, since it must write),
+the training child uses it where it is there, jobs.child.confinement, since it must write),
 a mount namespace or chroot (need CAP_SYS_ADMIN or CAP_SYS_CHROOT, which a server need not have). Only x86_64 and
 aarch64 have a syscall table here; elsewhere `confine` raises, and the child refuses to build the net.
 """

@@ -12,12 +12,12 @@ from flask.typing import ResponseReturnValue
 from flask_socketio import SocketIO
 from werkzeug.exceptions import HTTPException
 
+from ..web.access import HostCheckMiddleware, check_request, host_names
+from ..web.api.envelope import is_api_request, json_error
+from ..web.error_pages import error_page
+from ..web.frame_guard import forbid_framing
 from .extension import init_app
 from .settings import Settings
-from .web.access import HostCheckMiddleware, check_request, host_names
-from .web.api import is_api_request, json_error
-from .web.error_pages import error_page
-from .web.frame_guard import forbid_framing
 
 
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
@@ -40,7 +40,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         refused = check_request()
         if refused is not None:
             return refused
-        # The blueprint's home view is a plain function (web/pages.py), not a coroutine.
+        # The blueprint's home view is a plain function (web/pages/pages.py), not a coroutine.
         home = cast(Callable[[], ResponseReturnValue], app.view_functions["memplugin.home"])
         return home()
 

@@ -13,18 +13,18 @@ from typing import Any
 from flask import Flask
 from flask_socketio import SocketIO
 
-from .caffe_build import BINARY, CaffeBuild, CaffeBuildError, devices_document, find_caffe
-from .devices import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
-from .estimate_pool import EstimatePool, default_workers
-from .jobs.backend import LOCAL, Backend, LocalBackend
-from .jobs.manager import JobManager, ManagerConfig
-from .jobs.preload import PreloadError, ensure_library
-from .jobs.throttle import ClientRateLimiter, EventThrottle
+from ..devices.reader import DeviceReader, gevent_threadpool_runner, run_inline, simulate_gpus
+from ..estimate.pool import EstimatePool, default_workers
+from ..jobs.backends.local import LOCAL, Backend, LocalBackend
+from ..jobs.child.caffe_build import BINARY, CaffeBuild, CaffeBuildError, devices_document, find_caffe
+from ..jobs.child.preload import PreloadError, ensure_library
+from ..jobs.manager import JobManager, ManagerConfig
+from ..web.access import SESSION_SAMESITE, Authorizer, protect_session_cookie
+from ..web.blueprint import create_blueprint
+from ..web.socket.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
+from ..web.socket.socket_json import tolerate_long_numbers
+from ..web.socket.throttle import ClientRateLimiter, EventThrottle
 from .settings import ConfigError, Settings
-from .web.access import SESSION_SAMESITE, Authorizer, protect_session_cookie
-from .web.blueprint import create_blueprint
-from .web.namespace import DevicePusher, MemPluginNamespace, job_event_emitter
-from .web.socket_json import tolerate_long_numbers
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def init_app(
 
 def _caffe(settings: Settings) -> tuple[CaffeBuild, str | None]:
     """The Caffe that trains, read now: one that cannot train stops the start with the reason. A Caffe trained
-    through its binary needs the capped-start library (jobs/preload.py): built now too, not at the first job."""
+    through its binary needs the capped-start library (jobs/child/preload.py): built now too, not at the first job."""
     try:
         caffe = find_caffe(settings.caffe_root)
     except CaffeBuildError as error:
@@ -160,7 +160,7 @@ def _backend(settings: Settings) -> Backend:
     (a probe file read by a Ray job on each host): a server whose jobs would fail on some node does not start."""
     if settings.job_backend == LOCAL:
         return LocalBackend()
-    from .jobs.ray_backend import RayBackend, RayError
+    from ..jobs.backends.ray import RayBackend, RayError
 
     if settings.ray_address is None:
         raise ConfigError("MEMPLUGIN_JOB_BACKEND 'ray' needs MEMPLUGIN_RAY_ADDRESS (http://head:8265)")
@@ -178,7 +178,7 @@ def _backend(settings: Settings) -> Backend:
 def _pycaffe_oracle() -> Any:
     """pycaffe's shapes for layer types the estimator has no rule for (optional module)."""
     try:
-        from .pycaffe_shapes import pycaffe_oracle
+        from ..estimate.pycaffe_shapes import pycaffe_oracle
     except ImportError:  # pragma: no cover - the fallback module is optional
         return None
     return pycaffe_oracle

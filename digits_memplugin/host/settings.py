@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .sizes import parse_gpu_spec, parse_size
-
-JOB_BACKENDS = ("local", "ray")
-"""Where training attempts may run (jobs.backend): children of this server, or Ray jobs on a cluster's hosts."""
+from ..core.sizes import parse_gpu_spec, parse_size
+from ..jobs.backends import JOB_BACKENDS
 
 CONFIG_PREFIX = "MEMPLUGIN_"
 MIN_TOKEN_LENGTH = 16
@@ -128,7 +126,7 @@ class Settings:
 
     job_backend: str = "local"
     """Where training attempts run: "local" (children of this server, on this host's devices) or "ray" (Ray jobs
-    on a cluster's hosts, jobs.ray_backend; docs/scale-out.md)."""
+    on a cluster's hosts, jobs.backends.ray; docs/scale-out.md)."""
     ray_address: str | None = None
     """The Ray dashboard's address, "http://head:8265" (the Jobs REST API; never exposed beyond the cluster)."""
     ray_token: str | None = None

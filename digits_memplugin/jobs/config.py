@@ -6,12 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..caffe_build import CaffeBuild, bundled
-from ..core.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
-from ..core.job_plan import PlanningPolicy
 from ..core.layers.base import ENGINE_CUDNN, ENGINE_GPU
-from .attempt import CANCEL_SECONDS
-from .store import BUSY_SECONDS
+from ..core.planning.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
+from ..core.planning.job_plan import PlanningPolicy
+from .backends.attempt_process import CANCEL_SECONDS
+from .child.caffe_build import CaffeBuild, bundled
+from .store.database import BUSY_SECONDS
 
 MAX_QUEUED_JOBS = 100
 MAX_STORED_JOBS = 1000
@@ -46,7 +46,7 @@ class ManagerConfig:
     job_nice: int = JOB_NICE
     """The training child's nice value: the web server keeps the CPU first where training takes every core."""
     stall_seconds: float | None = STALL_SECONDS
-    """Silence after which the watchdog ends an attempt (jobs.watchdog); None: never (not for production)."""
+    """Silence after which the watchdog ends an attempt (jobs.backends.watchdog); None: never (not for production)."""
     gpus_simulated: bool = False
     """The demo mode (--simulate-gpus): the GPUs' memory is made up and no CUDA device is behind them, so jobs that
     would train on a GPU are refused at submission rather than failing in Caffe."""
@@ -60,7 +60,7 @@ class ManagerConfig:
     """The Caffe that trains (caffe_build.py): its flavour decides which nets may train and how they are estimated,
     its pycaffe or its binary which runner trains them."""
     preload: str | None = None
-    """The capped-start library the binary runner preloads into `caffe` (jobs/preload.py), built at start-up; None:
+    """The capped-start library the binary runner preloads into `caffe` (jobs/child/preload.py), built at start-up; None:
     the training child builds it if it needs it."""
     shared_store: bool = False
     """Several web workers share the data folder (a message queue carries their events): a manager that finds the

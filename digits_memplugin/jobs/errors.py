@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import NetError
-from ..errors import MemPluginError
-from ..inputs import shown
-from ..sizes import format_size
-from .records import Job
+from ..core.errors import MemPluginError, NetError
+from ..core.inputs import shown
+from ..core.sizes import format_size
+from .store.records import Job
 
 
 class JobError(MemPluginError):

@@ -27,30 +27,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ..core.inputs import surrogate_in
 from ..core.net import ShapeOracle
-from ..devices import DeviceReader
-from ..estimate_pool import EstimatePool
-from ..inputs import surrogate_in
-from .attempts import INTERRUPTED_MESSAGE, AttemptLoop
-from .backend import Backend, LocalBackend
+from ..devices.reader import DeviceReader
+from ..estimate.pool import EstimatePool
+from .backends.local import Backend, LocalBackend
 from .config import ManagerConfig
-from .datafolder import take_folder
-from .definition import Trainer
-from .disk import folder_bytes
-from .dispatcher import Dispatcher, Spawn
-from .errors import (
-    DataFolderInUse,
-    JobError,
-    JobNotFound,
-    JobPageError,
-    JobStateError,
-    JobValidationError,
-    QueueFull,
-)
-from .planning import Planner
-from .progress import EventCallback, Progress, Running, reserved
-from .quota import Quota
-from .records import (
+from .definition.definition import Trainer
+from .definition.request import JobRequest
+from .errors import DataFolderInUse, JobError, JobNotFound, JobPageError, JobStateError, JobValidationError, QueueFull
+from .events.progress import EventCallback, Progress, Running, reserved
+from .scheduling.attempt_loop import INTERRUPTED_MESSAGE, AttemptLoop
+from .scheduling.dispatcher import Dispatcher, Spawn
+from .scheduling.planning import Planner
+from .scheduling.scheduler import DeviceRefused, admit
+from .scheduling.submission import Definitions, JobPreview, preview, write_job
+from .store.database import JobStore, StoreError
+from .store.datafolder import take_folder
+from .store.disk import folder_bytes
+from .store.quota import Quota
+from .store.records import (
     ACTIVE_STATES,
     CANCELLED,
     FAILED,
@@ -62,10 +58,6 @@ from .records import (
     Attempt,
     Job,
 )
-from .request import JobRequest
-from .scheduler import DeviceRefused, admit
-from .store import JobStore, StoreError
-from .submission import Definitions, JobPreview, preview, write_job
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +98,9 @@ class JobPage:
 class JobManager:
     """Jobs of one data folder. `start` before use, `stop` when done (both idempotent).
 
-    A facade over the parts, which share its lock and its table of running jobs: jobs.dispatcher places queued
-    jobs (where jobs.scheduler, pure, says) and runs each placed job's attempts (jobs.attempts); jobs.progress
-    writes what they learn and tells the listeners; jobs.quota and jobs.submission check and write a new job.
+    A facade over the parts, which share its lock and its table of running jobs: jobs.scheduling.dispatcher places queued
+    jobs (where jobs.scheduling.scheduler, pure, says) and runs each placed job's attempts (jobs.scheduling.attempt_loop); jobs.events.progress
+    writes what they learn and tells the listeners; jobs.store.quota and jobs.scheduling.submission check and write a new job.
 
     With `config.shared_store` (several web workers with a message queue), a manager that finds the data folder
     held by another one starts as a follower: it reads the same store and writes submissions, cancels, resumes and
@@ -353,7 +345,7 @@ class JobManager:
     def preview(self, request: JobRequest, device_key: str) -> JobPreview:
         """The plan a job for `request` would get on the device `device_key` now: its definition checked as
         `submit` checks it, the memory the scheduler would give it there, and the planning function its attempts
-        use (core.job_plan), so the batch the New model form shows is the batch the job trains. Nothing is stored;
+        use (core.planning.job_plan), so the batch the New model form shows is the batch the job trains. Nothing is stored;
         JobValidationError as `submit` gives."""
         device = self.devices.read().get(device_key)
         if device is None:

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ..resources import static_dir, templates_dir
-from . import (
-    access,
-    api,
-    api_datasets,
-    api_devices,
-    api_downloads,
-    api_estimate,
-    api_jobs,
-    api_openapi,
-    job_actions,
-    job_clone,
-    pages,
-)
+from ..host.resources import static_dir, templates_dir
+from . import access
+from .api import datasets as api_datasets
+from .api import devices as api_devices
+from .api import downloads as api_downloads
+from .api import envelope as api
+from .api import estimate as api_estimate
+from .api import jobs as api_jobs
+from .api import openapi as api_openapi
 from .frame_guard import forbid_framing
+from .pages import job_actions, job_clone, pages
 
 BLUEPRINT_NAME = "memplugin"
 

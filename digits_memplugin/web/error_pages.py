@@ -1,5 +1,5 @@
 """HTTP errors of the plugin's pages in the site's layout (templates/memplugin/error.html), with a way back to the
-jobs list, instead of Werkzeug's bare page. API paths keep their JSON errors (web/api.py json_error)."""
+jobs list, instead of Werkzeug's bare page. API paths keep their JSON errors (web/api/envelope.py json_error)."""
 
 from __future__ import annotations
 

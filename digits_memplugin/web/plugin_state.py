@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 from flask import current_app
 
 if TYPE_CHECKING:
-    from ..extension import MemPlugin
+    from ..host.extension import MemPlugin
 
 
 def current_plugin() -> MemPlugin:
     """`extension.get_plugin` of the current app (imported here, at the call: extension imports the web modules)."""
-    from ..extension import get_plugin
+    from ..host.extension import get_plugin
 
     return get_plugin(current_app._get_current_object())  # type: ignore[attr-defined]

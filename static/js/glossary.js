@@ -1,6 +1,6 @@
 /* digits-memplugin: words explained where scripts draw them (MemPlugin.term), as templates/memplugin/terms.html
  * draws them on the server: the word linked to its entry on the glossary page, the entry's first line as its title.
- * The texts come from the page (<script id="mp-glossary">, digits_memplugin/glossary.py); a word without an entry,
+ * The texts come from the page (<script id="mp-glossary">, digits_memplugin/web/pages/glossary.py); a word without an entry,
  * or a page without them, gets plain text. */
 (function () {
   "use strict";

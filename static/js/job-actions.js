@@ -1,5 +1,5 @@
 /* digits-memplugin: Cancel and Delete in the jobs list, asked first in a dialog of the page (<dialog id="mp-confirm">,
- * templates/memplugin/job_confirm_dialog.html, with the texts of web/job_actions.py). Each row's button is a form post
+ * templates/memplugin/job_confirm_dialog.html, with the texts of web/pages/job_actions.py). Each row's button is a form post
  * to the confirmation step (a page of its own without JavaScript); here its submit opens the dialog, and "confirm"
  * calls the REST API (POST api/jobs/<id>/cancel, DELETE api/jobs/<id>). The list itself follows from the `jobs` room:
  * a cancelled job's row changes, a deleted one goes. A refusal (a job that started running meanwhile) is said in the

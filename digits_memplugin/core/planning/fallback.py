@@ -28,8 +28,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import BlobLimitError
 from ..sizes import format_size
-from .errors import BlobLimitError
 from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 
 Footprint = Callable[[int, int | None], int]

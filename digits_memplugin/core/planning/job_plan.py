@@ -3,7 +3,7 @@ job manager all plan with, so that the batch a page suggests is the batch the jo
 
 A job asks for a batch (a number, "auto", or the net's own) and runs on a device of some kind. The policy says
 which engine trains on that kind of device and how much of its free memory is kept back; the plan then follows the
-fallback policy's rules (core.fallback.decide): the wanted batch, kept through iter_size when it does not fit (or
+fallback policy's rules (core.planning.fallback.decide): the wanted batch, kept through iter_size when it does not fit (or
 cannot be built in one pass); for "auto" the largest batch that fits within the cap of "auto" (planner.auto_cap: a
 twentieth of the training set, at most 256); the
 test batch shrunk only when not even train batch 1 fits beside it. A job that asked to start with its wanted batch
@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from .errors import BatchLimitError
+from ..errors import BatchLimitError
+from ..flavour import BVLC, FLAVOURS, NVCAFFE
+from ..layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
 from .fallback import (
     CPU_SAFETY_MARGIN,
     DEFAULT_GROWTH,
@@ -28,8 +30,6 @@ from .fallback import (
     Policy,
     decide,
 )
-from .flavour import BVLC, FLAVOURS, NVCAFFE
-from .layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
 from .planner import BatchPlan, auto_cap, usable_bytes
 
 AUTO = "auto"

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from .errors import BatchLimitError
+from ..errors import BatchLimitError
 
 MAX_BATCH = 1 << 20
 """No search goes above this batch (a million items): blobs would exceed Caffe's INT_MAX elements long before."""

@@ -1,9 +1,9 @@
 """One attempt as a child process: started in its own process group, its JSON records and Caffe's log followed
 live, cancelled with SIGINT (the runner snapshots and stops; SIGTERM then SIGKILL when it does not in time),
-ended by the watchdog when it makes no progress (jobs.watchdog), and classified once it has ended (core.oom).
+ended by the watchdog when it makes no progress (jobs.backends.watchdog), and classified once it has ended (core.oom).
 
 A cancel is SIGINT to the child's process group, the signal both runners understand: the pycaffe runner
-(jobs.runner) and `caffe train` (its default `--sigint_effect=stop`) each stop at the next step, write a snapshot
+(jobs.child.runner) and `caffe train` (its default `--sigint_effect=stop`) each stop at the next step, write a snapshot
 and exit; the pycaffe runner then writes a "stopped" record naming the snapshot, which a runner wrapping `caffe`
 writes too. One that has not ended `cancel_seconds` after the request gets SIGTERM, then SIGKILL after the grace
 period, as before there was a snapshot to wait for.
@@ -15,7 +15,7 @@ dies leaves the whole log behind).
 
 A net output that becomes NaN or infinite (core.divergence) ends the attempt, unless its job asked to train on
 regardless: the records are watched as they come, and from the first such record the child has the grace period
-to stop by itself (jobs.runner does, before its next step or snapshot, with a "diverged" record), then it is
+to stop by itself (jobs.child.runner does, before its next step or snapshot, with a "diverged" record), then it is
 stopped (SIGTERM, then SIGKILL after the grace period), and `classify` is told why. Every record goes through
 `take_record`, so a runner whose records are made here (from a log) is watched the same way.
 
@@ -39,9 +39,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..core import nonfinite
-from ..core.divergence import DEFAULT_POLICY, DivergenceWatch
-from ..core.oom import CANCELLED, Outcome, Stall, classify
+from ...core import nonfinite
+from ...core.divergence import DEFAULT_POLICY, DivergenceWatch
+from ...core.oom import CANCELLED, Outcome, Stall, classify
 from .watchdog import Watchdog
 
 LOG_TAIL_BYTES = 256 * 1024
@@ -107,7 +107,7 @@ class AttemptProcess:
         """Silence (no record, no log line) after which the watchdog ends the child; None: never."""
         self.watchdog = watchdog
         """Makes the child's watchdog from its pid and `stall_seconds` (a test gives it a clock of its own)."""
-        self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.runner", spec_file]
+        self.command = command or [sys.executable, "-m", "digits_memplugin.jobs.child.runner", spec_file]
         self.process: subprocess.Popen[str] | None = None
         self.divergence = DivergenceWatch(divergence)
         """The job's policy for non-finite outputs (core.divergence), and the first one the records showed."""
@@ -147,7 +147,7 @@ class AttemptProcess:
 
     @property
     def handle(self) -> str:
-        """The attempt as the store keeps it (jobs.backend): "pid:N"."""
+        """The attempt as the store keeps it (jobs.backends.local): "pid:N"."""
         if self.process is None:
             raise RuntimeError("the attempt was not started")
         return f"pid:{self.process.pid}"

@@ -1,8 +1,8 @@
-"""Where an attempt runs: the seam between the attempt loop (jobs.attempts) and what starts the child.
+"""Where an attempt runs: the seam between the attempt loop (jobs.scheduling.attempt_loop) and what starts the child.
 
 A backend launches one attempt (its spec already written in the job's folder) and hands back a handle the loop
 follows, cancels, kills and waits on, the same whatever runs it: `LocalBackend` starts the runner as a child of
-this process (jobs.attempt); `jobs.ray_backend.RayBackend` submits it as a Ray job to a node of a cluster. The
+this process (jobs.backends.attempt_process); `jobs.backends.ray.RayBackend` submits it as a Ray job to a node of a cluster. The
 store keeps each attempt's handle as a string ("pid:N", "ray:<submission id>") so that the next start can reap
 what a previous server left running, whichever backend started it.
 """
@@ -14,14 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ..devices import DeviceReader
-from ..settings import JOB_BACKENDS
-from .attempt import AttemptProcess, AttemptResult, LogCallback, RecordCallback
-from .attempt_spec import AttemptSpec
-from .datafolder import kill_leftover
-from .records import Attempt
-
-LOCAL, RAY = JOB_BACKENDS
+from ...devices.reader import DeviceReader
+from ..child.attempt_spec import AttemptSpec
+from ..store.datafolder import kill_leftover
+from ..store.records import Attempt
+from . import LOCAL, RAY
+from .attempt_process import AttemptProcess, AttemptResult, LogCallback, RecordCallback
 
 
 class AttemptHandle(Protocol):

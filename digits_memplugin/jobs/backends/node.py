@@ -1,6 +1,6 @@
-"""The node side of a job backend that runs attempts on other hosts (jobs.ray_backend).
+"""The node side of a job backend that runs attempts on other hosts (jobs.backends.ray).
 
-    python -m digits_memplugin.jobs.node attempts/N/attempt.json --folder JOBDIR [--env K=V ...]
+    python -m digits_memplugin.jobs.backends.node attempts/N/attempt.json --folder JOBDIR [--env K=V ...]
         Run one attempt on this host exactly as the local backend does: today's runner under today's
         AttemptProcess (its death signal, the OOM classification with this host's /proc/vmstat, the watchdog, the
         memory cap all stay here). Each record and each new line of Caffe's log is printed on stdout as one JSON
@@ -8,10 +8,10 @@
         A file `cancel` in the attempt's folder cancels the attempt as the local backend's cancel does (a snapshot,
         then the stop; the server writes it first and stops the Ray job only if that takes too long, or at once
         while Ray still holds it pending); SIGTERM (Ray's stop, SIGKILL 3 s later) stops it at once, without one.
-    python -m digits_memplugin.jobs.node --agent ROOT [--interval S]
+    python -m digits_memplugin.jobs.backends.node --agent ROOT [--interval S]
         The node's agent, started with the node: writes this host's devices (devices.read_devices, NVML) to
         ROOT/nodes/<host>.json every few seconds, which the server reads to show and plan every host's GPUs.
-    python -m digits_memplugin.jobs.node --probe FILE TOKEN
+    python -m digits_memplugin.jobs.backends.node --probe FILE TOKEN
         Exit 0 when FILE holds TOKEN: the server's check that this node sees the shared job folder.
 
 The host's name is MEMPLUGIN_NODE_NAME, else the machine's host name; the shared folder's path on this host is
@@ -34,12 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core import nonfinite
-from ..core.divergence import DEFAULT_POLICY
-from ..core.oom import Outcome
-from ..devices import read_devices
-from .attempt import CANCEL_SECONDS, AttemptProcess, AttemptResult
-from .cluster import NODES_FOLDER
+from ...core import nonfinite
+from ...core.divergence import DEFAULT_POLICY
+from ...core.oom import Outcome
+from ...devices.cluster import NODES_FOLDER
+from ...devices.reader import read_devices
+from .attempt_process import CANCEL_SECONDS, AttemptProcess, AttemptResult
 
 TAG = "memplugin"
 """Every line the wrapper prints is a JSON object with this key: "record", "log" or "outcome"."""
@@ -154,8 +154,8 @@ def node_report() -> dict[str, Any]:
 
 def _simulated_gpus(spec: str) -> None:
     """Fake GPUs (tests, demos) with UUIDs of this host's own, as real GPUs have across hosts."""
-    from ..devices import install_library
-    from ..fake_nvml import FakeNvml
+    from ...devices.fake_nvml import FakeNvml
+    from ...devices.reader import install_library
 
     fake = FakeNvml.from_spec(spec)
     tag = hashlib.sha256(node_name().encode()).hexdigest()[:8]
@@ -191,7 +191,7 @@ def probe(path: Path, token: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m digits_memplugin.jobs.node", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m digits_memplugin.jobs.backends.node", description=__doc__.split("\n")[0])
     parser.add_argument("spec", nargs="?", help="the attempt's attempt.json, relative to --folder")
     parser.add_argument("--folder", help="the job's folder, as the server sees it")
     parser.add_argument("--root", help="the shared folder as the server sees it (MEMPLUGIN_SHARED_DIR maps it here)")

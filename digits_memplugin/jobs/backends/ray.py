@@ -4,7 +4,7 @@ Why HTTP and never `ray.init`: the server runs under gevent, where Ray's grpc cl
 monkey-patched, so every call here yields to the hub, and each has a timeout. Nothing here imports Ray.
 
 Each attempt is one Ray job, submission id `<job>-<attempt>` (Ray refuses an id used before), whose entrypoint is
-the node wrapper (jobs.node) on the host the scheduler chose: a GPU is pinned by the per-GPU custom resource
+the node wrapper (jobs.backends.node) on the host the scheduler chose: a GPU is pinned by the per-GPU custom resource
 `memplugin_gpu:<UUID>` (each node declares one per GPU, sized jobs-per-GPU: `num_gpus` cannot choose a GPU) plus
 our own CUDA_VISIBLE_DEVICES; a host's CPU by `memplugin_cpu:<host>`. The wrapper prints the attempt's records,
 Caffe's log lines and its result as JSON lines; the manager follows the job's log and rebuilds the result.
@@ -40,16 +40,16 @@ from typing import Any
 
 import websocket
 
-from ..core import nonfinite
-from ..core.oom import CANCELLED, FAILED, Outcome
-from ..devices import CPU_KEY, DeviceReader
-from ..errors import MemPluginError
-from .attempt import MAX_LINE, AttemptResult
-from .backend import RAY, Launch
-from .cluster import ClusterDeviceReader, cpu_host, gpu_resource, host_resource
-from .datafolder import kill_leftover
+from ...core import nonfinite
+from ...core.errors import MemPluginError
+from ...core.oom import CANCELLED, FAILED, Outcome
+from ...devices.cluster import ClusterDeviceReader, cpu_host, gpu_resource, host_resource
+from ...devices.reader import CPU_KEY, DeviceReader
+from ..store.datafolder import kill_leftover
+from ..store.records import Attempt
+from .attempt_process import MAX_LINE, AttemptResult
+from .local import RAY, Launch
 from .node import CANCEL_FILE, TAG, result_from_json
-from .records import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class RayJobsClient:
 
 
 class RayAttempt:
-    """One attempt submitted as a Ray job (jobs.backend.AttemptHandle)."""
+    """One attempt submitted as a Ray job (jobs.backends.local.AttemptHandle)."""
 
     def __init__(self, client: RayJobsClient, submission_id: str, launch: Launch, *, poll_seconds: float) -> None:
         self.client = client
@@ -363,7 +363,7 @@ class RayAttempt:
 
 
 class RayBackend:
-    """Attempts on a Ray cluster (jobs.backend.Backend). `shared_root` is the data folder's path on the server,
+    """Attempts on a Ray cluster (jobs.backends.local.Backend). `shared_root` is the data folder's path on the server,
     which every node sees (at MEMPLUGIN_SHARED_DIR on a node where it is mounted elsewhere)."""
 
     name = RAY
@@ -380,7 +380,7 @@ class RayBackend:
     def entrypoint(self, launch: Launch) -> str:
         grace = min(launch.grace_seconds, STOP_WAIT_SECONDS - 1.0)
         words = [
-            self.python, "-m", "digits_memplugin.jobs.node", launch.spec_file, "--folder", str(launch.folder),
+            self.python, "-m", "digits_memplugin.jobs.backends.node", launch.spec_file, "--folder", str(launch.folder),
             "--root", str(self.shared_root), "--grace", str(grace), "--cancel-seconds", str(launch.cancel_seconds),
         ]
         if launch.stall_seconds is not None:
@@ -440,7 +440,7 @@ class RayBackend:
             submitted = {}
             for host in hosts:
                 submission_id = f"memplugin-probe-{token}-{host}"
-                command = shlex.join([self.python, "-m", "digits_memplugin.jobs.node", "--probe", str(probe), token,
+                command = shlex.join([self.python, "-m", "digits_memplugin.jobs.backends.node", "--probe", str(probe), token,
                                       "--root", str(self.shared_root)])
                 self.client.submit(submission_id, command, resources={host_resource(host): 0.001},
                                    metadata={"memplugin_probe": host})

@@ -17,32 +17,20 @@ Where no stack can be read, core.oom judges from /proc alone and says that the c
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
 
-from ..core.oom import Stall
-from ..measure.process_memory import data_bytes
+from ...core.oom import Stall
+from ...measure.process_memory import data_bytes
+from ...measure.process_times import cpu_times
 
 STACK_TIMEOUT_SECONDS = 20.0
 """gdb attaching to a process and printing one thread's stack takes about a second; a bound on a slow one."""
 MAX_FRAMES = 32
 _FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-fA-F]+ in )?(?P<function>[^\s(]+)")
-
-
-def cpu_times(pid: int) -> tuple[float, float, str] | None:
-    """(user seconds, system seconds, state letter) of a process, all its threads together; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks, fields[0]
 
 
 def data_segment(pid: int) -> tuple[int | None, int | None]:

@@ -1,5 +1,5 @@
 """What the manager tells the training child about one attempt: `attempts/N/attempt.json`, written by the manager
-(jobs.attempts) and read by the runner (jobs.runner).
+(jobs.scheduling.attempt_loop) and read by the runner (jobs.child.runner).
 
 One typed record for both sides, so that a field renamed or retyped on one side is a type error on the other,
 and a file that is not what the manager writes (hand-edited, truncated, from another version) is refused by the
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.divergence import DEFAULT_POLICY, POLICIES
+from ...core.divergence import DEFAULT_POLICY, POLICIES
 
 CPU = "cpu"
 GPU = "gpu"
@@ -89,18 +89,18 @@ class AttemptSpec:
     nice: int = 0
     """The child's nice value (0: the server's own)."""
     divergence: str = DEFAULT_POLICY
-    """What a non-finite net output does (core.divergence): "stop" the attempt (jobs.attempt watches the records),
+    """What a non-finite net output does (core.divergence): "stop" the attempt (jobs.backends.attempt_process watches the records),
     or "continue" training."""
     runner: str = PYCAFFE_RUNNER
     """"pycaffe": the runner drives pycaffe's solver; "binary": it runs `caffe train` and reads its log
-    (jobs/binary_runner.py; the generated solver then has Caffe's own testing, snapshots and display on)."""
+    (jobs/child/binary_runner.py; the generated solver then has Caffe's own testing, snapshots and display on)."""
     caffe: str | None = None
     """The `caffe` binary the binary runner runs."""
     preload: str | None = None
-    """The capped-start library the binary runner preloads into caffe (jobs/preload.py); None: built by the child."""
+    """The capped-start library the binary runner preloads into caffe (jobs/child/preload.py); None: built by the child."""
     read_paths: tuple[str, ...] = ()
     """The dataset paths the attempt may read (real absolute paths of files and folders, checked when the attempt
-    was written), besides the job's folder: what the child's confinement grants (jobs.confinement)."""
+    was written), besides the job's folder: what the child's confinement grants (jobs.child.confinement)."""
     write_paths: tuple[str, ...] = ()
     """The folders, relative to the job's folder, the attempt may write beneath (its outputs, snapshots, its own
     folder, its LMDB lock folders); nothing else is writable."""

@@ -1,12 +1,12 @@
 """The `caffe` binary runner: one attempt trained by `caffe train --solver=S [--gpu=N] [--snapshot=STATE]`, as DIGITS
-runs it, followed by the training child (jobs/runner.py, which calls `train_with_binary` for a Caffe without a
+runs it, followed by the training child (jobs/child/runner.py, which calls `train_with_binary` for a Caffe without a
 pycaffe) and turned into the records the pycaffe runner sends.
 
 The child stays what the manager supervises, and caffe runs inside it:
 
 * in the child's process group (a cancel's SIGTERM and SIGKILL reach both), with PR_SET_PDEATHSIG set between fork
   and exec, so the chain dies together: the server's death kills the child, the child's kills caffe;
-* preloaded with the capped-start library (capped_start.c, built by jobs/preload.py), which, inside caffe, once its
+* preloaded with the capped-start library (capped_start.c, built by jobs/child/preload.py), which, inside caffe, once its
   libraries are initialised and before its main runs, warms its BLAS up as blas_warmup does for pycaffe (a map
   left for after the cap would make OpenBLAS retry for ever), makes Caffe's threads reserve small stacks, takes
   the baseline and sets RLIMIT_DATA to it plus the attempt's cap, names the server its ptracer, and reports all
@@ -15,7 +15,7 @@ The child stays what the manager supervises, and caffe runs inside it:
 * its `started` record names caffe's pid, so the manager's watchdog, which ends and classifies a silent attempt,
   looks at the process that trains (its CPU time, its stack, its data segment), and GPU memory is read for it;
 * its output (glog on stderr, anything on stdout) is appended to the attempt's caffe.log as it comes, and read as
-  it comes (jobs/caffe_log.py): records for the tests, updates, snapshots and the end, with `memory_bytes` (caffe's
+  it comes (jobs/child/caffe_log.py): records for the tests, updates, snapshots and the end, with `memory_bytes` (caffe's
   data segment growth, read from /proc) and, on the CPU, `allocated_bytes` (malloc's growth, which only caffe can
   read: the library answers on a pipe);
 * out of memory is recognised from the live log with the classifier's signatures (core.oom): caffe normally
@@ -24,7 +24,7 @@ The child stays what the manager supervises, and caffe runs inside it:
 * a caffe killed by a signal (SIGABRT after glog's F line) ends the child with the same signal, an exit status is
   passed on: the manager classifies the attempt as it would a pycaffe one.
 
-The generated solver has Caffe's own testing, snapshots and `display: 1` on (jobs/definition.py), so that the log
+The generated solver has Caffe's own testing, snapshots and `display: 1` on (jobs/definition/definition.py), so that the log
 says everything the records need.
 """
 
@@ -44,15 +44,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..caffe_build import linked_libraries
-from ..core.oom import GLOG_LINE, SYSTEM_SHARE_OF_A_RETRY
-from ..core.schedule import LearningRate
-from ..measure.process_memory import data_bytes
+from ...core.oom import GLOG_LINE, SYSTEM_SHARE_OF_A_RETRY
+from ...core.schedule import LearningRate
+from ...measure.process_memory import data_bytes
+from ...measure.process_times import cpu_times
 from .attempt_spec import AttemptSpec
+from .caffe_build import linked_libraries
 from .caffe_log import TrainingLog
 from .confinement import Confinement, ConfinementError, confine_attempt, describe
 from .preload import PreloadError, ensure_library
-from .watchdog import cpu_times
 
 PR_SET_PDEATHSIG = 1
 REPORT_SECONDS = 300.0
@@ -341,7 +341,7 @@ def _read_some(fd: int) -> bytes | None:
 
 
 def _blas(report: dict[str, Any] | None) -> dict[str, Any]:
-    """The `started` record's "blas", as the pycaffe runner's (jobs.blas_warmup.WarmUp)."""
+    """The `started` record's "blas", as the pycaffe runner's (jobs.child.blas_warmup.WarmUp)."""
     if report is None:
         return {"library": None, "core": None, "threads": None, "mapped_bytes": 0, "rounds": 0, "settled": False}
     threads = report.get("threads")
@@ -376,7 +376,7 @@ def train_with_binary(spec: AttemptSpec, report: Any, *, stack_bytes: int) -> in
 
 
 def _confinement(spec: AttemptSpec, library: Path) -> Any:
-    """The attempt's confinement (jobs.confinement) as a call made in caffe's process between fork and exec: besides
+    """The attempt's confinement (jobs.child.confinement) as a call made in caffe's process between fork and exec: besides
     what the pycaffe runner is granted, caffe's own Caffe root (its binary and libcaffe), the folders of the libraries
     it links (as ldd resolves them, here, before any confinement) and the capped-start library are read and
     executed."""

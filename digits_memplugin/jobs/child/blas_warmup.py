@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..measure.process_memory import data_bytes
+from ...measure.process_memory import data_bytes
 
 GEMM_SIZE = 512
 """Square sgemm size: past every kernel's small-matrix path, and threaded (M*N*K far above OpenBLAS's threshold)."""

@@ -12,7 +12,7 @@ What a build can do is read from the build itself, every check with a bounded ti
 * that its binary runs and its version: `caffe -version` (gflags prints "caffe version 1.0.0");
 * whether its pycaffe imports in this Python (a child process: importing it loads Caffe's C++ library). A Caffe
   whose pycaffe does (the bundled one, a build for this Python) trains through the pycaffe runner; any other,
-  through its `caffe` binary (jobs/binary_runner.py);
+  through its `caffe` binary (jobs/child/binary_runner.py);
 * CUDA: what `caffe device_query` says with no GPU visible: a CPU_ONLY build says "Cannot use GPU in CPU-only
   Caffe", a CUDA build fails to find a device instead. This holds whether it links the CUDA runtime statically or
   not. For the bundled pycaffe (no binary), the libraries its extension links;
@@ -38,13 +38,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import MemPluginError
+from ...core.errors import MemPluginError
 
 BVLC = "bvlc"
 NVCAFFE = "nvcaffe"
 """The flavours, as core.flavour names them."""
 PYCAFFE, BINARY = "pycaffe", "binary"
-"""How jobs train: pycaffe's solver driven by jobs/runner.py, or `caffe train` followed by jobs/binary_runner.py."""
+"""How jobs train: pycaffe's solver driven by jobs/child/runner.py, or `caffe train` followed by jobs/child/binary_runner.py."""
 SETTING = "MEMPLUGIN_CAFFE_ROOT"
 ENVIRONMENT = ("CAFFE_ROOT", "CAFFE_HOME")
 """Read as DIGITS reads them, in this order, when the setting is not given."""

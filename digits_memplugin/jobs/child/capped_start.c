@@ -1,5 +1,5 @@
 /* The start of a capped `caffe train`: preloaded (LD_PRELOAD) into the binary by the training child
- * (digits_memplugin/jobs/binary_runner.py; built by jobs/preload.py with the machine's C compiler).
+ * (digits_memplugin/jobs/child/binary_runner.py; built by jobs/preload.py with the machine's C compiler).
  *
  * Why: the pycaffe runner warms OpenBLAS up in its own process before it sets RLIMIT_DATA (jobs/blas_warmup.py):
  * OpenBLAS maps a 128 MiB work buffer the first time a call takes its buffered path, and under RLIMIT_DATA a map that

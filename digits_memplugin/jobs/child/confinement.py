@@ -1,10 +1,10 @@
 """What a training attempt may open, enforced by the kernel: `confine_attempt(job_folder, read_roots, write_roots)`.
 
-The server checks every path a job names when it is submitted and again when each attempt starts (jobs.definition),
+The server checks every path a job names when it is submitted and again when each attempt starts (jobs.definition.definition),
 but Caffe opens files all through training: HDF5Data opens each file of its list again whenever it moves on to it,
 ImageData opens every image, the HDF5 library follows a dataset's external storage and external links, and
 HDF5Output creates its file by name, following any link on the way. A check made before cannot hold for an open
-made later. So the training child confines itself with Landlock (digits_memplugin.landlock) before it loads Caffe:
+made later. So the training child confines itself with Landlock (digits_memplugin.confine.landlock) before it loads Caffe:
 from then on the kernel refuses, with EACCES, every open outside
 
 * reading: the job's folder (its generated nets, list files, snapshots to resume from), the dataset paths the job
@@ -40,8 +40,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import landlock
-from ..landlock import EXECUTE, IOCTL_DEV, READ, READ_FILE, WRITE, WRITE_FILE, LandlockError, Ruleset
+from ...confine import landlock
+from ...confine.landlock import EXECUTE, IOCTL_DEV, READ, READ_FILE, WRITE, WRITE_FILE, LandlockError, Ruleset
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 """Shared libraries, the dynamic loader and the interpreter's own files: read and execute (a runner may exec)."""
@@ -169,7 +169,7 @@ def _runtime(rules: Ruleset, gpu: bool, folder: str) -> None:
     No sys.path entry that is the job's folder (`python -m` puts it first), lies in it or holds it: the job's
     folder is read, never executed, and a folder above it would grant the other jobs and perhaps the datasets."""
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    package = Path(__file__).resolve().parent.parent  # an editable install's package is outside site-packages
+    package = Path(__file__).resolve().parents[2]  # the package root, from jobs/child/; an editable install's package is outside site-packages
     paths = {p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)} | prefixes | {str(package)}
     job = Path(folder).resolve()
     paths = {p for p in paths if not _related(Path(p).resolve(), job)}

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import MemPluginError
+from ...core.errors import MemPluginError
 
 SOURCE = Path(__file__).with_name("capped_start.c")
 LIBRARY_NAME = "libmemplugin_capped_start.so"

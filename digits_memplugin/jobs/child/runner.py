@@ -1,9 +1,9 @@
 """The training child: one attempt of a job, driving pycaffe's solver step by step and reporting as JSON lines.
 
-Usage: ``python -m digits_memplugin.jobs.runner ATTEMPT_JSON`` with the job's folder as working directory.
+Usage: ``python -m digits_memplugin.jobs.child.runner ATTEMPT_JSON`` with the job's folder as working directory.
 
 A Caffe without a pycaffe trains through its `caffe` binary instead (the spec's runner "binary"): this child then
-runs `caffe train` and turns its log into the same records (jobs/binary_runner.py); all said below of the child
+runs `caffe train` and turns its log into the same records (jobs/child/binary_runner.py); all said below of the child
 itself (its log, its death with the server, its priority, its records, its full disk) holds for both.
 
 The server never runs Caffe itself: Caffe aborts the whole process on out-of-memory. Here the runner
@@ -11,13 +11,13 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 * sends Caffe's own log (glog writes to fd 2) and any Python traceback to the attempt's ``caffe.log``;
 * confines itself, before pycaffe is loaded and while it has one thread, to reading the job's folder, the dataset
   paths the spec names and the runtime's files, and to writing beneath the spec's write folders
-  (jobs.confinement, Landlock); where the kernel has no Landlock it trains unconfined and says so in its
+  (jobs.child.confinement, Landlock); where the kernel has no Landlock it trains unconfined and says so in its
   "started" record;
 * dies with its parent (PR_SET_PDEATHSIG), so a killed server leaves no training behind;
 * lowers its own CPU priority (the attempt's "nice", 10 by default) before Caffe starts its threads, which inherit
   it: on a machine whose cores the training takes, the server's pages, API and events still come first;
 * applies the attempt's memory cap to itself with RLIMIT_DATA, measured from its own footprint once pycaffe is
-  loaded and the BLAS has mapped its buffers (jobs.blas_warmup: OpenBLAS retries a failed map for ever, so none
+  loaded and the BLAS has mapped its buffers (jobs.child.blas_warmup: OpenBLAS retries a failed map for ever, so none
   may be left for after the cap), so the cap is what Caffe's buffers may take. RLIMIT_DATA (not RLIMIT_AS) because malloc then
   fails cleanly and Caffe's CHECK reports "host allocation of size N failed", while address-space reservations
   (LMDB's read-only map, glibc's arena reserves) do not count;
@@ -34,12 +34,12 @@ snapshot, finished, stopped, diverged, error. Exit status 0 after "finished", "s
 SIGINT asks the runner to stop, as `caffe train`'s default `--sigint_effect=stop` does (Solver::Step breaks out,
 Solver::Solve snapshots): the handler only notes the request, and the runner honours it between two steps (or two
 forward passes of a test pass), writes a snapshot of the weights it has (unless one of that iteration exists
-already), a "stopped" record naming it, and exits 0. This is how the manager cancels a job (jobs.attempt): the
+already), a "stopped" record naming it, and exits 0. This is how the manager cancels a job (jobs.backends.attempt_process): the
 work done is kept, and Resume continues from it. A runner that does not stop in time is killed.
 
 A loss or an output that is NaN or infinite is written as "NaN", "Infinity" or "-Infinity" (core.nonfinite), never
 a bare token strict JSON readers refuse. At the first such record the runner stops, unless the spec's divergence
-policy is "continue" (core.divergence, the decision the server's jobs.attempt makes from the same records): it
+policy is "continue" (core.divergence, the decision the server's jobs.backends.attempt_process makes from the same records): it
 writes a "diverged" record with DIGITS' advice and returns before the next step or snapshot (no snapshot of NaN
 weights, no signal needed).
 
@@ -64,15 +64,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..core import nonfinite
-from ..core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
-from ..measure.process_memory import data_bytes, heap_bytes
+from ...core import nonfinite
+from ...core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
+from ...measure.process_memory import data_bytes, heap_bytes
 from .attempt_spec import BINARY_RUNNER, AttemptSpec, AttemptSpecError
 from .blas_warmup import warm_up
 from .confinement import confine_attempt, describe
 
 if TYPE_CHECKING:
-    from ..core.schedule import LearningRate
+    from ...core.schedule import LearningRate
 
 THREAD_STACK_BYTES = 512 * 1024
 """Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
@@ -213,7 +213,7 @@ def die_with_parent() -> None:
 
 def let_parent_trace() -> None:
     """Where Yama restricts ptrace to ancestors, let the server (and the gdb its watchdog starts) read this
-    process's stack if it ever stops making progress (jobs.watchdog). Without Yama there is nothing to do."""
+    process's stack if it ever stops making progress (jobs.backends.watchdog). Without Yama there is nothing to do."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PTRACER, os.getppid(), 0, 0, 0)
 
@@ -321,7 +321,7 @@ def train(spec: AttemptSpec, report: Reporter) -> Any:
         Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu"
     )
     print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
-    from ..core.schedule import LearningRate
+    from ...core.schedule import LearningRate
 
     schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
     import caffe
@@ -410,7 +410,7 @@ def stopped(
 def main(argv: list[str]) -> int:
     STOP.install()  # first: a cancel that comes while pycaffe loads is honoured once training can stop
     if len(argv) != 1:
-        print("usage: python -m digits_memplugin.jobs.runner ATTEMPT_JSON", file=sys.stderr)
+        print("usage: python -m digits_memplugin.jobs.child.runner ATTEMPT_JSON", file=sys.stderr)
         return 2
     try:
         spec = AttemptSpec.read(Path(argv[0]))

@@ -18,7 +18,7 @@ the same kind. The child is handed those real paths; for an LMDB, a folder of th
 to the dataset's data file, because Caffe opens LMDBs read-only but still opens (creates, writes) the folder's
 lock.mdb, and a prototxt cannot ask it not to: its lock table is written in the job's folder, never the dataset's.
 The attempt's files say what its child may then open (`AttemptFiles.reads`, `.writes`), which the child's
-confinement (jobs.confinement) holds it to while Caffe opens files all through training.
+confinement (jobs.child.confinement) holds it to while Caffe opens files all through training.
 """
 
 from __future__ import annotations
@@ -36,20 +36,21 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ..core.cost import Meter
-from ..core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
-from ..core.errors import NetError
-from ..core.estimate import Estimator, net_batch
-from ..core.flavour import BVLC, NVCAFFE, flavour_of, solver_storage
-from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
-from ..core.layers.data import DataSpec
-from ..core.memory import SOLVER_STATE_BLOBS, MemoryOptions
-from ..core.net import ShapeOracle, filter_layers, net_state
-from ..core.proto import caffe_pb2
-from ..core.schedule import LearningRate
-from ..core.training import TrainingDefinition, fill_num_classes, training_definition
-from ..dataset_scan import HDF5, LMDB, describe
-from ..datasets import (
+from ...core.cost import Meter
+from ...core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
+from ...core.errors import NetError
+from ...core.estimate import Estimator, net_batch
+from ...core.flavour import BVLC, NVCAFFE, flavour_of, solver_storage
+from ...core.inputs import shown
+from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
+from ...core.layers.data import DataSpec
+from ...core.memory import SOLVER_STATE_BLOBS, MemoryOptions
+from ...core.net import ShapeOracle, filter_layers, net_state
+from ...core.proto import caffe_pb2
+from ...core.schedule import LearningRate
+from ...core.training import TrainingDefinition, fill_num_classes, training_definition
+from ...estimate.dataset_scan import HDF5, LMDB, describe
+from ...estimate.datasets import (
     LMDB_DATA_FILE,
     READ_SECONDS,
     find_in_roots,
@@ -58,8 +59,7 @@ from ..datasets import (
     real_path,
     shapes_from_sources,
 )
-from ..files import file_kind, inside, read_regular
-from ..inputs import shown
+from ...estimate.files import file_kind, inside, read_regular
 from ..turns import Turns
 
 NET_SOURCE = "net.prototxt"
@@ -227,8 +227,8 @@ def load_definition(
     """Parse, confine and check a job's definition; NetError (with the layer and field) on anything unsafe or
     unusable. `folder` is the job's folder (list files are written under it), `roots` the dataset folders,
     `data` replaces data layers' sources by layer name. `max_iter`, `epochs`, `test_interval` and `test_iter` are
-    the request's (jobs.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
-    from the datasets' sizes. `facts` builds the nets once (default `net_facts`, here; jobs.planning's runs a
+    the request's (jobs.definition.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
+    from the datasets' sizes. `facts` builds the nets once (default `net_facts`, here; jobs.scheduling.planning's runs a
     costly build in an estimate worker)."""
     training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     trainer = trainer or Trainer()
@@ -324,7 +324,7 @@ class NetFacts:
 def net_facts(definition: JobDefinition, oracle: ShapeOracle | None = None, meter: Meter | None = None) -> NetFacts:
     """The nets built once at their own batches (a NetError when they cannot be built: bad shapes), and what that
     tells: their batches and the threads Caffe starts. `meter` may stop it (core.cost.TimeUp): a recurrent net
-    unrolls into tens of thousands of layers, which jobs.planning builds in an estimate worker instead."""
+    unrolls into tens of thousands of layers, which jobs.scheduling.planning builds in an estimate worker instead."""
     _, train, tests = definition.estimator("cpu", oracle, meter).report(None, None)
     threads = sum(
         2 if layer.type == "Data" else 1
@@ -694,7 +694,7 @@ LMDB_FOLDER = "data/lmdb"
 to the dataset's data file; the child's LMDB writes its lock.mdb there."""
 CHANGED = "changed since the job was submitted"
 MAX_READ_RULES = 4096
-"""Dataset paths granted one by one to the training child (jobs.confinement); beyond, the roots holding them."""
+"""Dataset paths granted one by one to the training child (jobs.child.confinement); beyond, the roots holding them."""
 
 
 class _Recheck:

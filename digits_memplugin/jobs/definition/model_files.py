@@ -40,12 +40,14 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ..core.cost import Meter
-from ..core.errors import NetError
-from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
-from ..core.net import build_net, filter_layers, net_state
-from ..core.training import fill_num_classes, training_definition
-from ..files import open_confined, open_regular
+from ...core.cost import Meter
+from ...core.errors import NetError
+from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
+from ...core.net import build_net, filter_layers, net_state
+from ...core.training import fill_num_classes, training_definition
+from ...estimate.files import open_confined, open_regular
+from ..errors import JobError
+from ..store.records import Attempt, Job
 from ..turns import Turns
 from .definition import (
     NET_SOURCE,
@@ -56,8 +58,6 @@ from .definition import (
     set_batch,
     snapshot_prefix,
 )
-from .errors import JobError
-from .records import Attempt, Job
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def packed_nets(
     """The nets and solver as the job trained them (see the module), and its deploy net where one can be made.
     `definition` is the job's loaded definition (its dataset's item shapes and mean file), None when the dataset
     cannot be read now: the deploy net then needs the request's `data_shapes`. `meter` may stop the deploy net's
-    build (core.cost.TimeUp): a recurrent net unrolls into thousands of layers, which jobs.planning then builds in
+    build (core.cost.TimeUp): a recurrent net unrolls into thousands of layers, which jobs.scheduling.planning then builds in
     an estimate worker."""
     return packed_from(net_text, solver_text, spec, attempt, max_iter, train_mean_file(definition),
                        item_shapes(spec, definition), meter)

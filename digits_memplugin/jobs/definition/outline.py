@@ -1,11 +1,11 @@
 """What a clone of a stored job needs of its net and solver when they are large, made in an estimate worker.
 
 A job's net and solver as submitted may each be up to 4 MiB; parsing such a text takes seconds of one core, and the
-clone page (web/job_clone.py) is a read that anyone allowed to read may ask for again and again: a 3.6 MB net held
+clone page (web/pages/job_clone.py) is a read that anyone allowed to read may ask for again and again: a 3.6 MB net held
 the server's one thread 2.6 s a page. A large net is never one of the standard networks (theirs are a few KB) and a
 large solver never one the form's settings make, so all the page needs of them is small: the type and phases of
 the layers the request's `data` names, and the solver with the request's max_iter written in. `outline` makes that
-in a worker (jobs.planning runs it: `Planner.outline`); the answer crosses the pipe as a few strings.
+in a worker (jobs.scheduling.planning runs it: `Planner.outline`); the answer crosses the pipe as a few strings.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 from google.protobuf import text_format
 
-from ..core.errors import NetError
-from ..core.prototxt import parse_net, parse_solver
+from ...core.errors import NetError
+from ...core.prototxt import parse_net, parse_solver
 from .definition import NET_SOURCE, SOLVER_SOURCE, data_phases
 
 
@@ -25,7 +25,7 @@ class Outline:
     """A large net's data layers by the names the request's data gives, and a large solver as the form pastes it."""
 
     layers: dict[str, tuple[str, tuple[str, ...]]] | None
-    """For each name in `data` that names a layer: its type and the phases it feeds (jobs.definition.data_phases).
+    """For each name in `data` that names a layer: its type and the phases it feeds (jobs.definition.definition.data_phases).
     None when the net does not parse."""
     solver_text: str | None
     """The solver with `max_iter` written in (the text as it is when it does not parse, or max_iter is its own)."""

@@ -26,11 +26,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.divergence import DEFAULT_POLICY, POLICIES
-from ..core.epochs import EVERY_EPOCH, ONE_PASS
-from ..core.fallback import DEFAULT_GROWTH, Policy
-from ..inputs import capped, not_text, surrogate_in
-from ..sizes import byte_count
+from ...core.divergence import DEFAULT_POLICY, POLICIES
+from ...core.epochs import EVERY_EPOCH, ONE_PASS
+from ...core.inputs import capped, not_text, surrogate_in
+from ...core.planning.fallback import DEFAULT_GROWTH, Policy
+from ...core.sizes import byte_count
 
 FIELDS = (
     "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "epochs", "test_interval",

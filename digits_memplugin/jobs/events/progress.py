@@ -3,7 +3,7 @@ row (at most once per `store_progress_seconds` for iterations), writes the job's
 end, the job's end) retried until the database takes them, and meanwhile what they say shown on top of what the
 database holds, so that a job whose child is gone does not read "running".
 
-The manager (jobs.manager) and the attempt loop (jobs.attempts) share one `Progress`: its lock is the manager's.
+The manager (jobs.manager) and the attempt loop (jobs.scheduling.attempt_loop) share one `Progress`: its lock is the manager's.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..pace import Pace, Window
-from .backend import AttemptHandle
-from .records import FINAL_STATES, RUNNING, Attempt, Job
-from .store import JobStore, StoreError
+from ..backends.local import AttemptHandle
+from ..store.database import JobStore, StoreError
+from ..store.records import FINAL_STATES, RUNNING, Attempt, Job
+from .pace import Pace, Window
 
 log = logging.getLogger(__name__)
 

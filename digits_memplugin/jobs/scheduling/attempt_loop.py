@@ -1,11 +1,11 @@
 """A running job's attempts: plan the next one from the device's limit and what earlier ones told, write its
 files, run it as a child process, classify how it ended, record it, and try again after an out-of-memory until
-the fallback policy (core.fallback) gives up or an attempt ends the job (a success, a failure, a cancel, or a net
+the fallback policy (core.planning.fallback) gives up or an attempt ends the job (a success, a failure, a cancel, or a net
 output that became NaN: core.divergence).
 
-The planning is core.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
+The planning is core.planning.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
 too (`plan_for` gives it the job's request and definition); the rest is the loop (`AttemptLoop`), which writes
-through the manager's `Progress` (jobs.progress) and runs under the job's task (jobs.manager).
+through the manager's `Progress` (jobs.events.progress) and runs under the job's task (jobs.manager).
 """
 
 from __future__ import annotations
@@ -19,32 +19,32 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..caffe_build import BINARY
-from ..core.cost import Meter
-from ..core.divergence import DEFAULT_POLICY
-from ..core.fallback import Decision, Failure
-from ..core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
-from ..core.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
-from ..core.layers.base import ENGINE_CPU
-from ..core.net import ShapeOracle
-from ..core.oom import CANCELLED as OUTCOME_CANCELLED
-from ..core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
-from ..core.oom import FAILED as FAILED_OUTCOME
-from ..core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
-from ..devices import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
-from ..estimate_pool import PoolBusy
-from .attempt import AttemptResult
-from .attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, AttemptSpec
-from .backend import Backend, Launch, LocalBackend
-from .config import ManagerConfig
-from .definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
-from .disk import LOW_DISK_BYTES, free_bytes, free_note
-from .errors import JobError, JobNotFound
-from .progress import Progress, Running, progress_fields, reserved
-from .records import CANCELLED, DONE, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
-from .runner import DISK_FULL, THREAD_STACK_BYTES
+from ...core.cost import Meter
+from ...core.divergence import DEFAULT_POLICY
+from ...core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
+from ...core.layers.base import ENGINE_CPU
+from ...core.net import ShapeOracle
+from ...core.oom import CANCELLED as OUTCOME_CANCELLED
+from ...core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
+from ...core.oom import FAILED as FAILED_OUTCOME
+from ...core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
+from ...core.planning.fallback import Decision, Failure
+from ...core.planning.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
+from ...devices.reader import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
+from ...estimate.pool import PoolBusy
+from ..backends.attempt_process import AttemptResult
+from ..backends.local import Backend, Launch, LocalBackend
+from ..child.attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, AttemptSpec
+from ..child.caffe_build import BINARY
+from ..child.runner import DISK_FULL, THREAD_STACK_BYTES
+from ..config import ManagerConfig
+from ..definition.definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
+from ..errors import JobError, JobNotFound
+from ..events.progress import Progress, Running, progress_fields, reserved
+from ..store.database import StoreError
+from ..store.disk import LOW_DISK_BYTES, free_bytes, free_note
+from ..store.records import CANCELLED, DONE, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
 from .scheduler import Limit, limit_for, memory_cap
-from .store import StoreError
 
 if TYPE_CHECKING:
     from .planning import Planner
@@ -73,7 +73,7 @@ def plan_for(
     effective_batch: int | None = None, iteration: int = 0, meter: Meter | None = None,
 ) -> Decision:
     """A job's plan on a device of `engine` with `limit_bytes` for it (the manager's attempts, its preview), in
-    this process (jobs.planning decides where); `meter` may stop it (core.cost.TimeUp). Footprints come from
+    this process (jobs.scheduling.planning decides where); `meter` may stop it (core.cost.TimeUp). Footprints come from
     those known for the definition (`Estimator.total`: a worker's too), so a plan asked again builds nothing."""
     estimator = definition.estimator(engine, oracle, meter)
 
@@ -171,7 +171,7 @@ class AttemptLoop:
     ) -> None:
         self.config = config
         self.planner = planner
-        """Where plans are made (jobs.planning: a costly one in an estimate worker); None: here."""
+        """Where plans are made (jobs.scheduling.planning: a costly one in an estimate worker); None: here."""
         self.backend: Backend = backend or LocalBackend()
         self.devices = devices
         self.progress = progress
@@ -187,7 +187,7 @@ class AttemptLoop:
         self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure] = (),
         made: int = 0, *, placing: bool = False,
     ) -> Decision:
-        """The job's plan on a device of `engine` (the scheduler's plan with `placing`): core.job_plan.plan_job,
+        """The job's plan on a device of `engine` (the scheduler's plan with `placing`): core.planning.job_plan.plan_job,
         which the form, the REST estimate and the command line plan with too; made where the planner says (a
         costly one in an estimate worker: estimate_pool's PoolErrors then reach the caller)."""
         if self.planner is None:

@@ -1,5 +1,5 @@
 """The manager's scheduling task: it reads the devices, samples the GPU memory of running attempts, places each
-queued job where the scheduler (jobs.scheduler, pure) says, starts the placed job's task (jobs.attempts), and frees
+queued job where the scheduler (jobs.scheduling.scheduler, pure) says, starts the placed job's task (jobs.scheduling.attempt_loop), and frees
 its slot when the task ends. It wakes on a submission, a resume or a job's end, and polls while jobs wait or run;
 on a shared store (several web workers, config.shared_store) it polls always, since another process's submission,
 resume or cancel request cannot wake it, and applies the cancel requests (jobs.manager's followers write them)."""
@@ -14,19 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import NetError
-from ..core.fallback import Decision
-from ..core.layers.base import ENGINE_CPU
-from ..devices import CPU_KEY, GPU, Device, DeviceList, DeviceReader
-from ..errors import MemPluginError
-from ..estimate_pool import PoolBusy, PoolError
-from .attempts import AttemptLoop, stacks
-from .config import ManagerConfig
-from .disk import disk_full, free_note
-from .progress import Progress, Running, reserved
-from .records import FAILED, QUEUED, RUNNING, Job
+from ...core.errors import MemPluginError, NetError
+from ...core.layers.base import ENGINE_CPU
+from ...core.planning.fallback import Decision
+from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceReader
+from ...estimate.pool import PoolBusy, PoolError
+from ..config import ManagerConfig
+from ..events.progress import Progress, Running, reserved
+from ..store.database import JobStore, StoreError
+from ..store.disk import disk_full, free_note
+from ..store.records import FAILED, QUEUED, RUNNING, Job
+from .attempt_loop import AttemptLoop, stacks
 from .scheduler import Never, Place, Wait, memory_cap, place
-from .store import JobStore, StoreError
 from .submission import Definitions
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ class Dispatcher:
                 self.progress.emit_job(failed)
             return
 
-        # A plan may be made in an estimate worker (jobs.planning): never while the lock is held, which every
+        # A plan may be made in an estimate worker (jobs.scheduling.planning): never while the lock is held, which every
         # submission, cancel and page of the jobs takes. So the devices are planned first with what runs now, then
         # placed under the lock from those plans; a limit changed meanwhile leaves the job for the next poll.
         decisions: dict[tuple[str, int], Decision] = {}

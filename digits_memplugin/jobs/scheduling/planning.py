@@ -17,11 +17,11 @@ the submissions gap). So, as for an estimate:
   are kept on the server's definition: the scheduler plans a waiting job again at every poll, and a plan whose
   batches are all known is answered here from them, building nothing;
 - the pool's refusals (estimate_pool.PoolBusy, PoolTimeout, PoolCrashed) reach the caller: a submission's 503 with
-  Retry-After, a queued job that waits for the next poll (jobs.dispatcher), an attempt that waits for a worker.
+  Retry-After, a queued job that waits for the next poll (jobs.scheduling.dispatcher), an attempt that waits for a worker.
 
 Reads of a stored job that anyone allowed to read may repeat go the same way: the trained model's prototxts
 (`packed`: a 4 MiB text parsed again, an unrolled deploy net built) and a large net's or solver's outline for its
-clone page (`outline`, jobs/outline.py).
+clone page (`outline`, jobs/definition/outline.py).
 
 Without a pool (the command line's `train`, tests of the manager alone) everything is done where it is asked.
 """
@@ -34,18 +34,18 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..core.cost import EstimateCost, Meter, TimeUp, estimate_cost
-from ..core.fallback import Decision, Failure
-from ..core.job_plan import PlanningPolicy
-from ..core.layers.base import PHASE_TEST, PHASE_TRAIN
-from ..core.net import ShapeOracle
-from ..core.training import NetDefinition
-from ..estimate_pool import EstimatePool
-from .attempts import plan_for
-from .definition import JobDefinition, NetFacts, net_facts
-from .model_files import PackedNets, item_shapes, packed_from, packed_nets, train_mean_file
-from .outline import Outline, outline
-from .records import Attempt
+from ...core.cost import EstimateCost, Meter, TimeUp, estimate_cost
+from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
+from ...core.net import ShapeOracle
+from ...core.planning.fallback import Decision, Failure
+from ...core.planning.job_plan import PlanningPolicy
+from ...core.training import NetDefinition
+from ...estimate.pool import EstimatePool
+from ..definition.definition import JobDefinition, NetFacts, net_facts
+from ..definition.model_files import PackedNets, item_shapes, packed_from, packed_nets, train_mean_file
+from ..definition.outline import Outline, outline
+from ..store.records import Attempt
+from .attempt_loop import plan_for
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Planner:
         self.offloaded += 1
         # Not kept: the definition is still being made (its test_iters are set after this).
         sent = shipped(definition, keep=False)
-        return self.pool.run("job_facts", (*sent, self.oracle is not None))  # type: ignore[no-any-return]
+        return self.pool.run(f"{__name__}:job_facts", (*sent, self.oracle is not None))  # type: ignore[no-any-return]
 
     def plan(
         self, spec: Mapping[str, Any], definition: JobDefinition, *, engine: str, limit_bytes: int,
@@ -99,7 +99,7 @@ class Planner:
                 self.stopped_inline += 1
         self.offloaded += 1
         decision, totals = self.pool.run(
-            "job_plan", (dict(spec), *shipped(definition), self.oracle is not None, estimator.totals(), ask)
+            f"{__name__}:job_plan", (dict(spec), *shipped(definition), self.oracle is not None, estimator.totals(), ask)
         )
         estimator.learn(totals)
         return decision  # type: ignore[no-any-return]
@@ -121,18 +121,18 @@ class Planner:
                 self.stopped_inline += 1
         self.offloaded += 1
         return self.pool.run(  # type: ignore[no-any-return]
-            "job_pack", (net_text, solver_text, dict(spec), attempt, max_iter, train_mean_file(definition),
+            f"{__name__}:job_pack", (net_text, solver_text, dict(spec), attempt, max_iter, train_mean_file(definition),
                          item_shapes(spec, definition)),
         )
 
     def outline(
         self, net_text: str | None, solver_text: str | None, names: list[str], max_iter: int | None
     ) -> Outline:
-        """`jobs.outline.outline` of a stored job's large texts, in a worker (here without a pool)."""
+        """`jobs.definition.outline.outline` of a stored job's large texts, in a worker (here without a pool)."""
         if self.pool is None:
             return outline(net_text, solver_text, names, max_iter)
         self.offloaded += 1
-        return self.pool.run("job_outline", (net_text, solver_text, names, max_iter))  # type: ignore[no-any-return]
+        return self.pool.run(f"{__name__}:job_outline", (net_text, solver_text, names, max_iter))  # type: ignore[no-any-return]
 
     def _cheap(self, cost: EstimateCost) -> bool:
         assert self.pool is not None
@@ -194,7 +194,7 @@ def received(sent: bytes, rest: JobDefinition) -> JobDefinition:
 def _worker_oracle(fallback: bool) -> ShapeOracle | None:
     if not fallback:
         return None
-    from ..estimate_pool import _oracle
+    from ...estimate.pool import _oracle
 
     return _oracle()  # type: ignore[no-any-return]
 
@@ -219,4 +219,4 @@ def plan_in_worker(
 WORKER_TASKS: dict[str, Callable[..., Any]] = {
     "job_facts": facts_in_worker, "job_plan": plan_in_worker, "job_pack": packed_from, "job_outline": outline,
 }
-"""What estimate_pool's workers run for jobs, by task name."""
+"""What the estimate pool's workers run for jobs, asked for as "<this module>:<name>" (estimate.pool.task_function)."""

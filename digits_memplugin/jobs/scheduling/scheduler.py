@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from ..core.fallback import Decision
-from ..devices import CPU_KEY, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
+from ...core.planning.fallback import Decision
+from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
 
 AUTO = "auto"
 SIMULATED_GPUS = (
@@ -47,7 +47,7 @@ def normalise_device(choice: str | int, devices: DeviceList) -> str:
             return AUTO
         if lowered == CPU_KEY:
             return CPU_KEY
-        if lowered.startswith(CPU_KEY + "@"):  # a cluster host's CPU (jobs.cluster)
+        if lowered.startswith(CPU_KEY + "@"):  # a cluster host's CPU (devices.cluster)
             found = devices.get(text)
             if found is None or found.kind == GPU:
                 hosts = ", ".join(cpu.key for cpu in devices.other_cpus) or "none"

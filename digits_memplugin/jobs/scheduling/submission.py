@@ -1,5 +1,5 @@
 """A submission made a job: its folder written (the net and solver as submitted), its definition loaded and checked
-against the dataset folders (jobs.definition), and the definitions of the data folder's jobs kept once loaded."""
+against the dataset folders (jobs.definition.definition), and the definitions of the data folder's jobs kept once loaded."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import NetError
-from ..core.fallback import Decision
-from ..core.net import ShapeOracle
-from ..devices import Device
-from .attempts import stacks
-from .config import ManagerConfig
-from .definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
-from .disk import disk_full, free_note
-from .errors import DiskFull, InvalidDefinition, JobValidationError
+from ...core.errors import NetError
+from ...core.net import ShapeOracle
+from ...core.planning.fallback import Decision
+from ...devices.reader import Device
+from ..config import ManagerConfig
+from ..definition.definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
+from ..definition.request import JobRequest
+from ..errors import DiskFull, InvalidDefinition, JobValidationError
+from ..store.disk import disk_full, free_note
+from ..store.records import QUEUED, Job
+from .attempt_loop import stacks
 from .planning import Planner
-from .records import QUEUED, Job
-from .request import JobRequest
 from .scheduler import limit_for, memory_cap
 
 NET_FILE = "net.prototxt"
@@ -41,7 +41,7 @@ class Definitions:
         self.roots = roots
         self.oracle = oracle
         self.planner = planner or Planner(oracle)
-        """Where a definition's nets are built and planned (a costly one in an estimate worker: jobs.planning)."""
+        """Where a definition's nets are built and planned (a costly one in an estimate worker: jobs.scheduling.planning)."""
         self.jobs_root = jobs_root
         self.trainer = trainer or Trainer()
         """The Caffe that trains, as definitions need it: NVcaffe nets are accepted only when it is NVcaffe."""

@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import MemPluginError
+from ...core.errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
 SCHEMA_VERSION = 4
@@ -96,7 +96,7 @@ CREATE INDEX jobs_by_status ON jobs (status, position);
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE attempts ADD COLUMN allocated_bytes INTEGER",),
-    # An attempt runs under a backend (jobs.backend): its child's pid becomes a handle, "pid:N" or "ray:<id>".
+    # An attempt runs under a backend (jobs.backends.local): its child's pid becomes a handle, "pid:N" or "ray:<id>".
     2: (
         "ALTER TABLE attempts ADD COLUMN handle TEXT",
         "UPDATE attempts SET handle = 'pid:' || pid WHERE pid IS NOT NULL",

@@ -12,13 +12,13 @@ import signal
 from pathlib import Path
 from typing import IO
 
-from .errors import DataFolderInUse
+from ..errors import DataFolderInUse
 from .records import Attempt
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "jobs.lock"
-RUNNER_MODULE = "digits_memplugin.jobs.runner"
+RUNNER_MODULE = "digits_memplugin.jobs.child.runner"
 
 
 def take_folder(data_dir: Path) -> IO[str]:

@@ -6,7 +6,7 @@ import errno
 import os
 from pathlib import Path
 
-from ..sizes import format_size
+from ...core.sizes import format_size
 
 LOW_DISK_BYTES = 1 << 20
 """Less than this free on the job folder's disk when an attempt failed: the disk is said to be full."""

@@ -7,11 +7,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import ManagerConfig
+from ..config import ManagerConfig
+from ..errors import QueueFull, StoredBytesFull, StoredJobsFull
+from .database import JobStore
 from .disk import folder_bytes
-from .errors import QueueFull, StoredBytesFull, StoredJobsFull
 from .records import ACTIVE_STATES, JOB_STATES, QUEUED
-from .store import JobStore
 
 
 class Quota:

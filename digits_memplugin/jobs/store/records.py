@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
-from ..core import nonfinite
-from ..core.divergence import DEFAULT_POLICY
+from ...core import nonfinite
+from ...core.divergence import DEFAULT_POLICY
 
 # Job states. A job waits in QUEUED until a device has room for it, RUNNING covers all its attempts.
 QUEUED: Final = "queued"
@@ -70,7 +70,7 @@ class Job:
 
     def pace(self) -> dict[str, float | None]:
         """{"iterations_per_second", "seconds_left"} of the running attempt, from its latest records (pace.py, as
-        jobs.progress keeps them in `progress["pace"]`); null while unknown, and once the job is not running."""
+        jobs.events.progress keeps them in `progress["pace"]`); null while unknown, and once the job is not running."""
         measured = (self.progress or {}).get("pace")
         if not isinstance(measured, dict) or self.status != RUNNING or measured.get("attempt") != self.attempt_count:
             measured = {}
@@ -151,7 +151,7 @@ class Attempt:
     out_of_memory: dict[str, Any] | None = None
     """core.oom.OutOfMemory as JSON when it ran out of memory."""
     handle: str | None = None
-    """Where the attempt runs, as its backend names it (jobs.backend): "pid:N" locally, "ray:<submission id>"."""
+    """Where the attempt runs, as its backend names it (jobs.backends.local): "pid:N" locally, "ray:<submission id>"."""
 
     @property
     def pid(self) -> int | None:

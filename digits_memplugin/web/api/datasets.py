@@ -15,9 +15,9 @@ from pathlib import Path
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
-from .. import dataset_scan
-from .api import API_PATH
-from .plugin_state import current_plugin
+from ...estimate import dataset_scan
+from ..plugin_state import current_plugin
+from .envelope import API_PATH
 
 
 def dataset_roots() -> tuple[Path, ...]:

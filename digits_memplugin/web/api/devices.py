@@ -9,9 +9,9 @@ from typing import Any
 from flask import Blueprint, jsonify, url_for
 from flask.typing import ResponseReturnValue
 
-from ..caffe_build import devices_document
-from .api import API_PATH
-from .plugin_state import current_plugin
+from ...jobs.child.caffe_build import devices_document
+from ..plugin_state import current_plugin
+from .envelope import API_PATH
 
 
 def list_devices() -> ResponseReturnValue:

@@ -1,4 +1,4 @@
-"""A job's trained model, downloaded (jobs/model_files.py says what is packed and how files are opened):
+"""A job's trained model, downloaded (jobs/definition/model_files.py says what is packed and how files are opened):
 
     GET /jobs/<id>/snapshots                      200 {"job_id", "snapshots": [snapshot, ...], "model_url", "total",
                                                        "older"}   ?limit=N (at most 500) &before=<iteration>
@@ -27,12 +27,11 @@ from flask import Blueprint, Response, current_app, jsonify, request, stream_wit
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, HTTPException, NotFound
 
-from .. import __version__, inputs
-from ..core.errors import NetError
-from ..jobs.definition import NET_SOURCE, SOLVER_SOURCE
-from ..jobs.errors import JobNotFound
-from ..jobs.manager import JobManager
-from ..jobs.model_files import (
+from ... import __version__
+from ...core import inputs
+from ...core.errors import NetError
+from ...jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE
+from ...jobs.definition.model_files import (
     INFO_FILE,
     KINDS,
     DownloadError,
@@ -46,9 +45,11 @@ from ..jobs.model_files import (
     tar_gz,
     written_snapshots,
 )
-from ..jobs.records import Attempt, Job
-from .api import API_PATH
-from .plugin_state import current_plugin
+from ...jobs.errors import JobNotFound
+from ...jobs.manager import JobManager
+from ...jobs.store.records import Attempt, Job
+from ..plugin_state import current_plugin
+from .envelope import API_PATH
 
 MAX_DEFINITION_BYTES = 4 * 1024 * 1024
 """The job's net and solver as submitted are at most this (MEMPLUGIN_MAX_REQUEST_BYTES' default)."""
@@ -66,7 +67,7 @@ def _job(manager: JobManager, job_id: str) -> Job:
 
 
 def refused(error: DownloadError) -> HTTPException:
-    """A DownloadError as the API's JSON error: 404 or 409 (web/api.py answers HTTP errors under the API in JSON)."""
+    """A DownloadError as the API's JSON error: 404 or 409 (web/api/envelope.py answers HTTP errors under the API in JSON)."""
     return Conflict(str(error)) if error.status == 409 else NotFound(str(error))
 
 
@@ -176,7 +177,7 @@ def snapshot_file(job_id: str, iteration: int, kind: str) -> ResponseReturnValue
 
 
 def model_archive(job_id: str) -> ResponseReturnValue:
-    """The trained model (jobs/model_files.py): the snapshot's weights with the nets, solver, deploy net and mean
+    """The trained model (jobs/definition/model_files.py): the snapshot's weights with the nets, solver, deploy net and mean
     file that run it, as one tar.gz, written while it is sent."""
     iteration = _iteration_arg()
     manager = _manager()

@@ -26,12 +26,13 @@ from werkzeug.formparser import FormDataParser, default_stream_factory
 from werkzeug.routing import PathConverter
 from werkzeug.wsgi import LimitedStream
 
-from .. import __version__, inputs
-from ..estimate_pool import PoolBusy, PoolError
-from ..jobs.errors import DataFolderInUse, DiskFull
-from ..jobs.store import StoreError, StoreFull
-from .error_pages import error_page
-from .plugin_state import current_plugin
+from ... import __version__
+from ...core import inputs
+from ...estimate.pool import PoolBusy, PoolError
+from ...jobs.errors import DataFolderInUse, DiskFull
+from ...jobs.store.database import StoreError, StoreFull
+from ..error_pages import error_page
+from ..plugin_state import current_plugin
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -23,14 +23,14 @@ from typing import Any
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
-from ..core.errors import NetError
-from ..core.estimate import EstimateRequest
-from ..core.layers.data import DataSpec
-from ..estimate_pool import DatasetsFailed
-from ..inputs import capped, not_text, surrogate_in, type_name
-from ..sizes import byte_count
-from .api import API_PATH, read_json
-from .plugin_state import current_plugin
+from ...core.errors import NetError
+from ...core.estimate import EstimateRequest
+from ...core.inputs import capped, not_text, surrogate_in, type_name
+from ...core.layers.data import DataSpec
+from ...core.sizes import byte_count
+from ...estimate.pool import DatasetsFailed
+from ..plugin_state import current_plugin
+from .envelope import API_PATH, read_json
 
 FIELDS: dict[str, type | tuple[type, ...]] = {
     "net": str,

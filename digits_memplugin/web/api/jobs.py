@@ -11,7 +11,7 @@ attempts, cancel, resume, delete, and Caffe's log.
     GET    /jobs/<id>/progress 200 {"job_id", "records": [iteration and test records, each with its "attempt" and
                                     "superseded": a later attempt trains that iteration again]}
 
-The job and attempt documents are `Job.to_json()` and `Attempt.to_json()` (jobs/records.py); the socketio events
+The job and attempt documents are `Job.to_json()` and `Attempt.to_json()` (jobs/store/records.py); the socketio events
 carry the same documents.
 """
 
@@ -26,14 +26,14 @@ from flask import Blueprint, Response, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
-from .. import inputs
-from ..jobs.errors import JobNotFound, JobPageError, JobStateError, JobValidationError
-from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
-from ..jobs.records import Job
-from ..jobs.request import parse_job_request
-from ..turns import Turns
-from .api import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type
-from .plugin_state import current_plugin
+from ...core import inputs
+from ...jobs.definition.request import parse_job_request
+from ...jobs.errors import JobNotFound, JobPageError, JobStateError, JobValidationError
+from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
+from ...jobs.store.records import Job
+from ...jobs.turns import Turns
+from ..plugin_state import current_plugin
+from .envelope import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 """A submission may be a form: multipart when the prototxts are uploaded as files."""
@@ -47,7 +47,7 @@ MAX_PROGRESS_POINTS = 2000
 
 
 def _manager() -> JobManager:
-    """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
+    """The started job manager; another server holding the data folder is a 503 (web/api/envelope.py as_http_error)."""
     return current_plugin().started_jobs()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from flask import Blueprint, current_app, url_for
 from flask.typing import ResponseReturnValue
 
-from .api import API_PATH
+from .envelope import API_PATH
 
 DOCUMENT = "openapi.json"
 ENDPOINT = "api_openapi"

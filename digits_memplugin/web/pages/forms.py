@@ -20,18 +20,18 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
-from ..core.divergence import CONTINUE, DEFAULT_POLICY, STOP
-from ..core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
-from ..core.estimate import EstimateRequest
-from ..core.job_plan import PlanningPolicy
-from ..core.layers.base import INT_MAX
-from ..core.proto import caffe_pb2
-from ..datasets import parse_shape
-from ..inputs import ascii_int, not_text, shown, surrogate_in, type_name
-from ..jobs.request import MAX_EPOCHS
-from ..jobs.request import memory_cap as job_memory_cap
-from ..networks import STANDARD_NETWORKS, StandardNetwork, standard_network
-from ..sizes import MAX_SIZE_TEXT
+from ...core.divergence import CONTINUE, DEFAULT_POLICY, STOP
+from ...core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
+from ...core.estimate import EstimateRequest
+from ...core.inputs import ascii_int, not_text, shown, surrogate_in, type_name
+from ...core.layers.base import INT_MAX
+from ...core.planning.job_plan import PlanningPolicy
+from ...core.proto import caffe_pb2
+from ...core.sizes import MAX_SIZE_TEXT
+from ...estimate.datasets import parse_shape
+from ...jobs.definition.request import MAX_EPOCHS
+from ...jobs.definition.request import memory_cap as job_memory_cap
+from ...networks import STANDARD_NETWORKS, StandardNetwork, standard_network
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 NO_MOMENTUM = frozenset({"AdaGrad", "RMSProp"})
@@ -132,7 +132,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     batch_size = StringField("Batch size", validators=[Optional(), Length(max=20)])
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
     memory_cap = StringField("Memory cap (CPU jobs)", validators=[Optional(), Length(max=MAX_SIZE_TEXT)])
-    """The most a CPU attempt may allocate ("2GiB"), as the REST API's `memory_cap` (jobs.request.memory_cap)."""
+    """The most a CPU attempt may allocate ("2GiB"), as the REST API's `memory_cap` (jobs.definition.request.memory_cap)."""
 
     def validate(self, extra_validators: Mapping[str, Any] | None = None) -> bool:
         """Field checks, then the rules between fields (a custom network needs a text, a step policy a step size)."""
@@ -376,7 +376,7 @@ def solver_prototxt(settings: Mapping[str, Any], *, validation: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """What the form asks a training job to do (web/model_job.py maps it onto a job request)."""
+    """What the form asks a training job to do (web/pages/model_job.py maps it onto a job request)."""
 
     name: str
     network_key: str | None

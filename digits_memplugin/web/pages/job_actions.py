@@ -17,11 +17,11 @@ from flask_wtf.csrf import validate_csrf
 from werkzeug.exceptions import NotFound
 from wtforms.validators import ValidationError
 
-from .. import __version__
-from ..jobs.errors import JobNotFound, JobStateError
-from ..jobs.manager import JobManager
-from ..jobs.records import ACTIVE_STATES, RUNNING, Job
-from .plugin_state import current_plugin
+from ... import __version__
+from ...jobs.errors import JobNotFound, JobStateError
+from ...jobs.manager import JobManager
+from ...jobs.store.records import ACTIVE_STATES, RUNNING, Job
+from ..plugin_state import current_plugin
 
 CONFIRMATIONS = {
     "cancel": {

@@ -23,19 +23,20 @@ from flask.typing import ResponseReturnValue
 from google.protobuf import text_format
 from werkzeug.exceptions import NotFound
 
-from ..core.errors import NetError
-from ..core.fallback import DEFAULT_GROWTH
-from ..core.prototxt import parse_net, parse_solver
-from ..devices import DeviceList
-from ..jobs.definition import NET_SOURCE, SOLVER_SOURCE, data_phases
-from ..jobs.errors import JobNotFound
-from ..jobs.manager import JobManager
-from ..jobs.model_files import DownloadError, open_job_file
-from ..jobs.outline import Outline
-from ..jobs.records import Job
-from ..networks import STANDARD_NETWORKS
-from ..sizes import format_size
-from .api import API_PATH
+from ...core.errors import NetError
+from ...core.planning.fallback import DEFAULT_GROWTH
+from ...core.prototxt import parse_net, parse_solver
+from ...core.sizes import format_size
+from ...devices.reader import DeviceList
+from ...jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE, data_phases
+from ...jobs.definition.model_files import DownloadError, open_job_file
+from ...jobs.definition.outline import Outline
+from ...jobs.errors import JobNotFound
+from ...jobs.manager import JobManager
+from ...jobs.store.records import Job
+from ...networks import STANDARD_NETWORKS
+from ..api.envelope import API_PATH
+from ..plugin_state import current_plugin
 from .forms import (
     DATA_TOP,
     DEVICE_CPU,
@@ -46,7 +47,6 @@ from .forms import (
     NewModelForm,
     solver_prototxt,
 )
-from .plugin_state import current_plugin
 
 MAX_TEXT_BYTES = 8 * 1024 * 1024
 
@@ -64,7 +64,7 @@ def _read(manager: JobManager, job: Job, name: str) -> str:
 
 
 def request_document(manager: JobManager, job: Job) -> dict[str, Any]:
-    """The job's request (jobs/request.py's fields) as POST /jobs takes it: the net and solver as submitted, and
+    """The job's request (jobs/definition/request.py's fields) as POST /jobs takes it: the net and solver as submitted, and
     what the job keeps of the rest; fields it left to the server's defaults are left out."""
     spec = job.spec
     document: dict[str, Any] = {
@@ -173,7 +173,7 @@ class _Large:
 
 def _large_texts(net_text: str, solver_text: str, data: dict[str, str], max_iter: int | None) -> _Large | None:
     """None when both texts are small enough to parse here (the estimate pool's `inline_bytes`, 16 KiB: 30 ms at
-    most); else what the page needs of the large ones, from a worker (jobs/outline.py): a stored job's texts may be
+    most); else what the page needs of the large ones, from a worker (jobs/definition/outline.py): a stored job's texts may be
     4 MiB each, seconds to parse, and the clone page is a read anyone allowed to read may repeat."""
     plugin = current_plugin()
     pool = plugin.estimates

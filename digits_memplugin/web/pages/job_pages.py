@@ -28,18 +28,18 @@ from flask_wtf.csrf import validate_csrf
 from werkzeug.exceptions import NotFound
 from wtforms.validators import ValidationError
 
-from .. import __version__
-from ..core.oom import SIGNAL_WORDS
-from ..devices import CPU_KEY, DeviceList
-from ..jobs.definition import SOLVER_SOURCE
-from ..jobs.errors import JobNotFound, JobPageError, JobStateError
-from ..jobs.manager import DEFAULT_PAGE_SIZE, JobManager
-from ..jobs.records import ACTIVE_STATES, RUNNING
-from ..pace import format_duration as format_time_left
-from ..pace import format_rate
-from ..sizes import format_size
-from .api_jobs import page_limit
-from .plugin_state import current_plugin
+from ... import __version__
+from ...core.oom import SIGNAL_WORDS
+from ...core.sizes import format_size
+from ...devices.reader import CPU_KEY, DeviceList
+from ...jobs.definition.definition import SOLVER_SOURCE
+from ...jobs.errors import JobNotFound, JobPageError, JobStateError
+from ...jobs.events.pace import format_duration as format_time_left
+from ...jobs.events.pace import format_rate
+from ...jobs.manager import DEFAULT_PAGE_SIZE, JobManager
+from ...jobs.store.records import ACTIVE_STATES, RUNNING
+from ..api.jobs import page_limit
+from ..plugin_state import current_plugin
 
 LOG_TAIL_LINES = 60
 """Lines of Caffe's log on a job's first paint (the page's script then fetches more and follows the log)."""
@@ -50,7 +50,7 @@ MAX_DEFINITION_BYTES = 1024 * 1024
 
 
 def _manager() -> JobManager:
-    """The started job manager; another server holding the data folder is a 503 (web/api.py as_http_error)."""
+    """The started job manager; another server holding the data folder is a 503 (web/api/envelope.py as_http_error)."""
     return current_plugin().started_jobs()
 
 

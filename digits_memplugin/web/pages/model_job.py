@@ -1,7 +1,7 @@
 """From the New model form to a job request, the way DIGITS turns its form into a job: the dataset's sources go to
 the network's data layers, the dataset format sets how those layers read, the device choice becomes the manager's.
 
-The request is checked by the REST API's own parser (jobs.request) and handed to the job manager typed, for its
+The request is checked by the REST API's own parser (jobs.definition.request) and handed to the job manager typed, for its
 preview and its submission: this module maps fields, it does not validate a job. Errors come back onto the form's
 fields.
 
@@ -22,11 +22,11 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ..core.errors import NetError
-from ..core.proto import caffe_pb2
-from ..core.prototxt import parse_net
-from ..jobs.definition import DATA_SOURCE_FIELDS
-from ..jobs.request import JobRequest, parse_job_request
+from ...core.errors import NetError
+from ...core.proto import caffe_pb2
+from ...core.prototxt import parse_net
+from ...jobs.definition.definition import DATA_SOURCE_FIELDS
+from ...jobs.definition.request import JobRequest, parse_job_request
 from .forms import DATA_TOP, DEVICE_CPU, DEVICE_NEXT, ModelSpec
 
 TRAIN_FIELD = "train_source"

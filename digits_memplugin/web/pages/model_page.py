@@ -22,25 +22,27 @@ from flask import Blueprint, jsonify, redirect, render_template, request, url_fo
 from flask.typing import ResponseReturnValue
 from wtforms.fields.choices import SelectChoice
 
-from .. import __version__, dataset_scan
-from ..core.errors import NetError
-from ..core.fallback import LIMITED_BY_MAX_BATCH, Decision
-from ..core.job_plan import PlanningPolicy
-from ..core.planner import MAX_BATCH
-from ..dataset_scan import FoundDataset
-from ..devices import Device, DeviceList, is_simulated
-from ..jobs.definition import JobDefinition, test_iters
-from ..jobs.errors import JobValidationError
-from ..jobs.records import Job
-from ..jobs.scheduler import MEMORY_CAP_ON_GPU
-from ..networks import STANDARD_NETWORKS, standard_network
-from ..sizes import format_size
-from . import api_estimate, panel_words
-from .api import json_error, read_form, read_json
+from ... import __version__
+from ...core.errors import NetError
+from ...core.planning.fallback import LIMITED_BY_MAX_BATCH, Decision
+from ...core.planning.job_plan import PlanningPolicy
+from ...core.planning.planner import MAX_BATCH
+from ...core.sizes import format_size
+from ...devices.reader import Device, DeviceList, is_simulated
+from ...estimate import dataset_scan
+from ...estimate.dataset_scan import FoundDataset
+from ...jobs.definition.definition import JobDefinition, test_iters
+from ...jobs.errors import JobValidationError
+from ...jobs.scheduling.scheduler import MEMORY_CAP_ON_GPU
+from ...jobs.store.records import Job
+from ...networks import STANDARD_NETWORKS, standard_network
+from ..api import estimate as api_estimate
+from ..api.envelope import json_error, read_form, read_json
+from ..plugin_state import current_plugin
+from . import panel_words
 from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
-from .plugin_state import current_plugin
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
 TOP_LAYERS = 10
@@ -263,7 +265,7 @@ def _planned_by_form(
     spec: ModelSpec, device: Device, engine: str, document: dict[str, Any], cap: Cap,
     policy: PlanningPolicy, dataset: FoundDataset | None,
 ) -> PlannedJob:
-    """Auto before the dataset can be read: the form's estimate plans (core.job_plan, the server's policy). The
+    """Auto before the dataset can be read: the form's estimate plans (core.planning.job_plan, the server's policy). The
     caller found that batch 1 fits there, so the largest batch that fits does too."""
     if spec.batch == BATCH_AUTO and document["max_batch_size"]:
         document = _estimate(spec, engine, device, document["max_batch_size"], cap, policy)
@@ -418,7 +420,7 @@ def first_error(form: NewModelForm) -> str | None:
 
 
 def new_model() -> ResponseReturnValue:
-    """The form; with ?clone=<job id>, filled in with that job's settings (web/job_clone.py), as DIGITS' Clone Job."""
+    """The form; with ?clone=<job id>, filled in with that job's settings (web/pages/job_clone.py), as DIGITS' Clone Job."""
     devices = _read_devices()
     clone = request.args.get("clone")
     if clone is None:

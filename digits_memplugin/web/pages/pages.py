@@ -7,13 +7,15 @@ from typing import Any
 from flask import Blueprint, current_app, render_template, request, url_for
 from flask_wtf.csrf import generate_csrf
 
-from .. import __version__, glossary
-from ..core.oom import signal_words
-from ..devices import DeviceList, is_simulated
-from ..errors import MemPluginError
-from ..sizes import format_size
-from . import api_devices, api_downloads, job_actions, job_clone, job_pages, model_page
-from .plugin_state import current_plugin
+from ... import __version__
+from ...core.errors import MemPluginError
+from ...core.oom import signal_words
+from ...core.sizes import format_size
+from ...devices.reader import DeviceList, is_simulated
+from ..api import devices as api_devices
+from ..api import downloads as api_downloads
+from ..plugin_state import current_plugin
+from . import glossary, job_actions, job_clone, job_pages, model_page
 
 # The plugin's pages and API documents, in menu order: (endpoint, label, what it is for).
 # A page shows in the menu once its feature has registered the endpoint.
@@ -57,7 +59,7 @@ def devices_page() -> str:
 
 
 def glossary_page() -> str:
-    """Every word the pages explain (digits_memplugin/glossary.py), by section; each page's terms link here."""
+    """Every word the pages explain (digits_memplugin/web/pages/glossary.py), by section; each page's terms link here."""
     return render_template("memplugin/glossary.html", sections=glossary.sections(), version=__version__)
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..core.job_plan import PlanningPolicy
-from ..core.layers.base import (
+from ...core.layers.base import (
     ACTIVATION_DIFFS,
     ACTIVATIONS,
     CATEGORIES,
@@ -26,6 +25,7 @@ from ..core.layers.base import (
     SOLVER_HISTORY,
     WORKSPACE,
 )
+from ...core.planning.job_plan import PlanningPolicy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ Jobs: ``subscribe_jobs`` joins the room ``jobs`` (every job's ``job`` and ``job_
 ``job_attempt`` events) and answers with a ``jobs`` event, the document GET <prefix>/api/jobs returns;
 ``subscribe_job`` with ``{"id": ...}`` joins ``job:<id>`` (that job's events, ``job_progress`` and ``job_log``
 included) and answers with a ``job`` event, the document GET <prefix>/api/jobs/<id> returns. The job manager's
-events reach the rooms through `job_event_emitter`, after the throttle (jobs/throttle.py).
+events reach the rooms through `job_event_emitter`, after the throttle (web/socket/throttle.py).
 
 Limits: each client may send MEMPLUGIN_CLIENT_EVENT_BURST events at once, then MEMPLUGIN_CLIENT_EVENTS_PER_SECOND on
-average (a token bucket per connection, jobs/throttle.py's ClientRateLimiter), and all clients together
+average (a token bucket per connection, web/socket/throttle.py's ClientRateLimiter), and all clients together
 MEMPLUGIN_SOCKET_EVENTS_PER_SECOND (a burst of twice as many: one more bucket, shared), so that no number of clients
 each within its own rate can stall the server. An event over either rate is not handled; the first one of a run of
 refused events is answered with a ``rate_limited`` event saying when to try again. At most
@@ -46,14 +46,14 @@ from flask import request
 from flask_socketio import Namespace, SocketIO, emit, join_room, leave_room
 from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
-from .. import __version__
-from ..errors import MemPluginError
-from ..inputs import shown
-from ..jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from ..jobs.progress import PACE_FIELDS
-from ..jobs.throttle import ClientRateLimiter
-from .access import socket_allowed, socket_host_allowed
-from .plugin_state import current_plugin
+from ... import __version__
+from ...core.errors import MemPluginError
+from ...core.inputs import shown
+from ...jobs.events.progress import PACE_FIELDS
+from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from ..access import socket_allowed, socket_host_allowed
+from ..plugin_state import current_plugin
+from .throttle import ClientRateLimiter
 
 DEVICES_EVENT = "devices"
 DEVICES_ROOM = "devices"

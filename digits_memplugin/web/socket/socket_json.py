@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import inputs
-from ..core import nonfinite
+from ...core import inputs, nonfinite
 
 
 class _TolerantJSON:
