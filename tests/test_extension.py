@@ -149,4 +149,4 @@ def test_the_plugin_state_is_read_through_its_typed_accessor() -> None:
         if ".extensions[" in line
     ]
     assert raw == []
-    assert (package / "extension.py").read_text(encoding="utf-8").count(".extensions[EXTENSION_KEY]") == 2  # set in init_app, read in get_plugin
+    assert (package / "host" / "extension.py").read_text(encoding="utf-8").count(".extensions[EXTENSION_KEY]") == 2  # set in init_app, read in get_plugin
