@@ -49,7 +49,7 @@ START_SECONDS = 30.0
 """A new reader's own bound for starting (its imports); not counted in a read's deadline."""
 KILL_GRACE = 1.0
 """Seconds past a read's deadline before its reader is killed: the reader's own checks stop it first, with a
-better message (datasets.py stops an HDF5 list at its deadline)."""
+better message (hdf5_reads.py stops an HDF5 list at its deadline)."""
 MAX_ANSWER = 1 << 20
 DATA_LIMIT = 1 << 30
 """RLIMIT_DATA of a reader: what a crafted file can make it allocate (LMDB's read-only map is not counted)."""
@@ -75,7 +75,7 @@ class ReaderCrashed(NetError):
 
 
 def read(task: str, arguments: Mapping[str, Any], *, seconds: float) -> Any:
-    """`datasets.READER_TASKS[task](**arguments)` in a reader process, within `seconds` (the wait for a free reader
+    """`reader_tasks.READER_TASKS[task](**arguments)` in a reader process, within `seconds` (the wait for a free reader
     included, its start not). Raises the task's NetError, ReadTimedOut, or ReaderCrashed."""
     return _pool().run(task, dict(arguments), seconds)
 
@@ -343,7 +343,7 @@ def main(parent: int) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    from .datasets import READER_IMPORTS, READER_TASKS
+    from .reader_tasks import READER_IMPORTS, READER_TASKS
 
     READER_IMPORTS()  # everything a read needs, before the confinement (and before the reader says it is ready)
     tasks: Mapping[str, Callable[..., dict[str, Any]]] = READER_TASKS
