@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import NetError
+from .pipes import wait, write_all
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class _Reader:
     def call(self, task: str, arguments: dict[str, Any], deadline: float, seconds: float) -> Any:
         request = json.dumps({"task": task, "arguments": arguments, "seconds": max(0.0, deadline - time.monotonic())})
         try:
-            self._write(request.encode() + b"\n", deadline + KILL_GRACE)
+            write_all(self._to, request.encode() + b"\n", deadline + KILL_GRACE)
             answer = self._answer(deadline + KILL_GRACE)
         except TimeoutError:
             self.kill()
@@ -230,14 +230,6 @@ class _Reader:
         log.error("a dataset reader failed:\n%s", str(answer.get("crash"))[:20000])
         raise NetError("reading it failed unexpectedly; the server log has the details")
 
-    def _write(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self._to, view):]
-            except BlockingIOError:
-                _wait(self._to, True, deadline)
-
     def _answer(self, deadline: float) -> Any:
         """The next JSON line from the reader."""
         while b"\n" not in self._buffer:
@@ -246,7 +238,7 @@ class _Reader:
             try:
                 chunk = os.read(self._from, 1 << 16)
             except BlockingIOError:
-                _wait(self._from, False, deadline)
+                wait(self._from, False, deadline)
                 continue
             if not chunk:
                 raise EOFError
@@ -268,27 +260,6 @@ class _Reader:
             return self.process.wait(5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a SIGKILLed process ends
             return None
-
-
-def _cooperative() -> bool:
-    """Whether gevent has patched this process: then waits go through its hub, never blocking the thread."""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("select"))
-
-
-def _wait(fd: int, write: bool, deadline: float) -> None:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    if _cooperative():
-        from gevent.socket import wait_read, wait_write
-
-        (wait_write if write else wait_read)(fd, timeout=left, timeout_exc=TimeoutError())
-        return
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT if write else select.POLLIN)
-    if not poller.poll(left * 1000):
-        raise TimeoutError
 
 
 # --- the reader process -------------------------------------------------------------------------------------------
