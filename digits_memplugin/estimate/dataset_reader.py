@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import NetError
-from .pipes import wait, write_all
+from .pipes import start_child, wait, write_all
 
 log = logging.getLogger(__name__)
 
@@ -165,26 +165,13 @@ class _Reader:
     """One reader process and its two pipes (non-blocking on this side)."""
 
     def __init__(self) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
         self._buffer = b""
         self._closed = False
         # No HDF5 filter plugin is ever loaded; numpy (imported by h5py) starts no BLAS thread pool: nothing computes.
         env = {**os.environ, "HDF5_PLUGIN_PRELOAD": "::", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(os.getpid())], stdin=to_child, stdout=from_child,
-                stderr=subprocess.DEVNULL, close_fds=True, cwd="/", env=env,
-            )
-        except BaseException:
-            for fd in (self._to, self._from):
-                os.close(fd)
-            raise
-        finally:
-            os.close(to_child)
-            os.close(from_child)
-        for fd in (self._to, self._from):
-            os.set_blocking(fd, False)
+        self.process, self._to, self._from = start_child(
+            [sys.executable, "-m", __name__, str(os.getpid())], stderr=subprocess.DEVNULL, cwd="/", env=env,
+        )
         try:
             ready = self._answer(time.monotonic() + START_SECONDS)
         except (EOFError, TimeoutError, ValueError) as error:

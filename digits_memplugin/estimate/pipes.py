@@ -1,5 +1,5 @@
-"""The non-blocking pipes to this process's own children (estimate workers, dataset readers): waits on them that
-never block the server's one thread.
+"""The non-blocking pipes to this process's own children (estimate workers, dataset readers): the children started
+with them, and waits on them that never block the server's one thread.
 
 Under gevent's monkey-patching (`serve`) a wait goes through gevent's hub, so other greenlets run meanwhile; in a
 threaded server or the CLI it is `poll` in the calling thread. Each wait has a deadline (TimeoutError past it).
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
 import sys
 import time
+from typing import Any
 
 CHUNK = 1 << 20
 """The most bytes one read or write of a pipe moves."""
@@ -48,3 +50,22 @@ def write_all(fd: int, data: bytes, deadline: float) -> None:
             wait(fd, True, deadline)
             continue
         view = view[written:]
+
+
+def start_child(command: list[str], **options: Any) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`command` started with a pipe to its stdin and one from its stdout (`options` go to Popen): the process and
+    this side's end of each pipe, non-blocking. Nothing is left open when the process cannot be started."""
+    to_child, to = os.pipe()
+    answers, from_child = os.pipe()
+    try:
+        process = subprocess.Popen(command, stdin=to_child, stdout=from_child, close_fds=True, **options)
+    except BaseException:
+        for fd in (to, answers):
+            os.close(fd)
+        raise
+    finally:
+        os.close(to_child)
+        os.close(from_child)
+    for fd in (to, answers):
+        os.set_blocking(fd, False)
+    return process, to, answers

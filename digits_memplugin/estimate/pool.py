@@ -42,7 +42,6 @@ import logging
 import math
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -54,7 +53,7 @@ from typing import Any
 from ..core.cost import EstimateCost, Meter, TimeUp
 from ..core.errors import MemPluginError, NetError
 from ..core.estimate import EstimateRequest, estimate, estimate_cost_of
-from .pipes import write_all
+from .pipes import start_child, write_all
 from .worker_messages import dumps, read_message
 
 log = logging.getLogger(__name__)
@@ -181,22 +180,8 @@ class _Worker:
     """One worker process and the two pipes to it (non-blocking on this side)."""
 
     def __init__(self, memory_limit: int = WORKER_RSS_LIMIT) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
-        try:
-            self.process = subprocess.Popen(  # this interpreter, worker.py
-                [sys.executable, "-m", WORKER_MODULE, str(memory_limit)], stdin=to_child, stdout=from_child,
-                close_fds=True,
-            )
-        except BaseException:
-            for fd in (self._to, self._from):
-                os.close(fd)
-            raise
-        finally:
-            os.close(to_child)
-            os.close(from_child)
-        for fd in (self._to, self._from):
-            os.set_blocking(fd, False)
+        # this interpreter, worker.py
+        self.process, self._to, self._from = start_child([sys.executable, "-m", WORKER_MODULE, str(memory_limit)])
         try:
             ready = read_message(self._from, time.monotonic() + START_TIMEOUT)
         except (EOFError, TimeoutError, pickle.UnpicklingError) as error:
