@@ -1,9 +1,10 @@
 """What reading datasets in reader processes costs, and what the scan does with the issue's long HDF5 lists.
 
 Side by side in one run, on the same files: an LMDB's facts and a 10-file HDF5 list's facts read in this process
-(datasets.py's `_read_lmdb` / `_read_hdf5`, what the server did before issue 23) and through a warm reader
-(`lmdb_info` / `hdf5_info`: a JSON round trip over pipes); a new reader's start; then `dataset_scan.scan` of a root
-holding the issue's 200 KB list (one file named 40,000 times) and a list of 40,000 different names of one file.
+(lmdb_reads.py's `_read_lmdb` / hdf5_reads.py's `_read_hdf5`, what the server did before issue 23) and through a
+warm reader (`lmdb_info` / `hdf5_info`: a JSON round trip over pipes); a new reader's start; then
+`dataset_scan.scan` of a root holding the issue's 200 KB list (one file named 40,000 times) and a list of 40,000
+different names of one file.
 
 Writes the table into docs/benchmarks.md between the `dataset-reads` markers.
 
@@ -30,7 +31,7 @@ import numpy as np
 from report import replace_section
 from test_jobs_fixtures import write_lmdb
 
-from digits_memplugin.estimate import dataset_reader, dataset_scan, datasets
+from digits_memplugin.estimate import dataset_reader, dataset_scan, datasets, hdf5_reads, lmdb_reads
 
 LINES = 40_000
 
@@ -67,9 +68,9 @@ def measure(rounds: int) -> str:
         root = Path(folder)
         build(root)
         roots = [root]
-        lmdb_here = median_ms(lambda: datasets._read_lmdb(root / "mnist_lmdb", "", roots, "mnist_lmdb"), rounds)
+        lmdb_here = median_ms(lambda: lmdb_reads._read_lmdb(root / "mnist_lmdb", "", roots, "mnist_lmdb"), rounds)
         h5_here = median_ms(
-            lambda: datasets._read_hdf5(root / "h5" / "list.txt", "list", ["data"], "", roots, time.monotonic() + 60),
+            lambda: hdf5_reads._read_hdf5(root / "h5" / "list.txt", "list", ["data"], "", roots, time.monotonic() + 60),
             rounds,
         )
         datasets.lmdb_info(root / "mnist_lmdb", "", roots)  # a warm reader

@@ -192,7 +192,7 @@ def issue_sizes(server: Server, args: argparse.Namespace, probe: Probe) -> Figur
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"digits_memplugin.estimate.pool" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"digits_memplugin.estimate.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

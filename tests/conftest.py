@@ -13,6 +13,7 @@ from zoo_cases import ZOO
 
 from digits_memplugin import create_app
 from digits_memplugin.core.sizes import GIB, MIB
+from digits_memplugin.devices import host_memory
 from digits_memplugin.devices import reader as devices
 from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from digits_memplugin.host.extension import get_plugin
@@ -120,7 +121,7 @@ def host_tree(tmp_path: Path) -> Callable[..., devices.HostPaths]:
 def fixed_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> devices.HostPaths:
     """Make every reader that is not given a host read this fixed one, so readings taken apart compare equal."""
     host = make_host(tmp_path / "host")
-    monkeypatch.setattr(devices, "DEFAULT_HOST", host)
+    monkeypatch.setattr(host_memory, "DEFAULT_HOST", host)
     return host
 
 

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .reader import CPU_KEY, Device, DeviceList, DeviceReader, GpuProcess
+from .reader import DeviceReader
+from .records import CPU_KEY, Device, DeviceList, GpuProcess
 
 log = logging.getLogger(__name__)
 

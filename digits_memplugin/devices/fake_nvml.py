@@ -6,7 +6,7 @@ and answers NVML return codes. So the bindings' own structures, versioned calls 
 mock of the ``pynvml`` module would skip. `digits_memplugin.devices.reader.install_library` plugs it in.
 
 The structures below are written from ``nvml.h``, not taken from the bindings, so a layout mistake on either side
-shows up as wrong numbers in the tests. This module imports no pynvml: `devices` stays its only importer.
+shows up as wrong numbers in the tests. This module imports no pynvml: `devices/reader.py` stays its only importer.
 """
 
 from __future__ import annotations

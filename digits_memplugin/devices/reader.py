@@ -1,4 +1,5 @@
-"""The devices training can run on: GPUs as NVML (nvidia-ml-py) reports them, and the CPU. The only pynvml importer.
+"""GPUs as NVML (nvidia-ml-py) reports them, and every device read at once: the devices' one interface, and the
+only pynvml importer.
 
 Every NVML read goes through one guarded call (`_call`): a field NVML cannot give becomes None, shown as "n/a", never
 a 0 a planner could trust; a GPU that is gone turns its row into an error row while the other GPUs still show; no
@@ -7,118 +8,49 @@ library or no driver means "no GPUs" with the reason. NVML is initialised once p
 NVML calls block. This module imports neither Flask nor gevent: a `DeviceReader` takes a runner, and the web layer
 gives it `gevent_threadpool_runner()` so reads run in gevent's threadpool instead of stalling the hub.
 
-NVML numbers GPUs in PCI bus order (nvidia-smi shows the same numbers); CUDA numbers them fastest first unless
-``CUDA_DEVICE_ORDER=PCI_BUS_ID``. `child_cuda_environment` is where the two numberings are reconciled.
+The rest of the package imports the devices from here: the records (`records.py`), the CPU's row (`host_memory.py`)
+and a child's CUDA environment (`cuda_environment.py`) are re-exported, so that one module stays the interface.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path, PurePosixPath
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from typing import Any
 
 import pynvml
 
+from .cuda_environment import ChildDevices, DeviceSelectionError, allowed_gpus, child_cuda_environment
+from .host_memory import HostPaths, read_cpu_device
+from .records import CPU, CPU_KEY, GPU, Device, DeviceList, GpuProcess
+
+__all__ = [
+    "CPU",
+    "CPU_KEY",
+    "GPU",
+    "ChildDevices",
+    "Device",
+    "DeviceList",
+    "DeviceReader",
+    "DeviceSelectionError",
+    "GpuProcess",
+    "HostPaths",
+    "Runner",
+    "allowed_gpus",
+    "child_cuda_environment",
+    "gevent_threadpool_runner",
+    "install_library",
+    "is_simulated",
+    "read_cpu_device",
+    "read_devices",
+    "run_inline",
+    "simulate_gpus",
+]
+
 log = logging.getLogger(__name__)
-
-GPU: Final = "gpu"
-CPU: Final = "cpu"
-CPU_KEY: Final = "cpu"
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuProcess:
-    """A compute process on a GPU."""
-
-    pid: int
-    name: str | None
-    """As NVML gives it (often the executable's path); None where NVML may not tell (another user's process)."""
-    used_memory: int | None
-    """Bytes; None where the driver does not account per process."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Device:
-    """One device, GPU or CPU, with the same fields for both so that consumers budget them alike.
-
-    Memory is in bytes. With NVML memory v2, total = free + used + reserved; with the v1 fallback `reserved` is
-    None and `used` includes it. A row with `error` set could not be read and must not be planned against.
-    """
-
-    key: str
-    """Stable identity: the GPU's UUID, "cpu" for the CPU, "gpu-index-N" for a GPU lost before its UUID was read."""
-    kind: Literal["gpu", "cpu"]
-    index: int | None
-    """NVML's index (PCI bus order, as nvidia-smi shows it); None for the CPU."""
-    name: str | None
-    uuid: str | None
-    pci_bus_id: str | None
-    memory_total: int | None
-    memory_free: int | None
-    memory_used: int | None
-    memory_reserved: int | None
-    memory_source: str | None
-    """Where the memory numbers come from: nvml_v2, nvml_v1, meminfo, cgroup_v1 or cgroup_v2."""
-    utilization_gpu: int | None
-    """Percent of the last sample period a kernel was running."""
-    utilization_memory: int | None
-    """Percent of the last sample period device memory was read or written."""
-    temperature_c: int | None
-    processes: tuple[GpuProcess, ...] | None
-    """None where the driver does not list processes; () where it lists none."""
-    error: str | None = None
-    host: str | None = None
-    """The cluster host the device is on (devices.cluster, the Ray backend); None for this server's own."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The device as the API, the CLI's --json and the `devices` event show it."""
-        document = dataclasses.asdict(self)
-        if self.host is None:
-            del document["host"]  # one machine: the documents stay as they were
-        document["processes"] = None if self.processes is None else [dataclasses.asdict(p) for p in self.processes]
-        return document
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceList:
-    """One reading of every device: the GPUs in NVML index order, then the CPU (always present)."""
-
-    gpus: tuple[Device, ...]
-    cpu: Device
-    gpu_reason: str | None
-    """Why no GPU is listed (no NVML library, no driver, none installed); None when there are GPUs."""
-    driver_version: str | None
-    simulated: bool
-    """The GPUs come from the fake NVML library (`--simulate-gpus`, or a test), not from hardware."""
-    other_cpus: tuple[Device, ...] = ()
-    """The CPUs of a cluster's other hosts (keys "cpu@<host>"), after this server's own `cpu`."""
-
-    @property
-    def devices(self) -> tuple[Device, ...]:
-        return (*self.gpus, self.cpu, *self.other_cpus)
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpus)
-
-    def get(self, key: str) -> Device | None:
-        """The device with this key (a GPU's UUID or "cpu")."""
-        return next((device for device in self.devices if device.key == key), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """The document `GET <prefix>/api/devices` returns, `devices --json` prints and the `devices` event carries."""
-        return {
-            "devices": [device.to_json() for device in self.devices],
-            "gpu_count": self.gpu_count,
-            "gpu_reason": self.gpu_reason,
-            "driver_version": self.driver_version,
-            "simulated": self.simulated,
-        }
 
 
 # --- NVML ---------------------------------------------------------------------------------------------------------
@@ -399,174 +331,6 @@ def is_simulated() -> bool:
     return _session.simulated
 
 
-# --- the CPU ------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class HostPaths:
-    """Where the kernel tells about memory; tests point these at a tree of their own."""
-
-    proc: Path = Path("/proc")
-    cgroup: Path = Path("/sys/fs/cgroup")
-
-
-DEFAULT_HOST = HostPaths()
-
-
-@dataclasses.dataclass(frozen=True)
-class _CgroupBound:
-    source: str
-    limit: int
-    available: int | None
-
-
-def read_cpu_device(host: HostPaths | None = None) -> Device:
-    """The CPU as a device: what CPU-mode Caffe allocates from and what jobs budget against without a GPU.
-
-    Total and free come from /proc/meminfo (MemTotal, MemAvailable), lowered to the cgroup's memory limit when the
-    process runs under one (a container): the kernel's OOM killer acts on the cgroup, not on the machine.
-    """
-    host = host or DEFAULT_HOST
-    meminfo_path = host.proc / "meminfo"
-    try:
-        meminfo = _parse_meminfo(meminfo_path.read_text())
-    except OSError as error:
-        meminfo = {}
-        problem: str | None = f"cannot read {meminfo_path}: {error.strerror or error}"
-    else:
-        problem = None if "MemTotal" in meminfo else f"{meminfo_path} has no MemTotal"
-    total = meminfo.get("MemTotal")
-    free = meminfo.get("MemAvailable")
-    source: str | None = None if total is None else "meminfo"
-    if total is not None:
-        bound = _cgroup_bound(host, total)
-        if bound is not None:
-            source = bound.source
-            total = min(total, bound.limit)
-            free = None if free is None or bound.available is None else min(free, bound.available)
-    return Device(
-        key=CPU_KEY,
-        kind=CPU,
-        index=None,
-        name=_cpu_model(host),
-        uuid=None,
-        pci_bus_id=None,
-        memory_total=total,
-        memory_free=free,
-        memory_used=None if total is None or free is None else total - free,
-        memory_reserved=None,
-        memory_source=source,
-        utilization_gpu=None,
-        utilization_memory=None,
-        temperature_c=None,
-        processes=None,
-        error=problem,
-    )
-
-
-def _parse_meminfo(text: str) -> dict[str, int]:
-    values = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields and fields[0].isdigit():
-            values[name.strip()] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
-    return values
-
-
-def _cpu_model(host: HostPaths) -> str:
-    try:
-        text = (host.proc / "cpuinfo").read_text()
-    except OSError:
-        return "CPU"
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("model name", "Model", "cpu model") and value.strip():
-            return value.strip()
-    return "CPU"
-
-
-def _cgroup_bound(host: HostPaths, mem_total: int) -> _CgroupBound | None:
-    """The tightest memory limit of this process's cgroup and its ancestors, with the headroom left under it.
-
-    The headroom counts inactive file cache as free, as MemAvailable does: the kernel reclaims it before an OOM kill.
-    """
-    try:
-        lines = (host.proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    v1_path = v2_path = None
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            v2_path = path
-        elif "memory" in controllers.split(","):
-            v1_path = path
-    if v1_path is not None:
-        source, mount, path = "cgroup_v1", host.cgroup / "memory", v1_path
-        limit_file, usage_file, inactive_key = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
-    elif v2_path is not None and "memory" in _read(host.cgroup / "cgroup.controllers", "").split():
-        source, mount, path = "cgroup_v2", host.cgroup, v2_path
-        limit_file, usage_file, inactive_key = "memory.max", "memory.current", "inactive_file"
-    else:
-        return None
-    bounds = []
-    for directory in _cgroup_levels(mount, path):
-        limit = _read_int(directory / limit_file)
-        if limit is None or limit >= mem_total:  # "max", or v1's "unlimited" (a number near 2**63)
-            continue
-        usage = _read_int(directory / usage_file)
-        inactive = _read_stat(directory / "memory.stat", inactive_key) or 0
-        available = None if usage is None else min(limit, max(0, limit - max(0, usage - inactive)))
-        bounds.append(_CgroupBound(source, limit, available))
-    if not bounds:
-        return None
-    availables = [bound.available for bound in bounds]
-    return _CgroupBound(
-        source,
-        min(bound.limit for bound in bounds),
-        None if None in availables else min(a for a in availables if a is not None),
-    )
-
-
-def _cgroup_levels(mount: Path, path: str) -> Iterator[Path]:
-    """The process's cgroup folder, then each parent up to the mount point.
-
-    Inside a container the path /proc shows may be the host's ("/docker/<id>") while the mount is the container's
-    own cgroup, or may climb out of the namespace ("/../.."): then the mount point itself is the process's cgroup.
-    """
-    parts = PurePosixPath(path).parts[1:] if path.startswith("/") else ()
-    directory = mount.joinpath(*parts) if parts and ".." not in parts else mount
-    if not directory.is_dir():
-        directory = mount
-    while True:
-        yield directory
-        if directory == mount or mount not in directory.parents:
-            return
-        directory = directory.parent
-
-
-def _read(path: Path, default: str) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return default
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path, "").strip()
-    return int(text) if text.isdigit() else None
-
-
-def _read_stat(path: Path, key: str) -> int | None:
-    for line in _read(path, "").splitlines():
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().isdigit():
-            return int(value)
-    return None
-
-
 # --- reading ------------------------------------------------------------------------------------------------------
 
 
@@ -606,133 +370,3 @@ class DeviceReader:
 
     def read(self) -> DeviceList:
         return self._runner(lambda: read_devices(self._host))
-
-
-# --- child processes ----------------------------------------------------------------------------------------------
-
-
-class DeviceSelectionError(ValueError):
-    """The GPUs asked for cannot be given to a child process; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildDevices:
-    """What a training child gets: environment variables to set, and the CUDA device number of each chosen GPU."""
-
-    environment: Mapping[str, str]
-    cuda_index: Mapping[str, int]
-    """GPU UUID -> the device number CUDA (so Caffe's ``device_id``) uses for it inside the child."""
-
-
-def allowed_gpus(gpus: Sequence[Device], environ: Mapping[str, str] | None = None) -> tuple[Device, ...]:
-    """The GPUs this server may hand out: all of them, or those its own CUDA_VISIBLE_DEVICES lets it see.
-
-    NVML ignores CUDA_VISIBLE_DEVICES and lists every GPU, so the server's restriction must be applied here.
-    Entries are read as CUDA reads them: integers are positions in CUDA's numbering, "GPU-..." a UUID or a unique
-    prefix of one, and the list ends at the first entry that names no GPU. Integers are only understood with
-    CUDA_DEVICE_ORDER=PCI_BUS_ID (or a single GPU): CUDA's default fastest-first order cannot be rebuilt from NVML.
-    """
-    environ = os.environ if environ is None else environ
-    gpus = [gpu for gpu in gpus if gpu.kind == GPU]
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return tuple(gpus)
-    in_cuda_order: list[Device] | None = None
-    chosen: list[Device] = []
-    for entry in (part.strip() for part in visible.split(",")):
-        if entry.startswith("MIG-"):
-            raise DeviceSelectionError(
-                f"CUDA_VISIBLE_DEVICES={visible!r} names a MIG instance; training on MIG slices is not supported"
-            )
-        if entry.lstrip("-").isdigit():
-            if in_cuda_order is None:
-                if environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len(gpus) > 1:
-                    raise DeviceSelectionError(
-                        f"CUDA_VISIBLE_DEVICES={visible!r} numbers GPUs in CUDA's default fastest-first order, "
-                        "which NVML cannot reproduce: start the server with CUDA_DEVICE_ORDER=PCI_BUS_ID, or name "
-                        "the GPUs by UUID"
-                    )
-                in_cuda_order = _pci_order(gpus)
-            position = int(entry)
-            if not 0 <= position < len(in_cuda_order):
-                break
-            match = in_cuda_order[position]
-        else:
-            matches = [gpu for gpu in gpus if entry and gpu.uuid and gpu.uuid.startswith(entry)]
-            if len(matches) != 1:
-                break
-            match = matches[0]
-        if match in chosen:
-            break
-        chosen.append(match)
-    return tuple(chosen)
-
-
-def child_cuda_environment(
-    chosen: Sequence[str],
-    gpus: Sequence[Device],
-    environ: Mapping[str, str] | None = None,
-    *,
-    style: Literal["index", "uuid"] = "index",
-) -> ChildDevices:
-    """The CUDA environment for a child that may use exactly the GPUs `chosen` (UUIDs); none means CPU only.
-
-    The child gets CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA numbers GPUs the way NVML does (PCI bus order), and
-    CUDA_VISIBLE_DEVICES listing the chosen GPUs in PCI bus order, by position in that order (`style="index"`,
-    understood by every CUDA version) or by UUID (`style="uuid"`). Inside the child, CUDA numbers the visible GPUs
-    0, 1, ... in the order listed: `cuda_index` says which number each UUID gets. The position is computed from
-    the PCI bus ids, not taken from NVML's index, so the result does not rest on NVML's enumeration order.
-
-    A GPU outside the server's own CUDA_VISIBLE_DEVICES (see `allowed_gpus`), unknown, or in error is refused.
-    """
-    gpu_list = [gpu for gpu in gpus if gpu.kind == GPU]
-    by_uuid = {gpu.uuid: gpu for gpu in gpu_list if gpu.uuid}
-    allowed = {gpu.uuid for gpu in allowed_gpus(gpu_list, environ)}
-    if len(set(chosen)) != len(chosen):
-        raise DeviceSelectionError(f"a GPU is chosen twice: {', '.join(chosen)}")
-    selected = []
-    for uuid in chosen:
-        gpu = by_uuid.get(uuid)
-        if gpu is None:
-            raise DeviceSelectionError(f"no GPU has UUID {uuid!r}")
-        if gpu.error:
-            raise DeviceSelectionError(f"GPU {gpu.index} ({uuid}) cannot be used: {gpu.error}")
-        if uuid not in allowed:
-            raise DeviceSelectionError(
-                f"GPU {gpu.index} ({uuid}) is outside this server's CUDA_VISIBLE_DEVICES; it may not be used"
-            )
-        selected.append(gpu)
-    try:
-        in_pci_order = _pci_order(gpu_list)
-    except DeviceSelectionError:
-        if style == "index":
-            raise
-        in_pci_order = sorted(gpu_list, key=lambda gpu: gpu.index or 0)  # UUIDs do not depend on the order
-    selected.sort(key=in_pci_order.index)
-    if style == "uuid":
-        names = [str(gpu.uuid) for gpu in selected]
-    elif style == "index":
-        names = [str(in_pci_order.index(gpu)) for gpu in selected]
-    else:
-        raise ValueError(f"style must be 'index' or 'uuid', got {style!r}")
-    return ChildDevices(
-        environment={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(names)},
-        cuda_index={str(gpu.uuid): position for position, gpu in enumerate(selected)},
-    )
-
-
-def _pci_order(gpus: Sequence[Device]) -> list[Device]:
-    """The GPUs in the order CUDA numbers them under CUDA_DEVICE_ORDER=PCI_BUS_ID."""
-    missing = [gpu for gpu in gpus if not gpu.pci_bus_id]
-    if missing:
-        raise DeviceSelectionError(
-            f"NVML gave no PCI bus id for GPU {missing[0].index}, so CUDA's numbering of the GPUs is unknown"
-        )
-    return sorted(gpus, key=lambda gpu: _bus_key(str(gpu.pci_bus_id)))
-
-
-def _bus_key(bus_id: str) -> tuple[int, ...]:
-    """A bus id such as 00000000:3B:00.0 as numbers, so that buses compare numerically whatever their case."""
-    domain, bus, rest = bus_id.split(":")
-    device, _, function = rest.partition(".")
-    return (int(domain, 16), int(bus, 16), int(device, 16), int(function or "0", 16))

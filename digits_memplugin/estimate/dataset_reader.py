@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import NetError
+from .pipes import start_child, wait, write_all
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ START_SECONDS = 30.0
 """A new reader's own bound for starting (its imports); not counted in a read's deadline."""
 KILL_GRACE = 1.0
 """Seconds past a read's deadline before its reader is killed: the reader's own checks stop it first, with a
-better message (datasets.py stops an HDF5 list at its deadline)."""
+better message (hdf5_reads.py stops an HDF5 list at its deadline)."""
 MAX_ANSWER = 1 << 20
 DATA_LIMIT = 1 << 30
 """RLIMIT_DATA of a reader: what a crafted file can make it allocate (LMDB's read-only map is not counted)."""
@@ -75,7 +75,7 @@ class ReaderCrashed(NetError):
 
 
 def read(task: str, arguments: Mapping[str, Any], *, seconds: float) -> Any:
-    """`datasets.READER_TASKS[task](**arguments)` in a reader process, within `seconds` (the wait for a free reader
+    """`reader_tasks.READER_TASKS[task](**arguments)` in a reader process, within `seconds` (the wait for a free reader
     included, its start not). Raises the task's NetError, ReadTimedOut, or ReaderCrashed."""
     return _pool().run(task, dict(arguments), seconds)
 
@@ -165,26 +165,13 @@ class _Reader:
     """One reader process and its two pipes (non-blocking on this side)."""
 
     def __init__(self) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
         self._buffer = b""
         self._closed = False
         # No HDF5 filter plugin is ever loaded; numpy (imported by h5py) starts no BLAS thread pool: nothing computes.
         env = {**os.environ, "HDF5_PLUGIN_PRELOAD": "::", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(os.getpid())], stdin=to_child, stdout=from_child,
-                stderr=subprocess.DEVNULL, close_fds=True, cwd="/", env=env,
-            )
-        except BaseException:
-            for fd in (self._to, self._from):
-                os.close(fd)
-            raise
-        finally:
-            os.close(to_child)
-            os.close(from_child)
-        for fd in (self._to, self._from):
-            os.set_blocking(fd, False)
+        self.process, self._to, self._from = start_child(
+            [sys.executable, "-m", __name__, str(os.getpid())], stderr=subprocess.DEVNULL, cwd="/", env=env,
+        )
         try:
             ready = self._answer(time.monotonic() + START_SECONDS)
         except (EOFError, TimeoutError, ValueError) as error:
@@ -203,7 +190,7 @@ class _Reader:
     def call(self, task: str, arguments: dict[str, Any], deadline: float, seconds: float) -> Any:
         request = json.dumps({"task": task, "arguments": arguments, "seconds": max(0.0, deadline - time.monotonic())})
         try:
-            self._write(request.encode() + b"\n", deadline + KILL_GRACE)
+            write_all(self._to, request.encode() + b"\n", deadline + KILL_GRACE)
             answer = self._answer(deadline + KILL_GRACE)
         except TimeoutError:
             self.kill()
@@ -230,14 +217,6 @@ class _Reader:
         log.error("a dataset reader failed:\n%s", str(answer.get("crash"))[:20000])
         raise NetError("reading it failed unexpectedly; the server log has the details")
 
-    def _write(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self._to, view):]
-            except BlockingIOError:
-                _wait(self._to, True, deadline)
-
     def _answer(self, deadline: float) -> Any:
         """The next JSON line from the reader."""
         while b"\n" not in self._buffer:
@@ -246,7 +225,7 @@ class _Reader:
             try:
                 chunk = os.read(self._from, 1 << 16)
             except BlockingIOError:
-                _wait(self._from, False, deadline)
+                wait(self._from, False, deadline)
                 continue
             if not chunk:
                 raise EOFError
@@ -268,27 +247,6 @@ class _Reader:
             return self.process.wait(5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a SIGKILLed process ends
             return None
-
-
-def _cooperative() -> bool:
-    """Whether gevent has patched this process: then waits go through its hub, never blocking the thread."""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("select"))
-
-
-def _wait(fd: int, write: bool, deadline: float) -> None:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    if _cooperative():
-        from gevent.socket import wait_read, wait_write
-
-        (wait_write if write else wait_read)(fd, timeout=left, timeout_exc=TimeoutError())
-        return
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT if write else select.POLLIN)
-    if not poller.poll(left * 1000):
-        raise TimeoutError
 
 
 # --- the reader process -------------------------------------------------------------------------------------------
@@ -343,7 +301,7 @@ def main(parent: int) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    from .datasets import READER_IMPORTS, READER_TASKS
+    from .reader_tasks import READER_IMPORTS, READER_TASKS
 
     READER_IMPORTS()  # everything a read needs, before the confinement (and before the reader says it is ready)
     tasks: Mapping[str, Callable[..., dict[str, Any]]] = READER_TASKS

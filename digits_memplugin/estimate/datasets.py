@@ -17,24 +17,20 @@ one at a time, only inside the file (hard and soft links); the others, and such 
 being followed, before the dataset's shape is asked for (the library opens a virtual dataset's sources then).
 
 The reads run in a reader process (dataset_reader.py): what the checks cannot see (a file truncated between the
-check and the read, a crafted file) ends that process, never the server, and every read has a deadline.
+check and the read, a crafted file) ends that process, never the server, and every read has a deadline. This
+module is the server's side of them (paths checked without opening anything, the reader's answer checked);
+lmdb_reads.py and hdf5_reads.py are what the reader does, reader_tasks.py their names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
 import os
 import re
 import stat
-import struct
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from ..core.errors import NetError
 from ..core.inputs import shown
@@ -42,7 +38,7 @@ from ..core.layers.data import DataSpec
 from ..core.proto import caffe_pb2
 from .dataset_reader import ReaderCrashed, ReadTimedOut
 from .dataset_reader import read as read_in_reader
-from .files import file_kind, inside, open_regular, read_regular
+from .files import file_kind, inside
 
 LMDB_DATA_FILE = "data.mdb"
 """The data file of an LMDB folder (Caffe opens LMDBs as folders, never as single files)."""
@@ -57,8 +53,6 @@ DIGITS writes name a handful); the issue's list of one file named 40,000 times i
 MAX_JOB_LIST_ANSWER = 768 * 1024
 """Bytes the real paths of a job's HDF5 list take, with its runs of lines, in the reader's answer (which is at
 most dataset_reader.MAX_ANSWER)."""
-MAX_SOFT_LINKS = 16
-"""Soft links followed to reach one HDF5 dataset (HDF5's own default limit)."""
 
 
 def nul_refusal(value: str) -> str:
@@ -66,7 +60,7 @@ def nul_refusal(value: str) -> str:
     return f"{shown(value)!r} contains a NUL character, which no file name can hold"
 
 
-def _no_nul(value: str, **where: Any) -> None:
+def no_nul(value: str, **where: Any) -> None:
     if "\x00" in value:
         raise NetError(nul_refusal(value), **where)
 
@@ -126,7 +120,7 @@ def lmdb_data_file(folder: Path, roots: Iterable[Path] | None, *, name: str, **w
     """The real path of the data file of the LMDB `folder` (links resolved), checked without opening anything: a
     regular file inside `roots` (resolved). `name` is how messages show the folder (the path a user gave)."""
     shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
-    _no_nul(str(folder), **where)
+    no_nul(str(folder), **where)
     real = Path(os.path.realpath(folder / LMDB_DATA_FILE))
     if roots is not None and not inside(real, roots):
         raise NetError(f"{shown} is outside the dataset folders this server may read", **where)
@@ -194,7 +188,7 @@ def lmdb_info(
     name = name or str(path)
     shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
     where: dict[str, Any] = {"layer": layer, "layer_type": "Data", "field": "data_param.source"}
-    _no_nul(str(path), **where)
+    no_nul(str(path), **where)
     arguments = {"path": os.path.abspath(path), "layer": layer, "name": name, "roots": _roots_json(allowed)}
     try:
         answer = read_in_reader("lmdb", arguments, seconds=seconds)
@@ -224,7 +218,7 @@ def hdf5_info(
     messages show the list (default: `listing`). Read in a reader process within `seconds`: a list naming more
     files than that allows is a ReadTimedOut saying how far it got."""
     where: dict[str, Any] = {"layer": layer, "layer_type": "HDF5Data", "field": "hdf5_data_param.source"}
-    _no_nul(str(listing), **where)
+    no_nul(str(listing), **where)
     name = name or str(listing)
     arguments = {"listing": os.path.abspath(listing), "shown": name, "tops": list(tops), "layer": layer,
                  "roots": _roots_json(allowed)}
@@ -241,7 +235,7 @@ def hdf5_list_files(
     `seconds` (a list of 40,000 lines kept the server's one thread 3.5 s when it was checked there): a list it
     cannot check in time is a ReadTimedOut saying how far it got, one of more than MAX_JOB_LIST_LINES lines or
     naming files whose names take more than MAX_JOB_LIST_ANSWER bytes a NetError; `name` is how messages show it."""
-    _no_nul(str(listing), **where)
+    no_nul(str(listing), **where)
     arguments = {"listing": os.path.abspath(listing), "shown": name, "roots": _roots_json(roots), "where": dict(where)}
     answer = _read_hdf5_list("hdf5_list", arguments, seconds, name, "the list may be damaged", where)
     try:
@@ -300,308 +294,6 @@ def _facts(answer: Any, what: str, where: Mapping[str, Any]) -> DatasetInfo:
         raise NetError(f"reading {what}: the reader answered nonsense ({error})", **where) from None
 
 
-# --- in the reader process ----------------------------------------------------------------------------------------
-
-
-def _lmdb_task(path: str, layer: str, name: str, roots: list[str] | None, seconds: float) -> dict[str, Any]:
-    return _read_lmdb(Path(path), layer, None if roots is None else [Path(root) for root in roots], name).to_json()
-
-
-def _read_lmdb(path: Path, layer: str, roots: list[Path] | None, name: str) -> DatasetInfo:
-    import lmdb
-
-    field = "data_param.source"
-    where: dict[str, Any] = {"layer": layer, "layer_type": "Data", "field": field}
-    shown = f"{name.rstrip('/')}/{LMDB_DATA_FILE}"
-    if not path.is_dir():
-        raise NetError(f"LMDB {name} does not exist (an LMDB is a folder)", **where)
-    fd = open_regular(path / LMDB_DATA_FILE, name=shown, roots=roots, **where)
-    try:
-        facts = os.fstat(fd)
-        end = _lmdb_pages_end(fd)
-        if end is not None and facts.st_size < end:
-            raise NetError(
-                f"{shown} is truncated: it holds {facts.st_size} bytes but its pages run to {end} bytes (a copy that has "
-                "not finished?); not read",
-                **where,
-            )
-        try:
-            # The checked file itself, as a single-file environment with no lock file (nothing else is opened).
-            env = lmdb.open(f"/proc/self/fd/{fd}", subdir=False, readonly=True, lock=False, readahead=False)
-        except lmdb.Error as error:
-            raise NetError(f"cannot open LMDB {shown}: {_lmdb_reason(error)}", **where) from None
-        try:
-            disk_bytes = min(facts.st_size, facts.st_blocks * 512)
-            entries = int(env.stat()["entries"])
-            with env.begin() as txn:
-                cursor = txn.cursor()
-                if not cursor.first():
-                    raise NetError(f"LMDB {name} is empty", **where)
-                value = cursor.value()
-        except lmdb.Error as error:
-            raise NetError(f"cannot read LMDB {shown}: {_lmdb_reason(error)}", **where) from None
-        finally:
-            env.close()
-    finally:
-        os.close(fd)
-    datum = caffe_pb2.Datum()
-    try:
-        datum.ParseFromString(value)
-    except DecodeError as error:
-        raise NetError(f"the first record of {name} is not a Caffe Datum ({error})", layer=layer, field=field) from None
-    if datum.encoded:
-        raise NetError(
-            f"{name} holds encoded (PNG/JPEG) images, whose size is only known after decoding; give the image "
-            "shape explicitly",
-            layer=layer,
-            layer_type="Data",
-            field=field,
-        )
-    shape = (datum.channels, datum.height, datum.width)
-    itemsize = 4 if len(datum.float_data) and not datum.data else 1
-    return DatasetInfo({"data": DataSpec(shape, stored_itemsize=itemsize)}, entries, disk_bytes)
-
-
-# LMDB's file format (mdb.c, as the lmdb package builds it for this machine): each meta page is a page header
-# (pgno, pad, flags, lower, upper) followed by MDB_meta (magic, version, address, mapsize, the free and main
-# MDB_db records (pad = the page size in the free one, flags, depth, branch/leaf/overflow pages, entries, root),
-# last_pg, txnid). The two meta pages are pages 0 and 1.
-_PAGE_HEADER = struct.Struct("@NHHHH")
-_META = struct.Struct("@IIPN" + "IHHNNNNN" * 2 + "NN")
-_P_META = 0x08
-_LMDB_MAGIC = 0xBEEFC0DE
-_LMDB_VERSION = 1
-
-
-def _lmdb_meta(data: bytes) -> tuple[int, int, int] | None:
-    """(page size, last page, txnid) of one meta page, or None when it is not a valid one."""
-    if len(data) < _PAGE_HEADER.size + _META.size:
-        return None
-    flags = _PAGE_HEADER.unpack_from(data)[2]
-    meta = _META.unpack_from(data, _PAGE_HEADER.size)
-    if not flags & _P_META or meta[0] != _LMDB_MAGIC or meta[1] != _LMDB_VERSION:
-        return None
-    return meta[4], meta[-2], meta[-1]
-
-
-def _lmdb_pages_end(fd: int) -> int | None:
-    """The bytes LMDB's pages take, (last page + 1) x page size, from the meta page LMDB reads by (the one with the
-    larger txnid, as mdb_env_pick_meta picks it); a file at least this long is mapped no further than its end.
-    None when the header is not LMDB's: LMDB refuses such a file itself (MDB_INVALID), reading it with pread."""
-    size = _PAGE_HEADER.size + _META.size
-    first = _lmdb_meta(os.pread(fd, size, 0))
-    if first is None:
-        return None
-    page_size = first[0]
-    if not 512 <= page_size <= 1 << 16 or page_size & (page_size - 1):
-        return None
-    second = _lmdb_meta(os.pread(fd, size, page_size))
-    if second is None:
-        return 2 * page_size if os.fstat(fd).st_size < page_size + size else None
-    last_page = second[1] if second[2] > first[2] else first[1]
-    return (last_page + 1) * page_size
-
-
-def _hdf5_list_task(
-    listing: str, shown: str, roots: list[str], where: dict[str, Any], seconds: float
-) -> dict[str, Any]:
-    """`hdf5_list_files` in the reader: the list read (bounded), each line checked as a job's data path is
-    (`find_in_roots`), a line seen before not looked up again, until `seconds` are up. The answer names each
-    real file once, and the lines as runs of [file, count]."""
-    deadline = time.monotonic() + seconds
-    allowed = [Path(root) for root in roots]
-    path = Path(listing)
-    data = read_regular(path, MAX_LIST_BYTES, name=shown, roots=allowed, **where)
-    lines = data.count(b"\n") + 1
-    if lines > MAX_JOB_LIST_LINES:
-        raise NetError(f"{shown} has {lines} lines; a job's HDF5 list may name at most {MAX_JOB_LIST_LINES} files",
-                       **where)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise NetError(f"{shown} is not a UTF-8 list file", **where) from None
-    names = [line.strip() for line in text.splitlines() if line.strip()]
-    if not names:
-        raise NetError(f"{shown} names no HDF5 file", **where)
-    files: list[str] = []
-    by_name: dict[str, int] = {}
-    by_real: dict[str, int] = {}
-    runs: list[list[int]] = []
-    size = 0
-    for number, entry in enumerate(names):
-        if time.monotonic() > deadline:
-            raise ReadTimedOut(
-                f"HDF5 list file {shown} names {len(names)} files, more than could be checked in the {seconds:.1f} s "
-                f"there was time for ({number} were); not read in full", **where,
-            )
-        at = by_name.get(entry)
-        if at is None:
-            real = str(find_in_roots(entry, allowed, want="file", base=path.parent, **where))
-            at = by_name[entry] = by_real.setdefault(real, len(files))
-            if at == len(files):
-                files.append(real)
-                size += len(json.dumps(real)) + 2  # as the answer spells it (a letter outside ASCII: 6 bytes)
-        if runs and runs[-1][0] == at:
-            runs[-1][1] += 1
-        else:
-            runs.append([at, 1])
-            size += 16
-        if size > MAX_JOB_LIST_ANSWER:
-            raise NetError(
-                f"{shown} names more different files than a job's HDF5 list may (their names take over "
-                f"{MAX_JOB_LIST_ANSWER // 1024} KiB after {number + 1} lines); merge them into fewer, larger files",
-                **where,
-            )
-    return {"files": files, "runs": runs}
-
-
-def _hdf5_task(
-    listing: str, shown: str, tops: list[str], layer: str, roots: list[str] | None, seconds: float
-) -> dict[str, Any]:
-    allowed = None if roots is None else [Path(root) for root in roots]
-    return _read_hdf5(Path(listing), shown, tops, layer, allowed, time.monotonic() + seconds).to_json()
-
-
-def _read_hdf5(
-    listing: Path, shown: str, tops: list[str], layer: str, roots: list[Path] | None, deadline: float
-) -> DatasetInfo:
-    """The facts of the files `listing` names. A file named again (or spelled otherwise) is read once, and counted
-    again: Caffe reads each line in turn. Stops with ReadTimedOut at `deadline`."""
-    field = "hdf5_data_param.source"
-    where: dict[str, Any] = {"layer": layer, "layer_type": "HDF5Data", "field": field}
-    if not listing.is_file():
-        raise NetError(f"HDF5 list file {shown} does not exist", **where)
-    data = read_regular(listing, MAX_LIST_BYTES, name=f"HDF5 list file {shown}", roots=roots, **where)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise NetError(f"HDF5 list file {shown} is not UTF-8 text", **where) from None
-    files = [line.strip() for line in text.splitlines() if line.strip()]
-    if not files:
-        raise NetError(f"HDF5 list file {shown} names no file", **where)
-    started = time.monotonic()
-    shapes: dict[str, tuple[int, ...]] = {}
-    rows = 0
-    total_rows = 0
-    disk_bytes = len(data)
-    by_name: dict[str, tuple[int, int, int, int]] = {}
-    by_identity: dict[tuple[int, int, int, int], dict[str, tuple[int, ...]]] = {}
-    for index, file in enumerate(files):
-        if time.monotonic() > deadline:
-            raise ReadTimedOut(
-                f"HDF5 list file {shown} names {len(files)} files, more than could be read in the "
-                f"{time.monotonic() - started:.1f} s there was time for ({index} were); not read in full", **where,
-            )
-        identity = by_name.get(file)
-        if identity is None:
-            _no_nul(file, **where)
-            fd = open_regular(listing.parent / file, name=file, roots=roots, **where)
-            try:
-                facts = os.fstat(fd)
-                identity = by_name[file] = (facts.st_dev, facts.st_ino, facts.st_mtime_ns, facts.st_size)
-                if identity not in by_identity:
-                    by_identity[identity] = _hdf5_shapes(fd, file, tops, where)
-                    disk_bytes += min(facts.st_size, facts.st_blocks * 512)
-            finally:
-                os.close(fd)
-        file_shapes = by_identity[identity]
-        for top, shape in file_shapes.items():
-            if top in shapes and shapes[top] != shape[1:]:
-                raise NetError(
-                    f"dataset {top!r} has items of shape {list(shape[1:])} in {file} but {list(shapes[top])} in "
-                    "an earlier file",
-                    **where,
-                )
-            shapes[top] = shape[1:]
-        file_rows = max((shape[0] for shape in file_shapes.values()), default=0)
-        rows = max(rows, file_rows)
-        total_rows += file_rows
-    specs = {top: DataSpec(shape, rows=rows, stored_itemsize=4) for top, shape in shapes.items()}
-    return DatasetInfo(specs, total_rows, disk_bytes)
-
-
-def _hdf5_shapes(fd: int, file: str, tops: list[str], where: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Each top's dataset shape in the open HDF5 file `fd`, reached without leaving the file."""
-    import h5py
-
-    try:
-        with h5py.File(f"/proc/self/fd/{fd}", "r") as h5:
-            shapes = {}
-            for top in tops:
-                shape = tuple(int(d) for d in _hdf5_dataset(h5, top, file, where).shape)
-                if not shape:
-                    raise NetError(f"dataset {top!r} in {file} has no rows", **where)
-                shapes[top] = shape
-            return shapes
-    except NetError:
-        raise
-    except OSError as error:
-        raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", **where) from None
-    except Exception as error:  # noqa: BLE001 - h5py raises KeyError, RuntimeError, ValueError... for damaged files
-        raise NetError(f"cannot read HDF5 file {file}: {_h5_reason(error)}", **where) from None
-
-
-def _hdf5_dataset(h5: Any, top: str, file: str, where: Mapping[str, Any]) -> Any:
-    """The dataset `top` names in `h5`, reached one link at a time: hard links, and soft links (paths inside this
-    file). An external or user-defined link is refused, not followed; so are datasets whose values lie in other
-    files (external storage, virtual datasets), before their shape is asked for (which opens a virtual dataset's
-    sources)."""
-    import h5py
-    from h5py import h5d, h5l
-
-    parts = [part for part in top.split("/") if part not in ("", ".")]
-    current = h5
-    hops = 0
-    while parts:
-        part = parts.pop(0)
-        if not isinstance(current, h5py.Group):
-            raise NetError(f"{file} has no dataset {top!r} ({current.name} is not a group)", **where)
-        try:
-            link = current.id.links.get_info(part.encode())
-        except (KeyError, RuntimeError):
-            raise NetError(f"{file} has no dataset {top!r}", **where) from None
-        if link.type == h5l.TYPE_HARD:
-            current = current.get(part)
-        elif link.type == h5l.TYPE_SOFT:
-            hops += 1
-            if hops > MAX_SOFT_LINKS:
-                raise NetError(f"{file}: {top!r} goes through more than {MAX_SOFT_LINKS} soft links; not read", **where)
-            target = current.id.links.get_val(part.encode()).decode("utf-8", "replace")
-            if target.startswith("/"):
-                current = h5
-            parts = [piece for piece in target.split("/") if piece not in ("", ".")] + parts
-        else:
-            kind = "an external link" if link.type == h5l.TYPE_EXTERNAL else "a user-defined link"
-            raise NetError(
-                f"{file}: {top!r} is reached through {kind}, to another file; the server opens no file through a "
-                "link (put the data itself in the file)",
-                **where,
-            )
-    if isinstance(current, h5py.Group):
-        raise NetError(f"{file}: {top!r} is a group, not a dataset", **where)
-    if not isinstance(current, h5py.Dataset):
-        raise NetError(f"{file}: {top!r} is not a dataset", **where)
-    plist = current.id.get_create_plist()
-    if plist.get_layout() == h5d.VIRTUAL:
-        raise NetError(f"{file}: {top!r} is a virtual dataset, whose values are in other files; not read", **where)
-    if plist.get_external_count():
-        raise NetError(f"{file}: {top!r} keeps its values in external files (external storage); not read", **where)
-    return current
-
-
-def _reader_imports() -> None:
-    """What the tasks import, imported before the reader is confined (its filter lets no extension module load)."""
-    for module in ("h5py", "h5py.h5d", "h5py.h5l", "lmdb"):
-        importlib.import_module(module)
-
-
-READER_TASKS: dict[str, Callable[..., dict[str, Any]]] = {
-    "lmdb": _lmdb_task, "hdf5": _hdf5_task, "hdf5_list": _hdf5_list_task,
-}
-"""What dataset_reader's processes run, by name."""
-READER_IMPORTS = _reader_imports
-
-
 def shapes_from_sources(
     nets: Iterable[Any], base_dir: Path, allowed: Iterable[Path] | None = None
 ) -> dict[str, DataSpec]:
@@ -618,13 +310,13 @@ def shapes_from_sources(
             if layer.type == "Data" and layer.data_param.source and layer.top:
                 if layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
                     continue
-                _no_nul(layer.data_param.source, layer=layer.name, layer_type=layer.type, field="data_param.source")
+                no_nul(layer.data_param.source, layer=layer.name, layer_type=layer.type, field="data_param.source")
                 path = _confined(base_dir / layer.data_param.source, allowed, layer.name, "data_param.source",
                                  layer.data_param.source)
                 if path.is_dir():
                     found[layer.top[0]] = lmdb_item(path, layer.name, allowed, name=layer.data_param.source)
             elif layer.type == "HDF5Data" and layer.hdf5_data_param.source:
-                _no_nul(layer.hdf5_data_param.source, layer=layer.name, layer_type=layer.type,
+                no_nul(layer.hdf5_data_param.source, layer=layer.name, layer_type=layer.type,
                         field="hdf5_data_param.source")
                 listing = _confined(
                     base_dir / layer.hdf5_data_param.source, allowed, layer.name, "hdf5_data_param.source",
@@ -638,16 +330,6 @@ def shapes_from_sources(
                 for prefix in [f"{phase}:" for phase in phases] or [""]:
                     shapes[f"{prefix}{layer.name}/{top}"] = spec
     return shapes
-
-
-def _lmdb_reason(error: Exception) -> str:
-    """LMDB's reason without the path it names (/proc/self/fd/N means nothing to a user)."""
-    return re.sub(r"/proc/self/fd/\d+:\s*", "", str(error)) or type(error).__name__
-
-
-def _h5_reason(error: Exception) -> str:
-    """HDF5's reason without the descriptor path it was opened through."""
-    return re.sub(r"\s*\(?(file )?name = '/proc/self/fd/\d+'[^)]*\)?", "", str(error)) or "not an HDF5 file"
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

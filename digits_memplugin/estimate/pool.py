@@ -29,28 +29,22 @@ deadline (`inline_seconds`): past it the estimate stops (`core.cost.TimeUp`) and
 estimate holds the server's thread for its parse (16 KiB at most, ~30 ms) plus `inline_seconds` at worst, and
 pycaffe children are at most one per worker.
 
-Requests and answers cross the pipes pickled, between this process and its own children only. A worker exits when
-its input pipe closes, so it never outlives the server.
+Requests and answers cross the pipes pickled, between this process and its own children only (worker_messages.py).
+A worker (worker.py) exits when its input pipe closes, so it never outlives the server.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copyreg
 import dataclasses
 import importlib
-import io
 import logging
 import math
 import os
 import pickle
-import select
-import struct
-import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +53,8 @@ from typing import Any
 from ..core.cost import EstimateCost, Meter, TimeUp
 from ..core.errors import MemPluginError, NetError
 from ..core.estimate import EstimateRequest, estimate, estimate_cost_of
+from .pipes import start_child, write_all
+from .worker_messages import dumps, read_message
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +76,8 @@ WORKER_RSS_LIMIT = 1 << 30
 """A worker whose resident memory passes this after a task forgets its cached definitions (big nets are big); one
 still past it then (memory the allocator does not give back) ends after answering, and the pool starts another."""
 MAX_RETRY_AFTER = 60
-_HEADER = struct.Struct("!Q")
-_CHUNK = 1 << 20
+WORKER_MODULE = f"{__package__}.worker"
+"""What a worker process runs (`python -m`): worker.py, which answers the tasks of TASKS."""
 
 
 def default_workers() -> int:
@@ -177,86 +173,6 @@ def task_function(task: str) -> Callable[..., Any]:
     return tasks[name]
 
 
-# --- messages -----------------------------------------------------------------------------------------------------
-
-
-def _rebuild_error(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
-    error = cls.__new__(cls)
-    BaseException.__init__(error, *args)
-    error.__dict__.update(state)
-    return error
-
-
-class _Pickler(pickle.Pickler):
-    """Pickles NetError and its subclasses (keyword-only constructors, which pickle's default cannot call)."""
-
-    dispatch_table = copyreg.dispatch_table
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, NetError):
-            return _rebuild_error, (type(obj), obj.args, dict(obj.__dict__))
-        return NotImplemented
-
-
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    data = buffer.getvalue()
-    return _HEADER.pack(len(data)) + data
-
-
-def _cooperative() -> bool:
-    """Whether gevent has patched this process: then waits go through its hub, never blocking the thread."""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("select"))
-
-
-def _wait(fd: int, write: bool, deadline: float) -> None:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    if _cooperative():
-        from gevent.socket import wait_read, wait_write
-
-        (wait_write if write else wait_read)(fd, timeout=left, timeout_exc=TimeoutError())
-        return
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT if write else select.POLLIN)
-    if not poller.poll(left * 1000):
-        raise TimeoutError
-
-
-def _write_all(fd: int, data: bytes, deadline: float) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view[:_CHUNK])
-        except BlockingIOError:
-            _wait(fd, True, deadline)
-            continue
-        view = view[written:]
-
-
-def _read_exactly(fd: int, count: int, deadline: float) -> bytes:
-    parts: list[bytes] = []
-    while count:
-        try:
-            data = os.read(fd, min(count, _CHUNK))
-        except BlockingIOError:
-            _wait(fd, False, deadline)
-            continue
-        if not data:
-            raise EOFError
-        parts.append(data)
-        count -= len(data)
-    return b"".join(parts)
-
-
-def _read_message(fd: int, deadline: float) -> Any:
-    (length,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size, deadline))
-    return pickle.loads(_read_exactly(fd, length, deadline))  # our own child's answer
-
-
 # --- the pool -----------------------------------------------------------------------------------------------------
 
 
@@ -264,23 +180,10 @@ class _Worker:
     """One worker process and the two pipes to it (non-blocking on this side)."""
 
     def __init__(self, memory_limit: int = WORKER_RSS_LIMIT) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
+        # this interpreter, worker.py
+        self.process, self._to, self._from = start_child([sys.executable, "-m", WORKER_MODULE, str(memory_limit)])
         try:
-            self.process = subprocess.Popen(  # this interpreter, this module
-                [sys.executable, "-m", __name__, str(memory_limit)], stdin=to_child, stdout=from_child, close_fds=True,
-            )
-        except BaseException:
-            for fd in (self._to, self._from):
-                os.close(fd)
-            raise
-        finally:
-            os.close(to_child)
-            os.close(from_child)
-        for fd in (self._to, self._from):
-            os.set_blocking(fd, False)
-        try:
-            ready = _read_message(self._from, time.monotonic() + START_TIMEOUT)
+            ready = read_message(self._from, time.monotonic() + START_TIMEOUT)
         except (EOFError, TimeoutError, pickle.UnpicklingError) as error:
             self.kill()
             raise PoolCrashed(f"an estimate worker did not start ({type(error).__name__}); see the server log") from None
@@ -297,8 +200,8 @@ class _Worker:
     def call(self, task: str, args: tuple[Any, ...], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
         try:
-            _write_all(self._to, _dumps((task, args)), deadline)
-            kind, value, self.retiring = _read_message(self._from, deadline)
+            write_all(self._to, dumps((task, args)), deadline)
+            kind, value, self.retiring = read_message(self._from, deadline)
         except TimeoutError:
             self.kill()
             raise PoolTimeout(f"the estimate took longer than {timeout:g} s and was stopped") from None
@@ -488,83 +391,3 @@ def _end_workers(slots: list[_Worker | None]) -> None:
     for worker in slots:
         if worker is not None:
             worker.kill()
-
-
-# --- the worker process -------------------------------------------------------------------------------------------
-
-
-def _rss_bytes() -> int:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def _blocking_read(fd: int, count: int) -> bytes:
-    parts: list[bytes] = []
-    while count:
-        data = os.read(fd, min(count, _CHUNK))
-        if not data:
-            raise EOFError
-        parts.append(data)
-        count -= len(data)
-    return b"".join(parts)
-
-
-def _trim(limit: int) -> bool:
-    """Forget the cached definitions when this worker holds more than `limit` bytes; True when it still does
-    (then it ends after its answer)."""
-    if _rss_bytes() <= limit:
-        return False
-    from ..core.estimate import DEFINITIONS
-
-    DEFINITIONS.clear()
-    import gc
-
-    gc.collect()
-    return _rss_bytes() > limit
-
-
-def worker_main(memory_limit: int = WORKER_RSS_LIMIT) -> int:
-    """Answer tasks from stdin on stdout until stdin closes. stdin and stdout are kept for the pipes; the fds 0
-    and 1 become /dev/null and stderr, so that nothing this process or its children (the pycaffe fallback) print
-    can mix into the answers, and no child holds the pipes."""
-    inp, out = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)
-    os.close(devnull)
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICE)
-    _oracle()  # import what the first task needs before saying so
-    os.write(out, _dumps(("ready", os.getpid())))
-    while True:
-        try:
-            (length,) = _HEADER.unpack(_blocking_read(inp, _HEADER.size))
-            task, args = pickle.loads(_blocking_read(inp, length))  # our own parent's request
-        except EOFError:
-            return 0
-        try:
-            answer: tuple[str, Any] = ("ok", task_function(task)(*args))
-        except (NetError, DatasetsFailed) as error:
-            answer = ("raise", error)
-        except Exception:  # noqa: BLE001 - sent to the server's log
-            answer = ("crash", traceback.format_exc())
-        retiring = _trim(memory_limit)
-        data = _dumps((*answer, retiring))
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
-        except BrokenPipeError:
-            return 0
-        if retiring:
-            return 0
-
-
-if __name__ == "__main__":
-    # The package's own copy of this module, not __main__: the classes the answers pickle must be importable by name.
-    from .pool import worker_main as _worker_main
-
-    sys.exit(_worker_main(int(sys.argv[1]) if len(sys.argv) > 1 else WORKER_RSS_LIMIT))
