@@ -214,7 +214,8 @@ def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> 
     if decision.plan is None:
         raise PlanError("device", f"does not fit on {device_label(device)}: {decision.message}; choose another device")
     if decision.plan.batch_size != document["batch_size"]:
-        document = _estimate(spec, engine, device, decision.plan.batch_size, cap, policy)  # the panel's report
+        # The panel's report at the planned batch: the plan is the preview's, so the core is not asked to plan again.
+        document = _estimate(spec, engine, None, decision.plan.batch_size, cap, policy)
     return PlannedJob(
         spec=spec, device=device, engine=engine, estimate=document, plan=decision.plan.to_dict(),
         test_plan=decision.test_plan, usable_bytes=decision.budget, free_bytes=preview.limit_bytes,
@@ -265,12 +266,14 @@ def _planned_by_form(
 
 
 def _estimate(
-    spec: ModelSpec, engine: str, device: Device, batch: int | None, cap: Cap, policy: PlanningPolicy
+    spec: ModelSpec, engine: str, device: Device | None, batch: int | None, cap: Cap, policy: PlanningPolicy
 ) -> dict[str, Any]:
-    """The estimate, in a worker process for large texts (estimate_pool.py; a full queue is a 503)."""
+    """The estimate, in a worker process for large texts (estimate/pool.py; a full queue is a 503); planned on
+    `device`'s free memory, or (None) the report alone, with no plan."""
     plugin = current_plugin()
+    free = device.memory_free if device is not None else None
     try:
-        request = spec.estimate_request(engine, device.memory_free, batch, policy=policy, auto=cap.auto,
+        request = spec.estimate_request(engine, free, batch, policy=policy, auto=cap.auto,
                                         train_items=cap.train_items)
         return plugin.estimates.estimate(request)
     except NetError as error:
