@@ -25,6 +25,7 @@ import digits_memplugin
 from digits_memplugin.core import estimate as core_estimate
 from digits_memplugin.core.planning import job_plan
 from digits_memplugin.devices.fake_nvml import FakeNvml
+from digits_memplugin.estimate import dataset_scan
 
 PREVIEW_URL = "/memplugin/models/preview.json"
 
@@ -123,3 +124,17 @@ def test_auto_before_the_data_is_in_place_plans_on_the_forms_estimate(
     )
     assert response.status_code == 200 and 'value="256"' in response.text
     assert (estimates, plans) == (2, 2)
+
+
+def test_a_click_reads_the_training_dataset_it_names_once(
+    fake_gpus: FakeNvml, client: FlaskClient, datasets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form reads it for the item shape (an empty one is the dataset's) and for the cap of "auto"; it read it
+    twice, each time in a confined reader process. The job manager's preview reads it again as the job will."""
+    token = csrf_token(client)
+    fields = {**JOB, "device": fake_gpus.gpus[1].uuid, "train_source": SAMPLE}
+    reads = Counted(monkeypatch, dataset_scan.source_dataset)
+    assert reads.holders
+    response = client.post(POST_URL, data=form_data(token, **fields, action="suggest"))
+    assert response.status_code == 200 and 'value="71"' in response.text
+    assert reads.calls == 1

@@ -15,7 +15,6 @@ creates the job.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from flask import Blueprint, jsonify, redirect, render_template, request, url_for
@@ -34,10 +33,10 @@ from ..api import estimate as api_estimate
 from ..api.envelope import json_error, read_form, read_json
 from ..plugin_state import current_plugin
 from . import panel_words
-from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, ModelSpec, NewModelForm, formdata_from_json
+from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, form_errors
-from .model_plan import PlanError, PlannedJob, Refused, device_label, plan_model, spec_of
+from .model_plan import Asked, PlanError, PlannedJob, Refused, asked_of, device_label, plan_model
 
 
 def _read_devices() -> DeviceList:
@@ -142,21 +141,21 @@ def models_address() -> ResponseReturnValue:
     return redirect(url_for(".new_model"), code=303)
 
 
-def submit_model(spec: ModelSpec, devices: DeviceList) -> tuple[Job, PlannedJob]:
+def submit_model(asked: Asked, devices: DeviceList) -> tuple[Job, PlannedJob]:
     """Plan the job (a definition error comes back beside its field, with its line), refuse a simulated GPU, then
     create the job through the REST API's own path."""
     try:
-        planned = plan_model(spec, devices)
+        planned = plan_model(asked, devices)
     except PlanError as error:
         raise Refused({error.field: error.detail}) from None
     if planned.device.kind == "gpu" and is_simulated():
-        label = planned.device_label if spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
+        label = planned.device_label if asked.spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
         raise Refused({"device": SIMULATED_GPU.format(label=label)})
     assert planned.typed is not None  # strict planning previews the typed request
     try:
         job = current_plugin().started_jobs().submit(planned.typed.request)
     except JobValidationError as error:
-        raise Refused(form_errors(error.errors, spec, planned.typed.sources)) from None
+        raise Refused(form_errors(error.errors, asked.spec, planned.typed.sources)) from None
     return job, planned
 
 
@@ -171,12 +170,12 @@ def create_model() -> ResponseReturnValue:
     if not form.validate_on_submit():
         return _render_form(form, devices, status=400)
     try:
-        spec = spec_of(form)
+        asked = asked_of(form)
         if suggest:
-            planned = plan_model(dataclasses.replace(spec, batch=BATCH_AUTO), devices, strict=False)
+            planned = plan_model(asked.with_batch(BATCH_AUTO), devices, strict=False)
             form.batch_size.data = str(planned.plan["batch_size"])
             return _render_form(form, devices, planned=planned)
-        job, _ = submit_model(spec, devices)
+        job, _ = submit_model(asked, devices)
     except FormError as error:
         return _refuse(form, devices, {error.field: error.message})
     except PlanError as error:
@@ -228,7 +227,7 @@ def _create_model_json() -> ResponseReturnValue:
     if not isinstance(form, NewModelForm):
         return form
     try:
-        job, _ = submit_model(spec_of(form), devices)
+        job, _ = submit_model(asked_of(form), devices)
     except FormError as error:
         return jsonify(errors={error.field: error.message}), 400
     except Refused as refused:
@@ -248,7 +247,7 @@ def preview_model_json() -> ResponseReturnValue:
         if not isinstance(form, NewModelForm):
             return form
         try:
-            planned = plan_model(spec_of(form), devices)
+            planned = plan_model(asked_of(form), devices)
         except FormError as error:
             return jsonify(errors={error.field: error.message}), 400
         except PlanError as error:

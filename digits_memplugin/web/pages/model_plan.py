@@ -139,15 +139,26 @@ def train_dataset(spec: ModelSpec) -> FoundDataset | None:
     return found if found is not None and found.error is None else None
 
 
-def spec_of(form: NewModelForm) -> ModelSpec:
-    """The form's spec; an item shape left empty is the training dataset's own (read from it, as the job does),
-    else the standard network's."""
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What the form asks for: its spec, and the training dataset it names as read once for the request (its item
+    shape fills an empty item shape, its size caps "auto")."""
+
+    spec: ModelSpec
+    dataset: FoundDataset | None
+
+    def with_batch(self, batch: int | str | None) -> Asked:
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, batch=batch))
+
+
+def asked_of(form: NewModelForm) -> Asked:
+    """The form's spec and training dataset; an item shape left empty is the training dataset's own (read from it,
+    as the job does), else the standard network's."""
     spec = form.to_spec()
-    if not (form.item_shape.data or "").strip():
-        dataset = train_dataset(spec)
-        if dataset is not None and dataset.shape:
-            spec = dataclasses.replace(spec, item_shape=dataset.shape)
-    return spec
+    dataset = train_dataset(spec)
+    if not (form.item_shape.data or "").strip() and dataset is not None and dataset.shape:
+        spec = dataclasses.replace(spec, item_shape=dataset.shape)
+    return Asked(spec, dataset)
 
 
 def verdict(plan: dict[str, Any] | None) -> str:
@@ -173,20 +184,20 @@ def target_device(choice: str, devices: DeviceList) -> Device:
     return device
 
 
-def plan_model(spec: ModelSpec, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
+def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
     """Plan the job on its device as its first attempt will be planned: the form's estimate gives the report (and
-    which data layers the nets have), the typed request goes to the job manager's preview (the same definition
+    which data layers the nets have; the training dataset is the one `asked` read), the typed request goes to the job manager's preview (the same definition
     checks, memory and planning function as the job's attempts). `strict` False (Auto): a dataset the job cannot
     read yet does not stop the suggestion, which is then planned on the form's item shape, by the same function
     and policy."""
     plugin = current_plugin()
     policy = plugin.jobs.config.policy
+    spec, dataset = asked.spec, asked.dataset
     device = target_device(spec.device, devices)
     if spec.memory_cap is not None and device.kind != "cpu":
         raise PlanError("memory_cap", MEMORY_CAP_ON_GPU)  # before anything else the GPU would say
     engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
-    dataset = train_dataset(spec)
     cap = Cap(spec.batch == BATCH_AUTO, dataset.entries if dataset else None)
     document = _estimate(spec, engine, device, batch, cap, policy)
     if document["plan"] is None:
