@@ -186,10 +186,10 @@ def target_device(choice: str, devices: DeviceList) -> Device:
 
 def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> PlannedJob:
     """Plan the job on its device as its first attempt will be planned: the form's estimate gives the report (and
-    which data layers the nets have; the training dataset is the one `asked` read), the typed request goes to the job manager's preview (the same definition
-    checks, memory and planning function as the job's attempts). `strict` False (Auto): a dataset the job cannot
-    read yet does not stop the suggestion, which is then planned on the form's item shape, by the same function
-    and policy."""
+    which data layers the nets have), the typed request goes to the job manager's preview (the same definition
+    checks, memory and planning function as the job's attempts); the training dataset is the one `asked` read.
+    `strict` False (Auto): a dataset the job cannot read yet does not stop the suggestion, which is then planned
+    on the form's item shape, by the same function and policy."""
     plugin = current_plugin()
     policy = plugin.jobs.config.policy
     spec, dataset = asked.spec, asked.dataset
