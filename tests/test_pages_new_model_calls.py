@@ -7,7 +7,11 @@ What one click costs now: the form's own estimate on the device chosen (its repo
 their lines, which data layers the nets have, and whether even batch 1 fits there), the manager's preview (the plan
 the job's first attempt gets) and, only when that plan's batch is another than the estimate's (Auto), the report
 at the planned batch, which is not planned again. Before: that report was planned a third time (2 estimates and 3
-plans for Auto). A test here fails when a path asks the core more often again."""
+plans for Auto). A test here fails when a path asks the core more often again.
+
+The page's script asks models/estimate.json once per device on each change, and once more for the chart (one
+request per device each round is what test_browser_new_model_state holds it to); each of those requests goes
+through the core once."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from digits_memplugin.core import estimate as core_estimate
 from digits_memplugin.core.planning import job_plan
 from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.estimate import dataset_scan
+from digits_memplugin.networks import standard_network
 
 PREVIEW_URL = "/memplugin/models/preview.json"
 
@@ -138,3 +143,21 @@ def test_a_click_reads_the_training_dataset_it_names_once(
     response = client.post(POST_URL, data=form_data(token, **fields, action="suggest"))
     assert response.status_code == 200 and 'value="71"' in response.text
     assert reads.calls == 1
+
+
+def test_the_pages_estimate_goes_through_the_core_once_per_device(
+    fake_gpus: FakeNvml, client: FlaskClient, counts: Any
+) -> None:
+    """What the page's script asks on each change, once per device (and once for the chart, which plans nothing):
+    one estimate, planned on that device's free memory."""
+    lenet = standard_network("lenet")
+    body = {"net": lenet.text, "data_shapes": {"data": list(lenet.item_shape)}, "classes": lenet.classes,
+            "device": fake_gpus.gpus[1].uuid}
+    response, estimates, plans = counts(lambda: client.post("/memplugin/models/estimate.json", json=body))
+    assert response.status_code == 200 and response.get_json()["plan"]["fits"], response.get_json()
+    assert (estimates, plans) == (1, 1)
+    chart = {**body, "curve_batches": [1, 2, 4, 8]}
+    del chart["device"]
+    response, estimates, plans = counts(lambda: client.post("/memplugin/models/estimate.json", json=chart))
+    assert len(response.get_json()["curve"]) == 4
+    assert (estimates, plans) == (1, 0)
