@@ -183,7 +183,7 @@
     for (const box of form.querySelectorAll('[data-error-for][data-from="estimate"]')) clearError(box.dataset.errorFor);
   }
 
-  /** The form field an error of api/estimate belongs beside: the one that caused it (model_page._error_field does
+  /** The form field an error of api/estimate belongs beside: the one that caused it (model_plan._error_field does
    * the same server-side). A standard network builds at its own dataset's shape and batch, so an error in it comes
    * from what the user changed: the item shape if one was typed, else the batch. */
   function fieldFor(key, error) {
@@ -257,7 +257,7 @@
     return { request, auto: true };
   }
 
-  /** The device a job would be planned on: the chosen one, or the GPU with the most free memory (model_page). */
+  /** The device a job would be planned on: the chosen one, or the GPU with the most free memory (model_plan.target_device). */
   function targetDevice() {
     const devices = panel.plannableDevices();
     const choice = value("device");
@@ -495,7 +495,7 @@
 
   /** How long the job trains at the batch planned on the target device, as the job computes it (core/epochs.py:
    * ceil(training items / batch x iter_size) iterations an epoch; validation once an epoch, one pass over the
-   * validation set, unless given); model_page's length_note words it the same without JavaScript. */
+   * validation set, unless given); new_model.html's length_note words it the same without JavaScript. */
   function showLength(estimate) {
     const note = document.getElementById("length-note");
     if (!note) return;
@@ -538,7 +538,7 @@
 
   // --- Auto: the largest batch that fits on the chosen device --------------------------------------------------
 
-  /** Why Auto chose its batch (model_page.auto_note words it the same without JavaScript). */
+  /** Why Auto chose its batch (model_plan.auto_note words it the same without JavaScript). */
   function autoNote(target, estimate) {
     const batch = estimate.batch_size;
     const cap = estimate.auto_cap;

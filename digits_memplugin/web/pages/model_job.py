@@ -2,7 +2,8 @@
 the network's data layers, the dataset format sets how those layers read, the device choice becomes the manager's.
 
 The request is checked by the REST API's own parser (jobs.definition.request) and handed to the job manager typed, for its
-preview and its submission: this module maps fields, it does not validate a job. Errors come back onto the form's
+preview and its submission: this module maps fields (the net's data layers themselves are
+jobs.definition.digits_data's), it does not validate a job. Errors come back onto the form's
 fields.
 
     train_source -> every data layer of the training net (by layer name, so DIGITS' stage rules work too)
@@ -20,12 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from google.protobuf import text_format
-
-from ...core.errors import NetError
-from ...core.proto import caffe_pb2
-from ...core.prototxt import parse_net
-from ...jobs.definition.definition import DATA_SOURCE_FIELDS
+from ...jobs.definition import digits_data
+from ...jobs.definition.digits_data import DataLayerError
 from ...jobs.definition.request import JobRequest, parse_job_request
 from .forms import DATA_TOP, DEVICE_CPU, DEVICE_NEXT, ModelSpec
 
@@ -123,67 +120,29 @@ def manager_device(choice: str, gpu_index: int | None) -> str | int:
     return gpu_index
 
 
+PARTS = {digits_data.TRAIN: TRAIN_FIELD, digits_data.VAL: VAL_FIELD, digits_data.FORMAT: BACKEND_FIELD}
+"""The form field of each part of the dataset (jobs.definition.digits_data)."""
+
+
 def _data_layers(estimate: dict[str, Any], spec: ModelSpec) -> dict[str, str]:
-    """Data layers that read a source, by the net they are in: TRAIN -> train_source, TEST -> val_source (when
-    given; without it a validation net keeps the sources its prototxt names)."""
-    phases: dict[str, set[str]] = {}
-    for layer in estimate["layers"]:
-        if layer["type"] in DATA_SOURCE_FIELDS:
-            phases.setdefault(layer["name"], set()).add(layer["phase"])
-    sources: dict[str, str] = {}
-    for name, seen in phases.items():
-        if "TRAIN" in seen and "TEST" in seen and spec.val_source and spec.val_source != spec.train_source:
-            raise MappingError(
-                VAL_FIELD,
-                f"the data layer “{name}” is in both the training and the validation net, so it cannot read "
-                "two datasets: give it include rules (a phase, or DIGITS' stages \"train\" and \"val\")",
-            )
-        if "TRAIN" in seen:
-            sources[name] = TRAIN_FIELD
-        elif spec.val_source:
-            sources[name] = VAL_FIELD
-    if not any(field == TRAIN_FIELD for field in sources.values()):
-        raise MappingError(TRAIN_FIELD, "the network's training net has no data layer that reads a dataset")
-    return sources
+    """Data layers that read a source, by the net they are in (jobs.definition.digits_data): TRAIN ->
+    train_source, TEST -> val_source (when given; without it a validation net keeps the sources its prototxt
+    names)."""
+    try:
+        parts = digits_data.dataset_parts(
+            digits_data.data_layer_phases(estimate["layers"]), validation=bool(spec.val_source),
+            two_sets=spec.val_source != spec.train_source)
+    except DataLayerError as error:
+        raise MappingError(PARTS[error.part], error.message) from None
+    return {name: PARTS[part] for name, part in parts.items()}
 
 
 def _net_for_backend(spec: ModelSpec, sources: dict[str, str]) -> str:
-    """The network text with the layers that read the form's datasets set to its format. Caffe's Data layer reads
-    LevelDB unless told otherwise, so an LMDB dataset needs `backend: LMDB`; an HDF5 dataset needs HDF5Data
-    layers. The text is rewritten only when a layer changes (comments do not survive a rewrite)."""
+    """The network text with the layers that read the form's datasets set to its format (jobs.definition.digits_data)."""
     try:
-        net = parse_net(spec.net_text, spec.net_source)
-    except NetError:  # pragma: no cover - the form's estimate parsed the same text already
-        return spec.net_text
-    changed = False
-    for layer in net.layer:
-        if layer.name not in sources:
-            continue
-        if spec.data_backend == "lmdb":
-            if layer.type == "HDF5Data":
-                raise MappingError(BACKEND_FIELD, f"the data layer “{layer.name}” reads HDF5 files: choose HDF5")
-            if layer.type == "Data" and layer.data_param.backend != caffe_pb2.DataParameter.LMDB:
-                layer.data_param.backend = caffe_pb2.DataParameter.LMDB
-                changed = True
-        elif layer.type == "Data":
-            changed = _to_hdf5(layer) or changed
-    return text_format.MessageToString(net) if changed else spec.net_text
-
-
-def _to_hdf5(layer: Any) -> bool:
-    """A Data layer turned into an HDF5Data layer with the same batch size (DIGITS does the same for HDF5)."""
-    if layer.HasField("transform_param") and layer.transform_param.ListFields():
-        raise MappingError(
-            BACKEND_FIELD,
-            f"the data layer “{layer.name}” transforms its data (transform_param), which Caffe's HDF5Data layer "
-            "cannot do: choose LMDB, or scale in the network (a Power layer, as LeNet does)",
-        )
-    batch = layer.data_param.batch_size
-    layer.ClearField("data_param")
-    layer.ClearField("transform_param")
-    layer.type = "HDF5Data"
-    layer.hdf5_data_param.batch_size = batch
-    return True
+        return digits_data.net_for_format(spec.net_text, spec.net_source, sources, spec.data_backend)
+    except DataLayerError as error:
+        raise MappingError(PARTS[error.part], error.message) from None
 
 
 def form_errors(errors: dict[str, Any], spec: ModelSpec, sources: dict[str, str]) -> dict[str, Any]:
