@@ -29,7 +29,7 @@
     return (device.kind === "gpu" ? "GPU " + device.index : "CPU") + where;
   }
 
-  /** The words for a plan, as the server says them (model_page.verdict). */
+  /** The words for a plan, as the server says them (model_plan.verdict). */
   function verdictWords(plan) {
     if (!plan || !plan.fits) return "does not fit";
     if (plan.iter_size > 1) return "fits with iter_size " + plan.iter_size;
