@@ -13,7 +13,7 @@ import pytest
 from test_jobs_fixtures import Calls, ManagerFactory, lenet_request, pid_alive, runner_pid, wait_for
 
 from digits_memplugin.devices.reader import DeviceList, DeviceReader
-from digits_memplugin.jobs import manager as manager_module
+from digits_memplugin.jobs import leadership
 from digits_memplugin.jobs.errors import DataFolderInUse, JobStateError
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
 
@@ -38,7 +38,7 @@ def test_a_follower_submits_and_the_leader_runs_the_job_without_being_woken(make
     assert follower_events[0] == ("job", job.to_json())  # the follower tells its listeners (the message queue)
     done = leader.wait(job.id, timeout=120)  # the leader's poll found it: nothing woke it
     assert done.status == "done" and done.iteration == 4
-    assert not follower._running  # the follower ran nothing
+    assert not follower.state.running  # the follower ran nothing
     assert any(name == "job_progress" for name, _ in leader_events)
     assert follower.document(job.id) == leader.document(job.id)
     assert follower.page().to_json() == leader.page().to_json()
@@ -108,7 +108,7 @@ def test_a_follower_leads_once_the_leader_has_stopped(
     events: list[tuple[str, dict[str, Any]]] = []
     follower = make_manager(events, shared_store=True)
     polls = leader_polls(monkeypatch, leader)
-    tries = Calls(monkeypatch, manager_module, "take_folder")  # once started, only the follower tries the lock
+    tries = Calls(monkeypatch, leadership, "take_folder")  # once started, only the follower tries the lock
     running = leader.submit(lenet_request(max_iter=100_000))  # the CPU's one slot
     pid = runner_pid(leader, running)
     queued = follower.submit(lenet_request(max_iter=4))
@@ -160,7 +160,7 @@ def test_an_idle_leader_reads_no_devices(tmp_path: Path, datasets: Path, shared:
                            shared_store=shared)
     manager = JobManager(config, reader)
     waits = RecordedWaits()
-    manager._wake = manager.dispatcher._wake = waits  # before the loop starts: the one event both use
+    manager.state.wake = waits  # before the loop starts: the one event the parts share (jobs.run_state)
     manager.start()
     try:
         if shared:  # three polls of the store done: the fourth wait has begun

@@ -264,7 +264,7 @@ def test_a_job_being_placed_when_stop_begins_is_not_started_on_a_closed_store(
     assert planning.wait(30), "the scheduler never planned the job"
     stopper = threading.Thread(target=manager.stop, daemon=True)
     stopper.start()
-    wait_for(lambda: manager._stopping, 10, "stop to begin")
+    wait_for(lambda: manager.state.stopping, 10, "stop to begin")
     release.set()
     stopper.join(40)
     assert not stopper.is_alive()

@@ -3,7 +3,8 @@ row (at most once per `store_progress_seconds` for iterations), writes the job's
 end, the job's end) retried until the database takes them, and meanwhile what they say shown on top of what the
 database holds, so that a job whose child is gone does not read "running".
 
-The manager (jobs.manager) and the attempt loop (jobs.scheduling.attempt_loop) share one `Progress`: its lock is the manager's.
+The manager (jobs.manager), the dispatcher and the attempt loop (jobs.scheduling) share one `Progress`, on the
+manager's run state (jobs.run_state): its lock, its table of placed jobs, its store.
 """
 
 from __future__ import annotations
@@ -11,70 +12,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..backends.local import AttemptHandle
+from ..run_state import Running, RunState
 from ..store.database import JobStore, StoreError
 from ..store.records import FINAL_STATES, RUNNING, Attempt, Job
-from .pace import Pace, Window
+from .pace import Pace
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 EventCallback = Callable[[str, dict[str, Any]], None]
-
-
-@dataclasses.dataclass
-class Running:
-    """A job placed on a device: its slot, and its current attempt once started."""
-
-    job_id: str
-    device: str
-    kind: str
-    process: AttemptHandle | None = None
-    attempt: int | None = None
-    estimated: int = 0
-    peak: int | None = None
-    cancel: bool = False
-    task: Any = None
-    last_stored: float = 0.0
-    progress: dict[str, Any] = dataclasses.field(default_factory=dict)
-    snapshot: dict[str, Any] | None = None
-    """The latest snapshot record not yet written to the store (the database was locked)."""
-    store_warned: bool = False
-    max_iter: int | None = None
-    """The current attempt's max_iter (what the time left is counted to)."""
-    window: Window = dataclasses.field(default_factory=Window)
-    """The current attempt's latest (iteration, seconds) points, bounded (pace.Window): its speed and time left."""
-
-    def start_attempt(self, number: int, max_iter: int) -> None:
-        """A new attempt: its own progress and its own speed, from its own records."""
-        self.attempt, self.peak, self.max_iter = number, None, max_iter
-        self.progress = {"train": None, "test": []}
-        self.window = Window()
-
-    def pace(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        """The attempt's speed and time left once an iteration record is added; None until two records say."""
-        seconds, iteration = record.get("seconds"), record.get("iteration")
-        if not isinstance(seconds, (int, float)) or isinstance(iteration, bool) or not isinstance(iteration, int):
-            return None
-        self.window.add(iteration, float(seconds))
-        measured = self.window.pace(self.max_iter) if self.max_iter else None
-        if measured is None:
-            return None
-        return {"attempt": self.attempt, "iteration": iteration, **pace_fields(measured)}
-
-
-def reserved(running: Iterable[Running], device: str, exclude: str | None = None) -> int:
-    """Memory our running attempts on the device were planned to take and have not taken yet."""
-    return sum(
-        max(0, entry.estimated - (entry.peak or 0))
-        for entry in running
-        if entry.device == device and entry.job_id != exclude
-    )
 
 
 @dataclasses.dataclass
@@ -89,28 +39,20 @@ class Unrecorded:
 
 
 class Progress:
-    """The jobs' writes and events. `store` gives the manager's store (it raises while the manager is stopped),
-    `running` is the manager's table of placed jobs, `finished` is notified (under `lock`) when a job's end is
-    written, `stopping` says whether the manager is stopping (a durable write then gives up)."""
+    """The jobs' writes and events, on the manager's run `state`: its store (which raises while the manager is
+    stopped), its table of placed jobs, its `finished` condition (notified when a job's end is written) and its
+    `stopping` flag (a durable write then gives up). `on_event(name, payload)` tells the listeners."""
 
     def __init__(
         self,
-        store: Callable[[], JobStore],
-        lock: threading.RLock,
-        finished: threading.Condition,
-        running: dict[str, Running],
+        state: RunState,
         on_event: EventCallback,
-        stopping: Callable[[], bool],
         *,
         poll_seconds: float,
         store_progress_seconds: float,
     ) -> None:
-        self._store = store
-        self._lock = lock
-        self._finished = finished
-        self._running = running
+        self.state = state
         self.on_event = on_event
-        self._stopping = stopping
         self.poll_seconds = poll_seconds
         self.store_progress_seconds = store_progress_seconds
         self.unrecorded: dict[str, Unrecorded] = {}
@@ -118,7 +60,12 @@ class Progress:
 
     @property
     def store(self) -> JobStore:
-        return self._store()
+        return self.state.store
+
+    def settled(self, job_id: str) -> None:
+        """What the job's task held is written by now, or left for the next start to mark: shown no longer."""
+        with self.state.lock:
+            self.unrecorded.pop(job_id, None)
 
     # --- events -------------------------------------------------------------------------------------------------
 
@@ -134,8 +81,8 @@ class Progress:
     def paced(self, job: Job) -> Job:
         """The job with its running attempt's speed as measured now (the stored one is up to
         `store_progress_seconds` older, and another attempt's once a new one starts)."""
-        with self._lock:
-            entry = self._running.get(job.id)
+        with self.state.lock:
+            entry = self.state.running.get(job.id)
             if entry is None or job.status != RUNNING or entry.attempt is None:
                 return job
             live = entry.progress.get("pace")
@@ -147,7 +94,7 @@ class Progress:
         """The job as its task knows it: what the database holds, with what could not be written yet on top, and
         the message saying so."""
         job = self.paced(job)
-        with self._lock:
+        with self.state.lock:
             pending = self.unrecorded.get(job.id)
             if pending is None:
                 return job
@@ -156,7 +103,7 @@ class Progress:
         return dataclasses.replace(job, **fields, message=f"{message} ({pending.reason})")
 
     def view_attempts(self, job_id: str, attempts: list[Attempt]) -> list[Attempt]:
-        with self._lock:
+        with self.state.lock:
             pending = self.unrecorded.get(job_id)
             changes = dict(pending.attempts) if pending is not None else {}
         return [dataclasses.replace(a, **changes[a.number]) if a.number in changes else a for a in attempts]
@@ -178,7 +125,7 @@ class Progress:
                     return write()
                 except StoreError as failed:
                     error = failed
-            if self._stopping():
+            if self.state.stopping:
                 raise error
             if not told:
                 log.error("job %s: %s is not recorded yet: %s; trying again until it is", job_id, what, error)
@@ -194,7 +141,7 @@ class Progress:
         """Keep what a write the database refused says, so that the job reads as its task knows it (a child that
         ended on a full disk: failed, not running) with a message saying it is not recorded yet; and tell the
         job's listeners."""
-        with self._lock:
+        with self.state.lock:
             pending = self.unrecorded.setdefault(job_id, Unrecorded(""))
             pending.reason = (
                 f"{what} is not recorded yet in the jobs database: {error}; the server keeps it and writes it as "
@@ -221,17 +168,17 @@ class Progress:
         event = record.get("event")
         forwarded = {"job_id": job_id, "attempt": number, **record}
         if event == "iteration":
-            with self._lock:
-                entry = self._running.get(job_id)
-                measured = entry.pace(record) if entry is not None and entry.attempt == number else None
+            with self.state.lock:
+                entry = self.state.running.get(job_id)
+                measured = None
                 if entry is not None and entry.attempt == number:
-                    entry.progress["pace"] = measured
+                    measured = entry.progress["pace"] = _paced_record(entry, record)
             forwarded.update(pace_fields(measured))
         self.emit("job_progress", forwarded)
         record = {**record, "attempt": number}
         changed: Job | None = None
-        with self._lock:
-            entry = self._running.get(job_id)
+        with self.state.lock:
+            entry = self.state.running.get(job_id)
             if entry is None:
                 return
             memory = record.get("memory_bytes")
@@ -293,18 +240,18 @@ class Progress:
             "status": status, "message": message, "finished_at": time.time() if status in FINAL_STATES else None,
         }
         failed: StoreError | None = None
-        with self._lock:
+        with self.state.lock:
             try:
                 job = self.store.update_job(job_id, **fields)
             except StoreError as error:
                 failed = error
-            self._finished.notify_all()
+            self.state.finished.notify_all()
         if failed is not None:
             job = self.durable(
                 job_id, f"the job's end ({status})", lambda: self.store.update_job(job_id, **fields), failed, job=fields
             )
-            with self._lock:
-                self._finished.notify_all()
+            with self.state.lock:
+                self.state.finished.notify_all()
         self.emit_job(job)
 
 
@@ -321,6 +268,14 @@ def pace_fields(measured: Pace | dict[str, Any] | None) -> dict[str, float | Non
     return dict.fromkeys(PACE_FIELDS)
 
 
+def _paced_record(entry: Running, record: dict[str, Any]) -> dict[str, Any] | None:
+    """What a job's progress keeps of its attempt's speed once the iteration `record` is added (Running.measure)."""
+    measured = entry.measure(record)
+    if measured is None:
+        return None
+    return {"attempt": entry.attempt, "iteration": record["iteration"], **pace_fields(measured)}
+
+
 def progress_fields(entry: Running) -> dict[str, Any]:
     """The job's progress fields from what its running attempt reported (as `Progress.store_progress` writes them)."""
     fields: dict[str, Any] = {"progress": entry.progress}
@@ -332,4 +287,4 @@ def progress_fields(entry: Running) -> dict[str, Any]:
     return fields
 
 
-__all__ = ["PACE_FIELDS", "Progress", "Running", "Unrecorded", "pace_fields", "progress_fields", "reserved"]
+__all__ = ["PACE_FIELDS", "Progress", "Unrecorded", "pace_fields", "progress_fields"]

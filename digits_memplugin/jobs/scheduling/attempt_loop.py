@@ -5,7 +5,8 @@ output that became NaN: core.divergence).
 
 The planning is core.planning.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
 too (`plan_for` gives it the job's request and definition); the rest is the loop (`AttemptLoop`), which writes
-through the manager's `Progress` (jobs.events.progress) and runs under the job's task (jobs.manager).
+through the manager's `Progress` (jobs.events.progress) on its run state (jobs.run_state) and runs as the job's
+task (jobs.scheduling.dispatcher).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,33 +25,34 @@ from ...core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
 from ...core.layers.base import ENGINE_CPU
 from ...core.net import ShapeOracle
 from ...core.oom import CANCELLED as OUTCOME_CANCELLED
-from ...core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
 from ...core.oom import FAILED as FAILED_OUTCOME
 from ...core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
+from ...core.oom import OUT_OF_MEMORY
 from ...core.planning.fallback import Decision, Failure
 from ...core.planning.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
 from ...devices.reader import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
 from ...estimate.pool import PoolBusy
 from ..backends.attempt_process import AttemptResult
-from ..backends.local import Backend, Launch, LocalBackend
+from ..backends.local import AttemptHandle, Backend, Launch, LocalBackend
 from ..child.attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, AttemptSpec
 from ..child.caffe_build import BINARY
-from ..child.runner import DISK_FULL, THREAD_STACK_BYTES
+from ..child.runner import THREAD_STACK_BYTES
 from ..config import ManagerConfig
 from ..definition.definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
 from ..errors import JobError, JobNotFound
-from ..events.progress import Progress, Running, progress_fields, reserved
+from ..events.progress import Progress, progress_fields
+from ..run_state import Running, RunState
 from ..store.database import StoreError
-from ..store.disk import LOW_DISK_BYTES, free_bytes, free_note
-from ..store.records import CANCELLED, DONE, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
+from ..store.quota import Quota
+from ..store.records import CANCELLED, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
+from .attempt_end import INTERRUPTED_MESSAGE, failure_of, job_end, note_full_disk
 from .scheduler import Limit, limit_for, memory_cap
 
 if TYPE_CHECKING:
     from .planning import Planner
+    from .submission import Definitions
 
 log = logging.getLogger(__name__)
-
-INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; resume it to continue"
 
 
 def job_ask(spec: Mapping[str, Any], definition: JobDefinition, *, effective_batch: int | None = None,
@@ -90,82 +91,28 @@ def plan_for(
     )
 
 
-def job_end(result: AttemptResult, attempts: Sequence[Attempt] = ()) -> tuple[str, str] | None:
-    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory).
-    `attempts`: the job's attempts, the one that ended last, for the story of its out-of-memory retries."""
-    outcome = result.outcome
-    if outcome.status == SUCCESS:
-        note = "" if outcome.divergence is None else f"; {outcome.divergence.trained_on_note}"
-        retries = retry_summary(attempts)
-        return DONE, f"training finished at iteration {result.last_iteration}{note}" + (f"; {retries}" if retries else "")
-    if outcome.status == DIVERGED:
-        return FAILED, outcome.message
-    if outcome.status == OUTCOME_INTERRUPTED:
-        return INTERRUPTED, INTERRUPTED_MESSAGE
-    if outcome.status == OUTCOME_CANCELLED:
-        return CANCELLED, outcome.message or "cancelled"
-    if outcome.status != OUT_OF_MEMORY:
-        return FAILED, outcome.message
-    return None
-
-
-def retry_summary(attempts: Sequence[Attempt]) -> str | None:
-    """How the out-of-memory fallback got the job to the plan of its last attempt, in one sentence ("it ran out of
-    memory at batch 512, and was retried at batch 171 x iter_size 3 (effective batch 513)"); None without a retry."""
-    if len(attempts) < 2:
-        return None
-    *earlier, last = sorted(attempts, key=lambda attempt: attempt.number)
-    failed = [attempt for attempt in earlier if attempt.status == OUT_OF_MEMORY]
-    if not failed:
-        return None
-    plans = [plan_words(attempt.batch_size, attempt.iter_size) for attempt in failed]
-    listed = ", ".join(plans[:-1]) + (" and " if len(plans) > 1 else "") + plans[-1]
-    tries = "" if len(failed) == 1 else f" ({len(failed)} attempts)"
-    effective = last.batch_size * last.iter_size
-    return (f"it ran out of memory at {listed}{tries}, and was retried at {plan_words(last.batch_size, last.iter_size)}"
-            + (f" (effective batch {effective})" if last.iter_size > 1 else ""))
-
-
-def plan_words(batch_size: int, iter_size: int) -> str:
-    """"batch 512", "batch 171 x iter_size 3"."""
-    return f"batch {batch_size}" + (f" x iter_size {iter_size}" if iter_size > 1 else "")
-
-
-def failure_of(attempt: Attempt) -> Failure:
-    """An earlier out-of-memory attempt (before a restart or a resume), as the policy reads it."""
-    record = attempt.out_of_memory or {}
-    return Failure(
-        batch_size=attempt.batch_size,
-        test_batch_size=attempt.test_batch_size,
-        limit_bytes=int(attempt.limit_bytes or 0),
-        requested_bytes=record.get("requested_bytes"),
-        free_bytes=record.get("free_bytes"),
-        used_bytes=attempt.peak_bytes,
-    )
-
-
 def stacks(definition: JobDefinition) -> int:
     """Address space the runner's capped child reserves for Caffe's thread stacks."""
     return definition.threads * THREAD_STACK_BYTES
 
 
 class AttemptLoop:
-    """The attempts of the manager's running jobs. `run(job_id)` is a job's task (the manager's `_run_job`): it
-    returns once the job's end is recorded (or raises; the manager records the error as the job's end)."""
+    """The attempts of the manager's running jobs, on its run `state` (the placed jobs' entries, the lock, the
+    store, whether it stops). `run(job_id)` is a placed job's task (the dispatcher's `_run_job`): it returns once the
+    job's end is recorded (or raises; the dispatcher records the error as the job's end). `definitions` gives a
+    job's definition, `quota` measures its folder after each attempt."""
 
     def __init__(
         self,
         config: ManagerConfig,
         devices: DeviceReader,
+        state: RunState,
         progress: Progress,
-        lock: threading.RLock,
-        running: dict[str, Running],
+        definitions: Definitions,
+        quota: Quota,
         *,
         jobs_root: Path,
         oracle: ShapeOracle | None,
-        definition: Callable[[Job], JobDefinition],
-        measure: Callable[[str], None],
-        stopping: Callable[[], bool],
         backend: Backend | None = None,
         planner: Planner | None = None,
     ) -> None:
@@ -174,14 +121,12 @@ class AttemptLoop:
         """Where plans are made (jobs.scheduling.planning: a costly one in an estimate worker); None: here."""
         self.backend: Backend = backend or LocalBackend()
         self.devices = devices
+        self.state = state
         self.progress = progress
-        self._lock = lock
-        self._running = running
+        self.definitions = definitions
+        self.quota = quota
         self.jobs_root = jobs_root
         self.oracle = oracle
-        self._definition = definition
-        self._measure = measure
-        self._stopping = stopping
 
     def plan(
         self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure] = (),
@@ -217,16 +162,16 @@ class AttemptLoop:
                     waited += 1.0
 
     def _job(self, job_id: str) -> Job:
-        job = self.progress.store.get_job(job_id)
+        job = self.state.store.get_job(job_id)
         if job is None:
             raise JobNotFound(job_id)
         return self.progress.view(job)
 
     def run(self, job_id: str) -> None:
-        store, progress = self.progress.store, self.progress
+        store, progress, state = self.state.store, self.progress, self.state
         job = self._job(job_id)
-        entry = self._running[job_id]
-        definition = self._definition(job)
+        entry = state.running[job_id]
+        definition = self.definitions.get(job)
         engine = self.config.gpu_engine if entry.kind == GPU else ENGINE_CPU
         earlier = [a for a in store.attempts(job_id) if a.device == entry.device]
         failures = [failure_of(a) for a in earlier if a.status == OUT_OF_MEMORY and a.limit_bytes is not None]
@@ -234,26 +179,23 @@ class AttemptLoop:
         job = store.update_job(job_id, started_at=job.started_at or time.time())
         progress.emit_job(job)
         while True:
-            with self._lock:
-                if entry.cancel or self._stopping():
-                    stopping = self._stopping()
+            with state.lock:
+                if entry.cancel or state.stopping:
+                    stopping = state.stopping
                     progress.finish(job_id, INTERRUPTED if stopping else CANCELLED,
                                     INTERRUPTED_MESSAGE if stopping else "cancelled")
                     return
-            devices = self.devices.read()
-            device = devices.get(entry.device)
-            with self._lock:
-                held = reserved(self._running.values(), entry.device, exclude=job_id)
+            device = self.devices.read().get(entry.device)
             cap = memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap)
             limit = None if device is None else limit_for(
-                device, reserved=held, cap=cap, cap_overhead=stacks(definition)
+                device, reserved=state.reserved(entry.device, exclude=job_id), cap=cap, cap_overhead=stacks(definition)
             )
             if device is None or limit is None:
                 progress.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
                 return
             job = self._job(job_id)
             decision = self._attempt_plan(job, definition, engine, limit.limit_bytes, failures, made,
-                                          lambda: entry.cancel or self._stopping())
+                                          lambda: entry.cancel or state.stopping)
             if decision is None:
                 continue  # cancelled or stopping while it waited: said at the top of the loop
             if decision.stop or decision.plan is None:
@@ -261,7 +203,7 @@ class AttemptLoop:
                 progress.finish(job_id, FAILED, prefix + decision.message)
                 return
             result, attempt = self._run_attempt(job, definition, entry, limit, decision)
-            self._measure(job_id)
+            self.quota.measure(job_id)
             made += 1
             ending = job_end(result, store.attempts(job_id))
             if ending is not None:
@@ -289,7 +231,7 @@ class AttemptLoop:
         )
         self.progress.durable(
             attempt.job_id, f"attempt {attempt.number}'s limit",
-            lambda: self.progress.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
+            lambda: self.state.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
             attempt=(attempt.number, {"limit_bytes": effective}),
         )
         return failure
@@ -364,11 +306,21 @@ class AttemptLoop:
     def _run_attempt(
         self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
     ) -> tuple[AttemptResult, Attempt]:
-        store, progress = self.progress.store, self.progress
-        folder = self.jobs_root / job.folder
-        check_job_folder(self.jobs_root, folder)
-        with self._lock:  # what earlier attempts could not write at first is written by now (the writes block)
-            progress.unrecorded.pop(job.id, None)
+        """One attempt: its files and row written, its child launched and followed to its end, the end recorded."""
+        spec, environment = self._begin_attempt(job, definition, entry, limit, decision)
+        process = self._launch(job, entry, spec, environment, decision)
+        result = self._outcome(self.jobs_root / job.folder, entry, process.wait())
+        attempt = self._record_end(job, spec.attempt, entry, result)
+        return dataclasses.replace(result, peak_bytes=attempt.peak_bytes), attempt
+
+    def _begin_attempt(
+        self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
+    ) -> tuple[AttemptSpec, dict[str, str]]:
+        """The next attempt's files written, its row added and the job's fields set to where it starts; the
+        listeners told. Its spec and the child's environment."""
+        store, progress = self.state.store, self.progress
+        check_job_folder(self.jobs_root, self.jobs_root / job.folder)
+        progress.settled(job.id)  # what earlier attempts could not write at first is written by now (the writes block)
         number = len(store.attempts(job.id)) + 1
         spec, environment = self._spec(job, definition, entry, limit, decision, number)
         attempt = store.add_attempt(
@@ -392,48 +344,61 @@ class AttemptLoop:
         )
         progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         progress.emit_job(updated)
+        return spec, environment
 
+    def _launch(
+        self, job: Job, entry: Running, spec: AttemptSpec, environment: dict[str, str], decision: Decision
+    ) -> AttemptHandle:
+        """The attempt's child started by the backend, its records and log lines passed on; a cancel or a stop
+        that came while it started is applied to it."""
+        progress, state, number = self.progress, self.state, spec.attempt
         launch = Launch(
-            folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
+            self.jobs_root / job.folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
             on_record=lambda record: progress.on_record(job.id, number, record),
             on_log=lambda lines: progress.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
             grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
             cancel_seconds=self.config.cancel_seconds,
         )
-        with self._lock:
+        with state.lock:
             entry.start_attempt(number, spec.max_iter)
             entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
         try:  # outside the lock: a backend may take a request's time (the Ray backend submits over HTTP)
             process = self.backend.launch(launch)
         except Exception as error:
             message = f"the attempt could not be started ({self.backend.name} backend): {error}"
-            store.update_attempt(job.id, number, status=FAILED_OUTCOME, finished_at=time.time(), message=message)
+            state.store.update_attempt(job.id, number, status=FAILED_OUTCOME, finished_at=time.time(), message=message)
             raise JobError(message) from error
-        with self._lock:  # a cancel or a stop that came meanwhile found no process: it is applied now
+        with state.lock:  # a cancel or a stop that came meanwhile found no process: it is applied now
             entry.process = process
-            stopping, cancel = self._stopping(), entry.cancel
-            if stopping:
+            if state.stopping:
                 process.kill()
-            elif cancel:
+            elif entry.cancel:
                 process.cancel()
         try:  # the child runs now: nothing may stop this task from following it
-            store.update_attempt(job.id, number, handle=process.handle)
+            state.store.update_attempt(job.id, number, handle=process.handle)
         except StoreError as error:
             log.warning("job %s attempt %d: %s not stored (%s)", job.id, number, process.handle, error)
-        result = process.wait()
+        return process
+
+    def _outcome(self, folder: Path, entry: Running, result: AttemptResult) -> AttemptResult:
+        """How the attempt ended, as the job reads it: a cancel by a stop is an interruption, a failure on a full
+        disk says so, and the peak is the larger of the child's and NVML's."""
         outcome = result.outcome
-        if self._stopping() and outcome.status == OUTCOME_CANCELLED:
+        if self.state.stopping and outcome.status == OUTCOME_CANCELLED:
             outcome = dataclasses.replace(outcome, status=OUTCOME_INTERRUPTED, message=INTERRUPTED_MESSAGE)
-            result = dataclasses.replace(result, outcome=outcome)
         if outcome.status == FAILED_OUTCOME:
-            outcome = _note_full_disk(folder, result, outcome)
-            result = dataclasses.replace(result, outcome=outcome)
+            outcome = note_full_disk(folder, result, outcome)
         peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
+        return dataclasses.replace(result, outcome=outcome, peak_bytes=None if peak < 0 else peak)
+
+    def _record_end(self, job: Job, number: int, entry: Running, result: AttemptResult) -> Attempt:
+        """The attempt's end and its last progress written for sure (durable writes), the listeners told."""
+        store, progress, outcome = self.state.store, self.progress, result.outcome
         ended = {
             "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
             "signal": outcome.signal, "message": outcome.message,
             "out_of_memory": None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
-            "peak_bytes": None if peak < 0 else peak, "allocated_bytes": result.allocated_bytes,
+            "peak_bytes": result.peak_bytes, "allocated_bytes": result.allocated_bytes,
             "end_iteration": result.last_iteration,
         }
         # What the job is once this attempt has ended, shown while the writes below wait for the database.
@@ -450,25 +415,8 @@ class AttemptLoop:
             job.id, f"the end of attempt {number}", lambda: store.update_attempt(job.id, number, **ended),
             job=known, attempt=(number, ended),
         )
-        result = dataclasses.replace(result, peak_bytes=attempt.peak_bytes)
         progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
-        return result, attempt
-
-
-def _note_full_disk(folder: Path, result: AttemptResult, outcome: Outcome) -> Outcome:
-    """A failed attempt whose disk is full says so. Caffe aborts when a snapshot cannot be written and glog's
-    own line about it cannot reach the full disk either, so the free space is what tells."""
-    free = free_bytes(folder)
-    reported = (result.error or {}).get("type") == DISK_FULL
-    if not reported and (free is None or free >= LOW_DISK_BYTES):
-        return outcome
-    cause = (result.error or {}).get("message") if reported else outcome.message
-    message = (
-        f"no space left on the disk holding the job's folder ({free_note(folder)}): the attempt stopped at "
-        f"iteration {result.last_iteration or 0} ({cause}); free some space, then resume the job (it continues "
-        "from its last snapshot)"
-    )
-    return dataclasses.replace(outcome, message=message)
+        return attempt
 
 
 __all__ = ["INTERRUPTED_MESSAGE", "AttemptLoop", "failure_of", "job_ask", "job_end", "plan_for", "stacks"]

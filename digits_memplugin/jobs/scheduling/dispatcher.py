@@ -2,12 +2,12 @@
 queued job where the scheduler (jobs.scheduling.scheduler, pure) says, starts the placed job's task (jobs.scheduling.attempt_loop), and frees
 its slot when the task ends. It wakes on a submission, a resume or a job's end, and polls while jobs wait or run;
 on a shared store (several web workers, config.shared_store) it polls always, since another process's submission,
-resume or cancel request cannot wake it, and applies the cancel requests (jobs.manager's followers write them)."""
+resume or cancel request cannot wake it, and applies the cancel requests (jobs.manager's followers write them).
+Everything it shares with the manager's other parts is their run state (jobs.run_state)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,8 +20,10 @@ from ...core.planning.fallback import Decision
 from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceReader
 from ...estimate.pool import PoolBusy, PoolError
 from ..config import ManagerConfig
-from ..events.progress import Progress, Running, reserved
-from ..store.database import JobStore, StoreError
+from ..definition.definition import JobDefinition
+from ..events.progress import Progress
+from ..run_state import Running, RunState, reserved
+from ..store.database import StoreError
 from ..store.disk import disk_full, free_note
 from ..store.records import FAILED, QUEUED, RUNNING, Job
 from .attempt_loop import AttemptLoop, stacks
@@ -34,54 +36,40 @@ Spawn = Callable[[Callable[[], None]], Any]
 
 
 class Dispatcher:
-    """Places the queued jobs of `store` (the manager's) and runs them, in `running` (the manager's table, under
-    `lock`); `wake` makes `loop` look again at once, `stopping` ends it."""
+    """Places the queued jobs of the run `state`'s store and runs them, each in an entry of its table (under its
+    lock); the state's `wake` makes `loop` look again at once, its `stopping` ends it. `spawn` starts a placed
+    job's task (`attempts.run`)."""
 
     def __init__(
         self,
         config: ManagerConfig,
         devices: DeviceReader,
-        store: Callable[[], JobStore],
+        state: RunState,
         progress: Progress,
         attempts: AttemptLoop,
         definitions: Definitions,
         *,
-        lock: threading.RLock,
-        finished: threading.Condition,
-        running: dict[str, Running],
-        wake: threading.Event,
         spawn: Spawn,
-        stopping: Callable[[], bool],
         jobs_root: Path,
-        cancel_requested: Callable[[str], None] = lambda job_id: None,
     ) -> None:
         self.config = config
         self.devices = devices
-        self._store = store
+        self.state = state
         self.progress = progress
         self.attempts = attempts
         self.definitions = definitions
-        self._lock = lock
-        self._finished = finished
-        self._running = running
-        self._wake = wake
         self.spawn = spawn
-        self._stopping = stopping
         self.jobs_root = jobs_root
-        self.cancel_requested = cancel_requested
-        """Applies a cancel another process asked for (the store's cancel_requests), on a shared store."""
 
     def loop(self) -> None:
         while True:
-            with self._lock:
-                busy = bool(self._running)
-            polling = busy or self.config.shared_store or self._queued()
-            self._wake.wait(self.config.poll_seconds if polling else None)
-            self._wake.clear()
-            if self._stopping():
+            polling = self.state.busy() or self.config.shared_store or self._queued()
+            self.state.wake.wait(self.config.poll_seconds if polling else None)
+            self.state.wake.clear()
+            if self.state.stopping:
                 return
             try:
-                self._schedule()
+                self.schedule()
             except StoreError as error:  # locked, full or damaged: the message says which, no traceback needed
                 log.error("scheduling failed: %s", error)
             except Exception:
@@ -89,32 +77,33 @@ class Dispatcher:
 
     def _queued(self) -> bool:
         try:
-            return bool(self._store().list_jobs([QUEUED]))
-        except StoreError:  # locked, full or damaged: look again at the next poll (_schedule says why)
+            return bool(self.state.store.list_jobs([QUEUED]))
+        except StoreError:  # locked, full or damaged: look again at the next poll (schedule says why)
             return True
         except MemPluginError:  # not started, or stopped meanwhile
             return False
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
+        """One round of the loop: the cancels other processes asked for applied (on a shared store), then each
+        queued job placed where it fits now, left waiting (saying why) or failed when it never can."""
+        store = self.state.store
         if self.config.shared_store:
-            for job_id in self._store().cancel_requests():
-                self.cancel_requested(job_id)
-        queued = self._store().list_jobs([QUEUED])
-        with self._lock:
-            busy = bool(self._running)
-        if self.config.shared_store and not queued and not busy:
+            for job_id in store.cancel_requests():
+                if self.state.cancel(job_id):  # the follower has already written "cancelling" and told listeners
+                    log.info("job %s: cancelled, as another server asked", job_id)
+        queued = store.list_jobs([QUEUED])
+        if self.config.shared_store and not queued and not self.state.busy():
             return  # polled with nothing to do: no device read every poll on an idle shared store
         devices = self.devices.read()
         self._sample_gpu_memory(devices)
         for job in queued:
-            if self._stopping():
+            if self.state.stopping:
                 return
             self._try_place(job, devices)
 
     def _sample_gpu_memory(self, devices: DeviceList) -> None:
         """Peak GPU memory of running attempts, from NVML's process list (the runner cannot see it in CUDA)."""
-        with self._lock:
-            entries = [entry for entry in self._running.values() if entry.kind == GPU and entry.process]
+        entries = [entry for entry in self.state.entries() if entry.kind == GPU and entry.process]
         for entry in entries:
             device = devices.get(entry.device)
             pid = entry.process.pid if entry.process else None
@@ -123,25 +112,47 @@ class Dispatcher:
                     entry.peak = max(entry.peak or 0, process.used_memory)
 
     def _try_place(self, job: Job, devices: DeviceList) -> None:
-        store = self._store()
+        """Place the job now if a device has room for its plan. A plan may be made in an estimate worker
+        (jobs.scheduling.planning): never while the lock is held, which every submission, cancel and page of the
+        jobs takes. So the devices are planned first with what runs now, then placed under the lock from those
+        plans; a limit changed meanwhile leaves the job for the next round."""
         try:
             definition = self.definitions.get(job)
         except PoolBusy as busy:  # its nets are built in a worker (a recurrent net), and all are busy
             self._wait_for_worker(job, busy)
             return
         except (NetError, OSError, PoolError) as error:  # OSError: its folder went with a delete since the queue was read
-            failed = store.update_job_if(
-                job.id, QUEUED, status=FAILED, finished_at=time.time(),
-                message=f"the job's definition cannot be used any more: {error}",
-            )
-            if failed is not None:
-                self.progress.emit_job(failed)
+            self._fail(job, f"the job's definition cannot be used any more: {error}")
             return
-
-        # A plan may be made in an estimate worker (jobs.scheduling.planning): never while the lock is held, which every
-        # submission, cancel and page of the jobs takes. So the devices are planned first with what runs now, then
-        # placed under the lock from those plans; a limit changed meanwhile leaves the job for the next poll.
         decisions: dict[tuple[str, int], Decision] = {}
+        try:
+            self._where(job, definition, devices, self._planning(job, definition, decisions))  # the plans made here
+        except PoolBusy as busy:
+            self._wait_for_worker(job, busy)
+            return
+        except PoolError as error:  # the worker ran out of time or died planning it: it would again
+            self._fail(job, f"the job could not be planned: {error}")
+            return
+        with self.state.lock:
+            if self.state.stopping:  # stop() has collected the running tasks it joins: start none after that
+                return
+            try:
+                where = self._where(job, definition, devices, _planned(decisions))
+            except _Replan:
+                self.state.wake.set()  # what runs changed while it was planned: plan again at once
+                return
+            if isinstance(where, Place):
+                self._start(job, where)
+                return
+        if isinstance(where, Never):
+            self._fail(job, where.reason)
+        elif where.reason != job.message:
+            self._tell_waiting(job, where.reason)
+
+    def _planning(
+        self, job: Job, definition: JobDefinition, decisions: dict[tuple[str, int], Decision]
+    ) -> Callable[[Device, int], Decision]:
+        """The scheduler's plans of the job, made (by the attempt loop's planning) and kept in `decisions`."""
 
         def plan(device: Device, limit: int) -> Decision:
             key = (device.key, limit)
@@ -150,78 +161,53 @@ class Dispatcher:
                 decisions[key] = self.attempts.plan(job, definition, engine, limit, placing=True)
             return decisions[key]
 
-        def planned(device: Device, limit: int) -> Decision:
-            if (device.key, limit) not in decisions:
-                raise _Replan
-            return decisions[(device.key, limit)]
+        return plan
 
-        cap = memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap)
+    def _where(
+        self, job: Job, definition: JobDefinition, devices: DeviceList, plans: Callable[[Device, int], Decision]
+    ) -> Place | Wait | Never:
+        """Where the scheduler places the job with what runs now."""
+        entries = self.state.entries()
+        running = Counter(entry.device for entry in entries)
+        return place(
+            job.spec["device"], devices, plans, running=running,
+            reserved={key: reserved(entries, key) for key in running},
+            jobs_per_gpu=self.config.jobs_per_gpu, jobs_per_cpu=self.config.jobs_per_cpu,
+            cap=memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap), cap_overhead=stacks(definition),
+        )
 
-        def where_now(plans: Callable[[Device, int], Decision]) -> Place | Wait | Never:
-            with self._lock:
-                entries = list(self._running.values())
-            running = Counter(entry.device for entry in entries)
-            return place(
-                job.spec["device"], devices, plans, running=running,
-                reserved={key: reserved(entries, key) for key in running},
-                jobs_per_gpu=self.config.jobs_per_gpu, jobs_per_cpu=self.config.jobs_per_cpu,
-                cap=cap, cap_overhead=stacks(definition),
-            )
+    def _start(self, job: Job, where: Place) -> None:
+        """The job placed (under the lock): stored first (a store that cannot be written must not leave a slot
+        taken), and only while the job is still queued (a cancel or a delete since the queue was read wins); then
+        its slot taken and its task started."""
+        entry = Running(job.id, where.device.key, GPU if where.device.kind == GPU else CPU_KEY)
+        entry.estimated = where.decision.estimated_bytes or 0
+        placed = self.state.store.update_job_if(
+            job.id, QUEUED, status=RUNNING, device=where.device.key, message=where.decision.message
+        )
+        if placed is None:
+            return
+        self.state.running[job.id] = entry
+        entry.task = self.spawn(lambda: self._run_job(job.id))
 
-        try:
-            where_now(plan)  # outside the lock: the plans are made here
-        except PoolBusy as busy:
-            self._wait_for_worker(job, busy)
-            return
-        except PoolError as error:  # the worker ran out of time or died planning it: it would again
-            failed = store.update_job_if(job.id, QUEUED, status=FAILED, finished_at=time.time(),
-                                         message=f"the job could not be planned: {error}")
-            if failed is not None:
-                with self._lock:
-                    self._finished.notify_all()
-                self.progress.emit_job(failed)
-            return
-        with self._lock:
-            if self._stopping():  # stop() has collected the running tasks it joins: start none after that
-                return
-            try:
-                where = where_now(planned)
-            except _Replan:
-                self._wake.set()  # what runs changed while it was planned: plan again at once
-                return
-            if isinstance(where, Place):
-                entry = Running(job.id, where.device.key, GPU if where.device.kind == GPU else CPU_KEY)
-                entry.estimated = where.decision.estimated_bytes or 0
-                # Stored first (a store that cannot be written must not leave a slot taken), and only while the job
-                # is still queued: a cancel or a delete since the queue was read wins.
-                placed = store.update_job_if(
-                    job.id, QUEUED, status=RUNNING, device=where.device.key, message=where.decision.message
-                )
-                if placed is None:
-                    return
-                self._running[job.id] = entry
-                entry.task = self.spawn(lambda: self._run_job(job.id))
-                return
-        if isinstance(where, Never):
-            failed = store.update_job_if(job.id, QUEUED, status=FAILED, message=where.reason, finished_at=time.time())
-            if failed is not None:
-                with self._lock:
-                    self._finished.notify_all()
-                self.progress.emit_job(failed)
-            return
-        if where.reason != job.message:
-            waiting = store.update_job_if(job.id, QUEUED, message=where.reason)
-            if waiting is not None:
-                self.progress.emit_job(waiting)
+    def _fail(self, job: Job, message: str) -> None:
+        """A queued job that can never run, failed saying why (unless a cancel or a delete came first)."""
+        failed = self.state.store.update_job_if(job.id, QUEUED, status=FAILED, finished_at=time.time(), message=message)
+        if failed is not None:
+            self.state.notify_finished()
+            self.progress.emit_job(failed)
+
+    def _tell_waiting(self, job: Job, message: str) -> None:
+        """The job stays queued, saying why (while it still is)."""
+        waiting = self.state.store.update_job_if(job.id, QUEUED, message=message)
+        if waiting is not None:
+            self.progress.emit_job(waiting)
 
     def _wait_for_worker(self, job: Job, busy: PoolBusy) -> None:
         """The job stays queued, saying why, and is planned again at a later poll."""
         message = f"waiting: its plan needs an estimate worker, and all are busy ({busy}); it is planned again soon"
         if message != job.message:
-            waiting = self._store().update_job_if(job.id, QUEUED, message=message)
-            if waiting is not None:
-                self.progress.emit_job(waiting)
-
+            self._tell_waiting(job, message)
 
     def _run_job(self, job_id: str) -> None:
         """The job's task: its attempts until one ends it. Never raises: whatever stops the job is recorded as its
@@ -246,11 +232,22 @@ class Dispatcher:
                 log.error("job %s: its failure could not be recorded (%s); the next start marks it interrupted",
                           job_id, store_error)
         finally:
-            with self._lock:
-                self._running.pop(job_id, None)
-                self.progress.unrecorded.pop(job_id, None)  # written by now, or left for the next start to mark
-                self._finished.notify_all()
-            self._wake.set()
+            with self.state.lock:
+                self.state.running.pop(job_id, None)
+                self.progress.settled(job_id)  # written by now, or left for the next start to mark
+                self.state.finished.notify_all()
+            self.state.wake.set()
+
+
+def _planned(decisions: dict[tuple[str, int], Decision]) -> Callable[[Device, int], Decision]:
+    """The plans made before the lock was taken; a plan not among them (a limit changed since) is _Replan."""
+
+    def planned(device: Device, limit: int) -> Decision:
+        if (device.key, limit) not in decisions:
+            raise _Replan
+        return decisions[(device.key, limit)]
+
+    return planned
 
 
 class _Replan(Exception):
