@@ -594,11 +594,11 @@ def test_an_attempt_that_ends_while_the_database_cannot_be_written_shows_its_end
     with pytest.raises(JobStateError, match="not recorded yet"):
         manager.delete(job.id)
     assert manager.wait(job.id, timeout=1).status == "done"  # timed out: returns what it knows
-    assert job.id in manager.progress.unrecorded
+    assert job.id in manager.reporter.unrecorded
 
     writes.full.clear()
     ended = manager.wait(job.id, timeout=60)
-    assert job.id not in manager.progress.unrecorded
+    assert job.id not in manager.reporter.unrecorded
     stored = manager.store.get_job(job.id)
     assert (ended.status, stored.status, stored.iteration) == ("done", "done", 40)
     assert "not recorded" not in (ended.message or "")

@@ -1,6 +1,6 @@
 """The job manager's parts, each built alone on a run state of its own (jobs.run_state) with a real store in a
 temporary folder, real jobs written as a submission writes them, the real devices (the CPU) and real Caffe: the
-Progress, the Quota, the Dispatcher, the AttemptLoop and the Leadership, without a JobManager around them."""
+Reporter, the Quota, the Dispatcher, the AttemptLoop and the Leadership, without a JobManager around them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from test_jobs_fixtures import lenet_request, wait_for
 from digits_memplugin.devices.reader import DeviceReader
 from digits_memplugin.jobs.config import ManagerConfig
 from digits_memplugin.jobs.errors import QueueFull
-from digits_memplugin.jobs.events.progress import Progress
+from digits_memplugin.jobs.events.reporter import Reporter
 from digits_memplugin.jobs.leadership import STORE_FILE, Leadership
 from digits_memplugin.jobs.run_state import Running, RunState
 from digits_memplugin.jobs.scheduling.attempt_end import INTERRUPTED_MESSAGE
@@ -38,7 +38,7 @@ class Parts:
 
     config: ManagerConfig
     state: RunState
-    progress: Progress
+    reporter: Reporter
     quota: Quota
     definitions: Definitions
     attempts: AttemptLoop
@@ -75,29 +75,29 @@ def parts(tmp_path: Path, datasets: Path) -> Iterator[Parts]:
     state = RunState()
     state.open(JobStore(config.data_dir / STORE_FILE))
     events: list[tuple[str, dict[str, Any]]] = []
-    progress = Progress(state, lambda name, payload: events.append((name, payload)),
+    reporter = Reporter(state, lambda name, payload: events.append((name, payload)),
                         poll_seconds=config.poll_seconds, store_progress_seconds=config.store_progress_seconds)
     quota = Quota(config, state, jobs_root)
     definitions = Definitions(config.dataset_roots, None, jobs_root)
     devices = DeviceReader()
-    attempts = AttemptLoop(config, devices, state, progress, definitions, quota, jobs_root=jobs_root, oracle=None)
+    attempts = AttemptLoop(config, devices, state, reporter, definitions, quota, jobs_root=jobs_root, oracle=None)
     spawned: list[Any] = []
-    dispatcher = Dispatcher(config, devices, state, progress, attempts, definitions, spawn=spawned.append,
+    dispatcher = Dispatcher(config, devices, state, reporter, attempts, definitions, spawn=spawned.append,
                             jobs_root=jobs_root)
-    yield Parts(config, state, progress, quota, definitions, attempts, dispatcher, events, spawned)
+    yield Parts(config, state, reporter, quota, definitions, attempts, dispatcher, events, spawned)
     state.kill_running()
     state.close()
 
 
-# --- Progress -------------------------------------------------------------------------------------------------
+# --- Reporter -------------------------------------------------------------------------------------------------
 
 
 def test_progress_keeps_the_runners_records_on_the_job_and_passes_them_on(parts: Parts) -> None:
     job = parts.queue()
     entry = parts.place(job)
     entry.start_attempt(1, max_iter=100)
-    parts.progress.on_record(job.id, 1, {"event": "iteration", "iteration": 1, "loss": 0.5, "seconds": 0.0})
-    parts.progress.on_record(job.id, 1, {"event": "iteration", "iteration": 3, "loss": 0.25, "seconds": 1.0})
+    parts.reporter.on_record(job.id, 1, {"event": "iteration", "iteration": 1, "loss": 0.5, "seconds": 0.0})
+    parts.reporter.on_record(job.id, 1, {"event": "iteration", "iteration": 3, "loss": 0.25, "seconds": 1.0})
 
     stored = parts.store.get_job(job.id)
     assert stored is not None and stored.iteration == 1  # the first iteration is stored at once, the next one not yet
@@ -108,7 +108,7 @@ def test_progress_keeps_the_runners_records_on_the_job_and_passes_them_on(parts:
     assert forwarded[1]["seconds_left"] == pytest.approx(48.5)
     assert entry.progress["pace"]["iteration"] == 3  # what the job's documents show of its speed
 
-    parts.progress.on_record(job.id, 1, {"event": "snapshot", "iteration": 3, "model": "m", "state": "s"})
+    parts.reporter.on_record(job.id, 1, {"event": "snapshot", "iteration": 3, "model": "m", "state": "s"})
     stored = parts.store.get_job(job.id)
     assert stored is not None and stored.snapshot == {"iteration": 3, "model": "m", "state": "s"}
     assert stored.iteration == 3 and stored.progress["train"]["loss"] == 0.25  # a snapshot stores what came before
@@ -128,13 +128,13 @@ def test_progress_records_a_jobs_end_and_wakes_its_waiters(parts: Parts) -> None
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
     assert waiting.wait(30)
-    parts.progress.finish(job.id, DONE, "training finished at iteration 4")
+    parts.reporter.finish(job.id, DONE, "training finished at iteration 4")
     thread.join(90)
     assert woken == [True], "the end was written without notifying the waiters"
     stored = parts.store.get_job(job.id)
     assert stored is not None and (stored.status, stored.message) == (DONE, "training finished at iteration 4")
     assert stored.finished_at is not None
-    assert parts.events[-1] == ("job", parts.progress.paced(stored).to_json())
+    assert parts.events[-1] == ("job", parts.reporter.paced(stored).to_json())
 
 
 # --- Quota ----------------------------------------------------------------------------------------------------
@@ -253,8 +253,8 @@ def test_the_leader_takes_over_leftovers_and_a_follower_leads_once_it_has_gone(p
     parts.state.running.clear()
 
     leader_state, follower_state = RunState(), RunState()
-    leader = Leadership(config, leader_state, parts.progress, parts.attempts.backend, jobs_root)
-    follower = Leadership(config, follower_state, parts.progress, parts.attempts.backend, jobs_root)
+    leader = Leadership(config, leader_state, parts.reporter, parts.attempts.backend, jobs_root)
+    follower = Leadership(config, follower_state, parts.reporter, parts.attempts.backend, jobs_root)
     try:
         assert leader.open() is True and leader.follower is False
         interrupted = leader_state.store.get_job(left.id)

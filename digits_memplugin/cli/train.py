@@ -2,7 +2,7 @@
 
 The job is stored in the data folder like a job submitted to the web app (its attempts, logs and snapshots are
 there afterwards), placed on a device where its plan fits, retried with a smaller batch after an out-of-memory
-failure. Progress is printed as it comes; Ctrl-C cancels the job. Exit status 0 when training finished, 1 when
+failure. Reporter is printed as it comes; Ctrl-C cancels the job. Exit status 0 when training finished, 1 when
 the job failed or was cancelled.
 """
 
@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "Train a Caffe net with its solver as a job of the job manager: on a device where the planned batch "
             "fits, retried with a smaller batch (and a larger iter_size, keeping the effective batch) after an "
-            "out-of-memory failure, resumed from the last snapshot. Progress is printed; Ctrl-C cancels."
+            "out-of-memory failure, resumed from the last snapshot. Reporter is printed; Ctrl-C cancels."
         ),
     )
     parser.add_argument("net", type=Path, metavar="NET", help="net prototxt (train_val)")

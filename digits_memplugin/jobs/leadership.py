@@ -15,7 +15,7 @@ from typing import IO
 from .backends.local import Backend
 from .config import ManagerConfig
 from .errors import DataFolderInUse
-from .events.progress import Progress
+from .events.reporter import Reporter
 from .run_state import RunState
 from .scheduling.attempt_end import INTERRUPTED_MESSAGE
 from .store.database import JobStore, StoreError
@@ -32,11 +32,11 @@ class Leadership:
     opens the store into it, `follow` is a follower's task until it leads, `release` lets the folder go."""
 
     def __init__(
-        self, config: ManagerConfig, state: RunState, progress: Progress, backend: Backend, jobs_root: Path
+        self, config: ManagerConfig, state: RunState, reporter: Reporter, backend: Backend, jobs_root: Path
     ) -> None:
         self.config = config
         self.state = state
-        self.progress = progress
+        self.reporter = reporter
         self.backend = backend
         self.jobs_root = jobs_root
         self.follower = False
@@ -96,7 +96,7 @@ class Leadership:
                         self.config.data_dir, len(changed))
             try:  # the browsers watching them see them interrupted
                 for job in filter(None, map(self.state.store.get_job, changed)):
-                    self.progress.emit_job(job)
+                    self.reporter.emit_job(job)
             except StoreError as error:
                 log.warning("the interrupted jobs' events were not sent: %s", error)
             lead()

@@ -34,7 +34,7 @@ from .config import ManagerConfig
 from .definition.definition import Trainer
 from .definition.request import JobRequest
 from .errors import JobNotFound, JobStateError, JobValidationError, QueueFull
-from .events.progress import EventCallback, Progress
+from .events.reporter import EventCallback, Reporter
 from .leadership import STORE_FILE, Leadership
 from .paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobPage, check_page, gone_before, read_page
 from .run_state import RunState
@@ -66,7 +66,7 @@ class JobManager:
     A facade over the parts, which share one run state (jobs.run_state: the lock, the table of running jobs, the
     store): jobs.leadership takes the folder (or follows its leader); jobs.scheduling.dispatcher places queued jobs
     (where jobs.scheduling.scheduler, pure, says) and runs each placed job's attempts (jobs.scheduling.attempt_loop);
-    jobs.events.progress writes what they learn and tells the listeners; jobs.store.quota and
+    jobs.events.reporter writes what they learn and tells the listeners; jobs.store.quota and
     jobs.scheduling.submission check and write a new job.
 
     With `config.shared_store` (several web workers with a message queue), a manager that finds the data folder
@@ -96,7 +96,7 @@ class JobManager:
         """What the parts share while the manager runs (jobs.run_state)."""
         self._started = False
         self._scheduler: Any = None
-        self.progress = Progress(
+        self.reporter = Reporter(
             self.state, on_event or (lambda name, payload: None),
             poll_seconds=config.poll_seconds, store_progress_seconds=config.store_progress_seconds,
         )
@@ -108,22 +108,22 @@ class JobManager:
             self.planner,
         )
         attempts = AttemptLoop(
-            config, self.devices, self.state, self.progress, self.definitions, self.quota, jobs_root=self.jobs_root,
+            config, self.devices, self.state, self.reporter, self.definitions, self.quota, jobs_root=self.jobs_root,
             oracle=oracle, backend=self.backend, planner=self.planner,
         )
         self.dispatcher = Dispatcher(
-            config, self.devices, self.state, self.progress, attempts, self.definitions, spawn=spawn,
+            config, self.devices, self.state, self.reporter, attempts, self.definitions, spawn=spawn,
             jobs_root=self.jobs_root,
         )
-        self.leadership = Leadership(config, self.state, self.progress, self.backend, self.jobs_root)
+        self.leadership = Leadership(config, self.state, self.reporter, self.backend, self.jobs_root)
 
     @property
     def on_event(self) -> EventCallback:
-        return self.progress.on_event
+        return self.reporter.on_event
 
     @on_event.setter
     def on_event(self, callback: EventCallback) -> None:
-        self.progress.on_event = callback
+        self.reporter.on_event = callback
 
     # --- life cycle ---------------------------------------------------------------------------------------------
 
@@ -209,7 +209,7 @@ class JobManager:
                 raise
             self.definitions.keep(job.id, definition)
         stored = self.get(job.id)
-        self.progress.emit_job(stored)
+        self.reporter.emit_job(stored)
         self.state.wake.set()
         return stored
 
@@ -233,10 +233,10 @@ class JobManager:
         job = self.store.get_job(job_id)
         if job is None:
             raise JobNotFound(job_id)
-        return self.progress.view(job)
+        return self.reporter.view(job)
 
     def list_jobs(self) -> list[Job]:
-        return [self.progress.view(job) for job in self.store.list_jobs()]
+        return [self.reporter.view(job) for job in self.store.list_jobs()]
 
     def page(self, limit: int = DEFAULT_PAGE_SIZE, before: str | None = None) -> JobPage:
         """The `limit` newest jobs queued before the job `before` (None: the newest); see JobPage."""
@@ -245,16 +245,16 @@ class JobManager:
             position = None if before is None else self.get(before).position
         except JobNotFound:
             raise gone_before(str(before)) from None
-        return read_page(self.store, self.progress, limit, before, position)
+        return read_page(self.store, self.reporter, limit, before, position)
 
     def attempts(self, job_id: str) -> list[Attempt]:
         self.get(job_id)
-        return self.progress.view_attempts(job_id, self.store.attempts(job_id))
+        return self.reporter.view_attempts(job_id, self.store.attempts(job_id))
 
     def document(self, job_id: str) -> dict[str, Any]:
         """GET /jobs/<id>: the job with its attempts."""
         job = self.get(job_id)
-        attempts = self.progress.view_attempts(job_id, self.store.attempts(job_id))
+        attempts = self.reporter.view_attempts(job_id, self.store.attempts(job_id))
         return {**job.to_json(), "attempts": [attempt.to_json() for attempt in attempts]}
 
     def folder(self, job_id: str) -> Path:
@@ -265,10 +265,10 @@ class JobManager:
         follower too, whose leader runs them. For the Devices page: which of our jobs each device trains."""
         found = []
         for job in self.store.list_jobs([RUNNING]):
-            viewed = self.progress.view(job)
+            viewed = self.reporter.view(job)
             if viewed.status != RUNNING:
                 continue
-            attempts = self.progress.view_attempts(job.id, self.store.attempts(job.id))
+            attempts = self.reporter.view_attempts(job.id, self.store.attempts(job.id))
             if attempts and attempts[-1].status == RUNNING:
                 found.append((viewed, attempts[-1]))
         return found
@@ -287,7 +287,7 @@ class JobManager:
         """A queued job is cancelled at once; a running one once its child has stopped (SIGTERM, then SIGKILL)."""
         with self.state.lock:
             job = self._cancel_queued(job_id) or self._cancel_running(job_id)
-        self.progress.emit_job(job)
+        self.reporter.emit_job(job)
         return job
 
     def _cancel_queued(self, job_id: str) -> Job | None:
@@ -312,7 +312,7 @@ class JobManager:
                 raise JobStateError("the job ended meanwhile; only queued or running jobs can be cancelled")
             return asked
         if job.status != RUNNING or job_id not in self.state.running:
-            ended = job_id in self.progress.unrecorded
+            ended = job_id in self.reporter.unrecorded
             raise JobStateError(
                 f"the job has ended ({job.status}: {job.message}); only queued or running jobs can be cancelled"
                 if ended else f"the job is {job.status}; only queued or running jobs can be cancelled"
@@ -321,7 +321,7 @@ class JobManager:
         try:
             return self.store.update_job(job_id, message="cancelling")
         except StoreError as error:  # the cancel is made all the same: the child is being stopped
-            self.progress.hold(job_id, "the cancel", error, job={"message": "cancelling"})
+            self.reporter.hold(job_id, "the cancel", error, job={"message": "cancelling"})
             return self.get(job_id)
 
     def delete(self, job_id: str) -> None:
@@ -330,7 +330,7 @@ class JobManager:
             job = self.get(job_id)
             if job.status == RUNNING:
                 raise JobStateError("the job is running; cancel it first")
-            if job_id in self.progress.unrecorded:
+            if job_id in self.reporter.unrecorded:
                 raise JobStateError(_NOT_RECORDED)
             # Only in the state it was read in: on a shared store the leader may have placed it meanwhile.
             if not self.store.delete_job(job_id, job.status):
@@ -338,7 +338,7 @@ class JobManager:
             self.definitions.forget(job_id)
             self.quota.deleted(job_id)
         shutil.rmtree(self.jobs_root / job.folder, ignore_errors=True)
-        self.progress.emit("job_deleted", {"id": job_id})
+        self.reporter.emit("job_deleted", {"id": job_id})
 
     def resume(self, job_id: str) -> Job:
         """Queue an interrupted, cancelled or failed job again; it continues from its last snapshot if it has one."""
@@ -346,7 +346,7 @@ class JobManager:
             job = self.get(job_id)
             if job.status not in (INTERRUPTED, CANCELLED, FAILED):
                 raise JobStateError(f"the job is {job.status}; only interrupted, cancelled or failed jobs resume")
-            if job_id in self.progress.unrecorded:
+            if job_id in self.reporter.unrecorded:
                 raise JobStateError(_NOT_RECORDED)
             try:
                 self.quota.check_queue()
@@ -359,7 +359,7 @@ class JobManager:
             job = self.store.update_job(
                 job_id, status=QUEUED, finished_at=None, message=f"waiting to resume {where}", cancel_requested_at=None
             )
-        self.progress.emit_job(job)
+        self.reporter.emit_job(job)
         self.state.wake.set()
         return job
 
@@ -370,7 +370,7 @@ class JobManager:
             while True:
                 job = self.get(job_id)
                 ended = job.status in FINAL_STATES or (job.status == INTERRUPTED and job_id not in self.state.running)
-                if ended and job_id not in self.progress.unrecorded:  # as recorded, not only as known
+                if ended and job_id not in self.reporter.unrecorded:  # as recorded, not only as known
                     return job
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:

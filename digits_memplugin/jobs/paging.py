@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from .errors import JobPageError
-from .events.progress import Progress
+from .events.reporter import Reporter
 from .store.database import JobStore
 from .store.records import JOB_STATES, Job
 
@@ -49,12 +49,12 @@ def gone_before(before: str) -> JobPageError:
     )
 
 
-def read_page(store: JobStore, progress: Progress, limit: int, before: str | None, position: int | None) -> JobPage:
+def read_page(store: JobStore, reporter: Reporter, limit: int, before: str | None, position: int | None) -> JobPage:
     """The `limit` newest jobs queued before `position` (the queue position of the job `before`; None: the
-    newest), each as its task knows it (Progress.view)."""
+    newest), each as its task knows it (Reporter.view)."""
     jobs = store.page_jobs(limit + 1, position)
     older = jobs[limit - 1].id if len(jobs) > limit else None
-    page = [progress.view(job) for job in reversed(jobs[:limit])]
+    page = [reporter.view(job) for job in reversed(jobs[:limit])]
     return JobPage(page, store.count_jobs(JOB_STATES), limit, before, older)
 
 

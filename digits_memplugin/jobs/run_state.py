@@ -3,7 +3,7 @@ under, the table of placed jobs (`Running`, one per job on a device), the condit
 the event that wakes the scheduling loop, whether the manager is stopping, and the open store.
 
 The manager (jobs.manager) makes one `RunState` and hands it to each part (jobs.leadership, jobs.store.quota,
-jobs.events.progress, jobs.scheduling.dispatcher and attempt_loop), so that none of them reaches into another's
+jobs.events.reporter, jobs.scheduling.dispatcher and attempt_loop), so that none of them reaches into another's
 attributes or is given lambdas over the manager's: a part can be built and tested alone on a `RunState` of its own.
 """
 

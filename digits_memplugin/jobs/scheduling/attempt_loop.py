@@ -5,7 +5,7 @@ output that became NaN: core.divergence).
 
 The planning is core.planning.job_plan.plan_job, the function the form, the REST estimate and the command line plan with
 too (`plan_for` gives it the job's request and definition); the rest is the loop (`AttemptLoop`), which writes
-through the manager's `Progress` (jobs.events.progress) on its run state (jobs.run_state) and runs as the job's
+through the manager's `Reporter` (jobs.events.reporter) on its run state (jobs.run_state) and runs as the job's
 task (jobs.scheduling.dispatcher).
 """
 
@@ -40,7 +40,7 @@ from ..child.runner import THREAD_STACK_BYTES
 from ..config import ManagerConfig
 from ..definition.definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
 from ..errors import JobError, JobNotFound
-from ..events.progress import Progress, progress_fields
+from ..events.reporter import Reporter, progress_fields
 from ..run_state import Running, RunState
 from ..store.database import StoreError
 from ..store.quota import Quota
@@ -107,7 +107,7 @@ class AttemptLoop:
         config: ManagerConfig,
         devices: DeviceReader,
         state: RunState,
-        progress: Progress,
+        reporter: Reporter,
         definitions: Definitions,
         quota: Quota,
         *,
@@ -122,7 +122,7 @@ class AttemptLoop:
         self.backend: Backend = backend or LocalBackend()
         self.devices = devices
         self.state = state
-        self.progress = progress
+        self.reporter = reporter
         self.definitions = definitions
         self.quota = quota
         self.jobs_root = jobs_root
@@ -165,10 +165,10 @@ class AttemptLoop:
         job = self.state.store.get_job(job_id)
         if job is None:
             raise JobNotFound(job_id)
-        return self.progress.view(job)
+        return self.reporter.view(job)
 
     def run(self, job_id: str) -> None:
-        store, progress, state = self.state.store, self.progress, self.state
+        store, reporter, state = self.state.store, self.reporter, self.state
         job = self._job(job_id)
         entry = state.running[job_id]
         definition = self.definitions.get(job)
@@ -177,12 +177,12 @@ class AttemptLoop:
         failures = [failure_of(a) for a in earlier if a.status == OUT_OF_MEMORY and a.limit_bytes is not None]
         made = 0
         job = store.update_job(job_id, started_at=job.started_at or time.time())
-        progress.emit_job(job)
+        reporter.emit_job(job)
         while True:
             with state.lock:
                 if entry.cancel or state.stopping:
                     stopping = state.stopping
-                    progress.finish(job_id, INTERRUPTED if stopping else CANCELLED,
+                    reporter.finish(job_id, INTERRUPTED if stopping else CANCELLED,
                                     INTERRUPTED_MESSAGE if stopping else "cancelled")
                     return
             device = self.devices.read().get(entry.device)
@@ -191,7 +191,7 @@ class AttemptLoop:
                 device, reserved=state.reserved(entry.device, exclude=job_id), cap=cap, cap_overhead=stacks(definition)
             )
             if device is None or limit is None:
-                progress.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
+                reporter.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
                 return
             job = self._job(job_id)
             decision = self._attempt_plan(job, definition, engine, limit.limit_bytes, failures, made,
@@ -200,14 +200,14 @@ class AttemptLoop:
                 continue  # cancelled or stopping while it waited: said at the top of the loop
             if decision.stop or decision.plan is None:
                 prefix = "out of memory: " if failures else ""
-                progress.finish(job_id, FAILED, prefix + decision.message)
+                reporter.finish(job_id, FAILED, prefix + decision.message)
                 return
             result, attempt = self._run_attempt(job, definition, entry, limit, decision)
             self.quota.measure(job_id)
             made += 1
             ending = job_end(result, store.attempts(job_id))
             if ending is not None:
-                progress.finish(job_id, *ending)
+                reporter.finish(job_id, *ending)
                 return
             failures.append(self._failure_after(attempt, limit, result))
 
@@ -229,7 +229,7 @@ class AttemptLoop:
             free_bytes=None if record is None else record.free_bytes,
             used_bytes=None if result.peak_bytes is None else max(0, result.peak_bytes - overhead),
         )
-        self.progress.durable(
+        self.reporter.durable(
             attempt.job_id, f"attempt {attempt.number}'s limit",
             lambda: self.state.store.update_attempt(attempt.job_id, attempt.number, limit_bytes=effective),
             attempt=(attempt.number, {"limit_bytes": effective}),
@@ -318,9 +318,9 @@ class AttemptLoop:
     ) -> tuple[AttemptSpec, dict[str, str]]:
         """The next attempt's files written, its row added and the job's fields set to where it starts; the
         listeners told. Its spec and the child's environment."""
-        store, progress = self.state.store, self.progress
+        store, reporter = self.state.store, self.reporter
         check_job_folder(self.jobs_root, self.jobs_root / job.folder)
-        progress.settled(job.id)  # what earlier attempts could not write at first is written by now (the writes block)
+        reporter.settled(job.id)  # what earlier attempts could not write at first is written by now (the writes block)
         number = len(store.attempts(job.id)) + 1
         spec, environment = self._spec(job, definition, entry, limit, decision, number)
         attempt = store.add_attempt(
@@ -342,8 +342,8 @@ class AttemptLoop:
             iteration=attempt.start_iteration, max_iter=spec.max_iter, progress=None,
             **({} if spec.resume else {"snapshot": None}),  # a snapshot not resumed from is gone: none to show
         )
-        progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
-        progress.emit_job(updated)
+        reporter.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        reporter.emit_job(updated)
         return spec, environment
 
     def _launch(
@@ -351,11 +351,11 @@ class AttemptLoop:
     ) -> AttemptHandle:
         """The attempt's child started by the backend, its records and log lines passed on; a cancel or a stop
         that came while it started is applied to it."""
-        progress, state, number = self.progress, self.state, spec.attempt
+        reporter, state, number = self.reporter, self.state, spec.attempt
         launch = Launch(
             self.jobs_root / job.folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
-            on_record=lambda record: progress.on_record(job.id, number, record),
-            on_log=lambda lines: progress.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
+            on_record=lambda record: reporter.on_record(job.id, number, record),
+            on_log=lambda lines: reporter.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
             grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
             cancel_seconds=self.config.cancel_seconds,
         )
@@ -393,7 +393,7 @@ class AttemptLoop:
 
     def _record_end(self, job: Job, number: int, entry: Running, result: AttemptResult) -> Attempt:
         """The attempt's end and its last progress written for sure (durable writes), the listeners told."""
-        store, progress, outcome = self.state.store, self.progress, result.outcome
+        store, reporter, outcome = self.state.store, self.reporter, result.outcome
         ended = {
             "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
             "signal": outcome.signal, "message": outcome.message,
@@ -407,15 +407,15 @@ class AttemptLoop:
         if ending is not None:
             known.update(status=ending[0], message=ending[1], finished_at=time.time() if ending[0] in FINAL_STATES else None)
         # The last progress and a snapshot the database did not take yet are the job's record: stored for sure.
-        progress.durable(
-            job.id, f"attempt {number}'s progress", lambda: progress.store_progress(job.id, entry, force=True, wait=True),
+        reporter.durable(
+            job.id, f"attempt {number}'s progress", lambda: reporter.store_progress(job.id, entry, force=True, wait=True),
             job=known, attempt=(number, ended),
         )
-        attempt = progress.durable(
+        attempt = reporter.durable(
             job.id, f"the end of attempt {number}", lambda: store.update_attempt(job.id, number, **ended),
             job=known, attempt=(number, ended),
         )
-        progress.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
+        reporter.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         return attempt
 
 

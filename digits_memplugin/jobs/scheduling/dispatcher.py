@@ -21,7 +21,7 @@ from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceReader
 from ...estimate.pool import PoolBusy, PoolError
 from ..config import ManagerConfig
 from ..definition.definition import JobDefinition
-from ..events.progress import Progress
+from ..events.reporter import Reporter
 from ..run_state import Running, RunState, reserved
 from ..store.database import StoreError
 from ..store.disk import disk_full, free_note
@@ -45,7 +45,7 @@ class Dispatcher:
         config: ManagerConfig,
         devices: DeviceReader,
         state: RunState,
-        progress: Progress,
+        reporter: Reporter,
         attempts: AttemptLoop,
         definitions: Definitions,
         *,
@@ -55,7 +55,7 @@ class Dispatcher:
         self.config = config
         self.devices = devices
         self.state = state
-        self.progress = progress
+        self.reporter = reporter
         self.attempts = attempts
         self.definitions = definitions
         self.spawn = spawn
@@ -195,13 +195,13 @@ class Dispatcher:
         failed = self.state.store.update_job_if(job.id, QUEUED, status=FAILED, finished_at=time.time(), message=message)
         if failed is not None:
             self.state.notify_finished()
-            self.progress.emit_job(failed)
+            self.reporter.emit_job(failed)
 
     def _tell_waiting(self, job: Job, message: str) -> None:
         """The job stays queued, saying why (while it still is)."""
         waiting = self.state.store.update_job_if(job.id, QUEUED, message=message)
         if waiting is not None:
-            self.progress.emit_job(waiting)
+            self.reporter.emit_job(waiting)
 
     def _wait_for_worker(self, job: Job, busy: PoolBusy) -> None:
         """The job stays queued, saying why, and is planned again at a later poll."""
@@ -227,14 +227,14 @@ class Dispatcher:
             log.log(logging.ERROR if isinstance(error, (MemPluginError, OSError)) else logging.CRITICAL,
                     "job %s failed in the manager: %s", job_id, error, exc_info=not isinstance(error, MemPluginError))
             try:
-                self.progress.finish(job_id, FAILED, message)
+                self.reporter.finish(job_id, FAILED, message)
             except StoreError as store_error:
                 log.error("job %s: its failure could not be recorded (%s); the next start marks it interrupted",
                           job_id, store_error)
         finally:
             with self.state.lock:
                 self.state.running.pop(job_id, None)
-                self.progress.settled(job_id)  # written by now, or left for the next start to mark
+                self.reporter.settled(job_id)  # written by now, or left for the next start to mark
                 self.state.finished.notify_all()
             self.state.wake.set()
 

@@ -70,7 +70,7 @@ class Job:
 
     def pace(self) -> dict[str, float | None]:
         """{"iterations_per_second", "seconds_left"} of the running attempt, from its latest records (pace.py, as
-        jobs.events.progress keeps them in `progress["pace"]`); null while unknown, and once the job is not running."""
+        jobs.events.reporter keeps them in `progress["pace"]`); null while unknown, and once the job is not running."""
         measured = (self.progress or {}).get("pace")
         if not isinstance(measured, dict) or self.status != RUNNING or measured.get("attempt") != self.attempt_count:
             measured = {}

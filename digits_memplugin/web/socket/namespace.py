@@ -49,7 +49,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 from ... import __version__
 from ...core.errors import MemPluginError
 from ...core.inputs import shown
-from ...jobs.events.progress import PACE_FIELDS
+from ...jobs.events.reporter import PACE_FIELDS
 from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from ..access import socket_allowed, socket_host_allowed
 from ..plugin_state import current_plugin

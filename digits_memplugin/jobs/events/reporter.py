@@ -3,7 +3,7 @@ row (at most once per `store_progress_seconds` for iterations), writes the job's
 end, the job's end) retried until the database takes them, and meanwhile what they say shown on top of what the
 database holds, so that a job whose child is gone does not read "running".
 
-The manager (jobs.manager), the dispatcher and the attempt loop (jobs.scheduling) share one `Progress`, on the
+The manager (jobs.manager), the dispatcher and the attempt loop (jobs.scheduling) share one `Reporter`, on the
 manager's run state (jobs.run_state): its lock, its table of placed jobs, its store.
 """
 
@@ -38,7 +38,7 @@ class Unrecorded:
     attempts: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
-class Progress:
+class Reporter:
     """The jobs' writes and events, on the manager's run `state`: its store (which raises while the manager is
     stopped), its table of placed jobs, its `finished` condition (notified when a job's end is written) and its
     `stopping` flag (a durable write then gives up). `on_event(name, payload)` tells the listeners."""
@@ -277,7 +277,7 @@ def _paced_record(entry: Running, record: dict[str, Any]) -> dict[str, Any] | No
 
 
 def progress_fields(entry: Running) -> dict[str, Any]:
-    """The job's progress fields from what its running attempt reported (as `Progress.store_progress` writes them)."""
+    """The job's progress fields from what its running attempt reported (as `Reporter.store_progress` writes them)."""
     fields: dict[str, Any] = {"progress": entry.progress}
     train = entry.progress.get("train")
     if train is not None:
@@ -287,4 +287,4 @@ def progress_fields(entry: Running) -> dict[str, Any]:
     return fields
 
 
-__all__ = ["PACE_FIELDS", "Progress", "Unrecorded", "pace_fields", "progress_fields"]
+__all__ = ["PACE_FIELDS", "Reporter", "Unrecorded", "pace_fields", "progress_fields"]
