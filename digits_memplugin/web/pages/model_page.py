@@ -24,7 +24,7 @@ from wtforms.fields.choices import SelectChoice
 
 from ... import __version__
 from ...core.errors import NetError
-from ...core.planning.fallback import LIMITED_BY_MAX_BATCH, Decision
+from ...core.planning.fit import LIMITED_BY_MAX_BATCH, Decision
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.planning.planner import MAX_BATCH
 from ...core.sizes import format_size
