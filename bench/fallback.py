@@ -43,7 +43,8 @@ from report import replace_section
 from zoo_cases import CASES_BY_NAME
 
 from digits_memplugin.core.oom import OUT_OF_MEMORY, SUCCESS
-from digits_memplugin.core.planning.fallback import CPU_SAFETY_MARGIN, Failure, Policy, decide
+from digits_memplugin.core.planning.fallback import Failure, Policy, decide
+from digits_memplugin.core.planning.job_plan import CPU_SAFETY_MARGIN
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
 from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec

@@ -29,7 +29,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from digits_memplugin.core.layers.base import ENGINE_CUDNN, ENGINE_GPU
-from digits_memplugin.core.oom import fatal_line
+from digits_memplugin.core.oom_signatures import fatal_line
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition
 from digits_memplugin.measure.runner import memory_lines, prepare_solver

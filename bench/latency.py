@@ -30,7 +30,8 @@ from report import replace_section
 from resnet import resnet_deploy
 from zoo_cases import ZOO, as_training_net
 
-from digits_memplugin.core.estimate import DEFINITIONS, EstimateRequest, estimate
+from digits_memplugin.core.definitions import DEFINITIONS
+from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.training import TrainingDefinition, training_definition
 from digits_memplugin.measure.runner import measure

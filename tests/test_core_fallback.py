@@ -14,7 +14,7 @@ from conftest import ZOO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from digits_memplugin.core.estimate import Estimator
+from digits_memplugin.core.estimator import Estimator
 from digits_memplugin.core.memory import MemoryOptions
 from digits_memplugin.core.planning.fallback import Failure, Policy, correction, decide
 from digits_memplugin.core.training import training_definition

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from digits_memplugin.core.layers.base import ENGINE_CPU, ENGINE_CUDNN
-from digits_memplugin.core.planning.fallback import Decision
+from digits_memplugin.core.planning.fit import Decision
 from digits_memplugin.core.planning.job_plan import JobAsk, PlanningPolicy, plan_job
 from digits_memplugin.core.sizes import GIB, MIB
 

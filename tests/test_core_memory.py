@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from zoo_cases import CASES_BY_NAME
 
-from digits_memplugin.core.estimate import Estimator
+from digits_memplugin.core.estimator import Estimator
 from digits_memplugin.core.layers.base import FLOAT_BYTES
 from digits_memplugin.core.memory import SOLVER_STATE_BLOBS, MemoryOptions, _allocation, job_memory, net_memory
 from digits_memplugin.core.net import build_net

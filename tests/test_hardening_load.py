@@ -43,19 +43,10 @@ from test_jobs_fixtures import LENET, wait_for
 from zoo_cases import ZOO
 
 from digits_memplugin.core.cost import MAX_BUILD_LAYERS, BuildLimitError, Meter, TimeUp, estimate_cost, layers_in
+from digits_memplugin.core.definitions import DEFINITIONS, DefinitionCache
 from digits_memplugin.core.errors import NetError, UnrollLimitError
-from digits_memplugin.core.estimate import (
-    DEFINITIONS,
-    MAX_KEPT_LAYERS,
-    MAX_WAYS,
-    DefinitionCache,
-    EstimateRequest,
-    Estimator,
-    estimate,
-    estimate_cost_of,
-    kept_layers,
-    remembered,
-)
+from digits_memplugin.core.estimate import EstimateRequest, estimate, estimate_cost_of
+from digits_memplugin.core.estimator import MAX_KEPT_LAYERS, MAX_WAYS, Estimator, kept_layers, remembered
 from digits_memplugin.core.layers.recurrent import MAX_UNROLLED_STEPS, LSTMRule, RNNRule
 from digits_memplugin.core.memory import MemoryOptions
 from digits_memplugin.core.net import build_net, prepare_net

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from digits_memplugin.core.planning.fallback import Decision
+from digits_memplugin.core.planning.fit import Decision
 from digits_memplugin.core.planning.planner import BatchPlan
 from digits_memplugin.core.sizes import GIB, MIB
 from digits_memplugin.devices.reader import Device, DeviceList

@@ -18,7 +18,7 @@ from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_for, write_lmdb
 
 from digits_memplugin import create_app
-from digits_memplugin.core import oom
+from digits_memplugin.core import oom, oom_signatures
 from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.web.pages import glossary
@@ -379,11 +379,12 @@ def test_a_gpu_process_that_is_one_of_our_attempts_is_marked_with_its_job(
 
 def test_every_signal_and_out_of_memory_signature_the_pages_can_show_has_a_glossary_entry() -> None:
     """The Why cells link the attempt's signal and out-of-memory signature to the glossary: each one core/oom.py can
-    report (its SIGNAL_WORDS, and the name of each out-of-memory predicate it combines) has an entry."""
+    report (its SIGNAL_WORDS, and the name of each out-of-memory predicate of core/oom_signatures.py it combines)
+    has an entry."""
     import inspect
 
-    signatures = {name for name, function in inspect.getmembers(oom, inspect.isfunction)
-                  if function.__module__ == oom.__name__
+    signatures = {name for name, function in inspect.getmembers(oom_signatures, inspect.isfunction)
+                  if function.__module__ == oom_signatures.__name__
                   and re.search(rf'OutOfMemory\(\s*"{name}"', inspect.getsource(function))}
     assert {"cuda_out_of_memory", "host_allocation_failed"} <= signatures
     missing = {name for name in set(oom.SIGNAL_WORDS) | signatures if glossary.find(name) is None}

@@ -2,73 +2,31 @@
 
     {"total_bytes", "batch_size", "engine", "categories", "layers", "max_batch_size", "plan", ...}
 
-`total_bytes` is the footprint of one training job (train net + test nets + solver) at `batch_size`.
+`total_bytes` is the footprint of one training job (train net + test nets + solver) at `batch_size`. The
+definition comes from the process's cache (core.definitions), its footprints from an `Estimator`
+(core.estimator), and its plans from the one planning function (core.planning.job_plan), under the server's policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from .collector import paused_collector
-from .cost import EstimateCost, Meter, estimate_cost, held_bytes, layers_in
+from .cost import EstimateCost, Meter, estimate_cost
+from .definitions import DEFINITIONS, parsed_definition
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
-from .flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
+from .estimator import Estimator, net_batch
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
-from .memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions, MemoryReport
+from .memory import DEFAULT_CUDA_CONTEXT_BYTES, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
 from .planning.job_plan import JobAsk, PlanningPolicy, plan_job
-from .planning.planner import MAX_BATCH, BatchPlan, MemoryCurve, auto_cap, max_buildable, passes
+from .planning.planner import MAX_BATCH, BatchPlan, auto_cap, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
-from .training import Loader, TrainingDefinition, fill_num_classes, training_definition
+from .training import Loader, TrainingDefinition
 
 MAX_CURVE_POINTS = 32
-MAX_REMEMBERED_TOTALS = 512
-MAX_REMEMBERED_REPORTS = 2
-"""Whole reports (with their built nets) kept per definition and way of counting: the form asks again and again
-about the same net at the same batch (each device's row, each keystroke that changes nothing), and a report is
-what an estimate costs most; two keep memory bounded for large nets."""
-MAX_KEPT_LAYERS = 5_000
-"""A report is kept on its definition only when its nets hold at most this many layers (about 28 MB,
-`cost.BYTES_PER_LAYER`): ResNet-50's train and test nets hold 1,100. A recurrent net unrolled over hundreds of
-timesteps is rebuilt when asked again instead of being kept (two ~3 KB LSTM nets kept 730 MB; issue 23, item 4)."""
-MAX_WAYS = 8
-"""Ways of counting (engine, data shapes, ...) remembered per definition, the oldest forgotten first: a client
-asking about one net with ever new data shapes must not grow what is kept."""
-MAX_CACHED_DEFINITIONS = 32
-MAX_CACHED_BYTES = 128 << 20
-"""What the definition cache may keep, by its estimate of the bytes held (`cost.held_bytes`): parsed texts and
-kept reports, the oldest dropped first."""
-MAX_TEST_BUILDS_KEPT = 2
-"""Test nets an estimator keeps built, by test batch, while it plans (each train batch reuses them)."""
-MAX_RECENT_REPORTS = 2
-"""Reports an estimator keeps of its own (a caller asking again for the one it just had builds nothing), however
-large: with MAX_BUILD_LAYERS, what one estimate holds at once is bounded."""
-
-
-@dataclasses.dataclass
-class Remembered:
-    """What estimators keep on a definition for one way of counting: footprints by (batch, test batch), and the
-    last few reports with their nets when they are small (MAX_KEPT_LAYERS)."""
-
-    totals: dict[tuple[int | None, int | None], int] = dataclasses.field(default_factory=dict)
-    reports: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = dataclasses.field(
-        default_factory=dict
-    )
-    layers: dict[tuple[int | None, int | None], int] = dataclasses.field(default_factory=dict)
-    """Layers each kept report's nets hold."""
-
-
-def remembered(definition: TrainingDefinition) -> dict[Any, Remembered]:
-    """The definition's remembered ways of counting, oldest first."""
-    return definition.memo.setdefault("ways", {})  # type: ignore[no-any-return]
-
-
-def kept_layers(definition: TrainingDefinition) -> int:
-    """Layers the reports kept on `definition` hold."""
-    return sum(sum(way.layers.values()) for way in remembered(definition).values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +43,7 @@ class EstimateRequest:
     free_bytes: int | None = None
     """Free memory of the target device; with it come max_batch_size and a plan."""
     safety_margin: float | None = None
-    """Fraction of free memory kept back (None: the policy's for the engine, as jobs plan)."""
+    """Fraction of free memory kept back (None: the policy's for the engine, as jobs plan; PlanningPolicy.margin)."""
     policy: PlanningPolicy = dataclasses.field(default_factory=PlanningPolicy)
     """The server's planning policy: engines and margins per device kind (core.planning.job_plan)."""
     data_shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -151,119 +109,6 @@ class EstimateRequest:
             )
 
 
-class Estimator:
-    """One training definition, estimated at any batch; memoised so a planner's search costs one build per batch."""
-
-    def __init__(
-        self,
-        definition: TrainingDefinition,
-        options: MemoryOptions,
-        data_shapes: Mapping[str, Any],
-        oracle: ShapeOracle | None = None,
-        meter: Meter | None = None,
-    ) -> None:
-        self.definition = definition
-        self.options = options
-        self.data_shapes = dict(data_shapes)
-        self.oracle = oracle
-        self.meter = meter
-        """Counts the layers this estimator sets up, and stops it past the meter's deadline (core/cost.py)."""
-        self._recent: dict[tuple[int | None, int | None], tuple[MemoryReport, Net, list[Net]]] = {}
-        self._tests: dict[int | None, list[Net]] = {}
-        # Totals outlive this estimator: they are kept on the definition, per way of counting, so that estimating
-        # the same net again (another wanted batch, another device) reuses the planner's evaluations.
-        key = (options, repr(sorted(self.data_shapes.items())), id(oracle))
-        ways = remembered(definition)
-        way = ways.pop(key, None) or Remembered()
-        ways[key] = way  # the newest
-        while len(ways) > MAX_WAYS:
-            ways.pop(next(iter(ways)))
-        if len(way.totals) > MAX_REMEMBERED_TOTALS:
-            way.totals.clear()
-        self._way = way
-        self._totals = way.totals
-
-    def report(self, batch: int | None, test_batch: int | None = None) -> tuple[MemoryReport, Net, list[Net]]:
-        """The report at `batch` (built nets included): one this estimator gave last, one of the last few kept on
-        the definition, or a new build. Reports and nets are never changed once built, so sharing them is safe."""
-        key = (batch, test_batch)
-        built = self._recent.pop(key, None) or self._way.reports.get(key)
-        if built is None:
-            built = self._build(key)
-            self._keep(key, built)
-        self._recent[key] = built
-        while len(self._recent) > MAX_RECENT_REPORTS:
-            self._recent.pop(next(iter(self._recent)))
-        self._totals[key] = built[0].total_bytes
-        return built
-
-    def total(self, batch: int | None, test_batch: int | None = None) -> int:
-        """The peak at `batch`, from memory when this net was estimated at that batch before. A search's
-        evaluations are not kept: only their totals are, so they never push out the report a caller asked for,
-        and a search holds one build at a time."""
-        key = (batch, test_batch)
-        if key not in self._totals:
-            self._build(key)
-        return self._totals[key]
-
-    def _keep(self, key: tuple[int | None, int | None], built: tuple[MemoryReport, Net, list[Net]]) -> None:
-        """Keep a report on the definition when its nets are small; the oldest kept goes past the few kept."""
-        layers = layers_in(built[1]) + sum(layers_in(net) for net in built[2])
-        if layers > MAX_KEPT_LAYERS:
-            return
-        way = self._way
-        way.reports[key], way.layers[key] = built, layers
-        while len(way.reports) > MAX_REMEMBERED_REPORTS:
-            oldest = next(iter(way.reports))
-            del way.reports[oldest], way.layers[oldest]
-
-    def _build(self, key: tuple[int | None, int | None]) -> tuple[MemoryReport, Net, list[Net]]:
-        # The test nets depend on the test batch only: a search over train batches builds them once.
-        tests = self._tests.get(key[1])
-        built = self.definition.memory(
-            self.options, key[0], key[1], self.data_shapes, self.oracle, tests, meter=self.meter
-        )
-        self._tests.pop(key[1], None)
-        self._tests[key[1]] = built[2]
-        while len(self._tests) > MAX_TEST_BUILDS_KEPT:
-            self._tests.pop(next(iter(self._tests)))
-        self._totals[key] = built[0].total_bytes
-        return built
-
-    def totals(self) -> dict[tuple[int | None, int | None], int]:
-        """Every footprint known for this definition and way of counting, by (batch, test batch): what an
-        estimator of the same definition in another process starts from (`learn`)."""
-        return dict(self._totals)
-
-    def learn(self, totals: Mapping[tuple[int | None, int | None], int]) -> None:
-        """Footprints another estimator of this definition and way of counting computed (an estimate worker's, from
-        a copy of the definition): a search finds them as its own, and builds none of those batches again."""
-        for key, total in totals.items():
-            if len(self._totals) >= MAX_REMEMBERED_TOTALS:
-                break
-            self._totals[key] = total
-
-    def known_totals(self, test_batch: int | None = None) -> dict[int, int]:
-        """The footprints computed so far at `test_batch`, by train batch."""
-        return {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}
-
-    def curve(self, test_batch: int | None = None) -> MemoryCurve:
-        """Memory against the train batch, seeded with the totals already known at this test batch (the
-        report's, earlier searches'), so that a search builds no batch twice."""
-        known = {batch: total for (batch, tb), total in self._totals.items() if tb == test_batch and batch is not None}
-        return MemoryCurve(lambda batch: self.total(batch, test_batch), known)
-
-
-def net_batch(net: Net) -> int | None:
-    """The batch of a net: the first dimension of its first data layer's first top."""
-    for layer in net.layers:
-        if layer.rule is not None and layer.rule.is_data and layer.tops:
-            shape = net.blobs[layer.tops[0]].shape
-            if shape:
-                return shape[0]
-    return None
-
-
 def estimate(
     request: EstimateRequest,
     *,
@@ -304,28 +149,50 @@ def _estimate(
     request: EstimateRequest, load: Loader | None, oracle: ShapeOracle | None, limits: ParseLimits,
     meter: Meter | None,
 ) -> dict[str, Any]:
+    definition = _definition_of(request, load, limits)
+    # The policy resolves how to count and what to keep back, as it does for jobs.
+    options = request.policy.memory_options(definition, request.engine, request.cuda_context_bytes)
+    margin = request.policy.margin(request.engine, request.safety_margin, options.flavour)
+    estimator = Estimator(definition, options, request.data_shapes, oracle, meter)
+    report, train, tests, blob_limit = _report(estimator, request)
+    batch = net_batch(train)
+    test_batch = net_batch(tests[0]) if tests else None
+    document = _document(report, request, options, batch, test_batch, margin, blob_limit)
+    if request.curve_batches:
+        document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
+        document["linear_model"] = _linear_model(estimator, request.test_batch)
+    # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
+    cap = auto_cap(request.train_items) if request.auto else None
+    document["auto_cap"] = None if cap is None else cap.to_dict()
+    caps = [value for value in (request.max_batch, cap.batch if cap else None) if value]
+    ask = JobAsk(
+        batch=request.batch if blob_limit is not None else batch, net_batch=batch,
+        test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
+        max_batch=min(caps) if caps else None, safety_margin=margin,
+    )
+    if batch is not None and request.free_bytes is not None:
+        document.update(_device_plan(estimator, ask, request, request.free_bytes))
+    if batch is not None and request.budgets:
+        document["plans"] = {key: _device_plan(estimator, ask, request, free) for key, free in request.budgets.items()}
+    return document
+
+
+def _definition_of(request: EstimateRequest, load: Loader | None, limits: ParseLimits) -> TrainingDefinition:
+    """The request's definition: from the process's cache, or read through `load` (never cached)."""
     if load is None:
-        definition = DEFINITIONS.get(
+        return DEFINITIONS.get(
             request.net, request.solver, request.net_source, request.solver_source, limits, request.classes
         )
-    else:
-        definition = _definition(
-            request.net, request.solver, request.net_source, request.solver_source, limits, request.classes, load
-        )
-    options = MemoryOptions(
-        engine=request.engine,
-        solver_type=_solver_type(definition),
-        l1_regularization=definition.l1_regularization,
-        cuda_context_bytes=request.cuda_context_bytes,
-        flavour=request.policy.flavour_for(definition.flavour),
-        history_itemsize=solver_storage(definition.solver),
+    return parsed_definition(
+        request.net, request.solver, request.net_source, request.solver_source, limits, request.classes, load
     )
-    # NVcaffe's figures are a model no GPU has checked yet: plan with a wider margin (flavour.NVCAFFE_SAFETY_MARGIN).
-    margin = request.safety_margin if request.safety_margin is not None else request.policy.safety_margin(request.engine)
-    if options.flavour == NVCAFFE:
-        margin = max(margin, NVCAFFE_SAFETY_MARGIN)
-    estimator = Estimator(definition, options, request.data_shapes, oracle, meter)
-    blob_limit = None
+
+
+def _report(
+    estimator: Estimator, request: EstimateRequest
+) -> tuple[MemoryReport, Net, list[Net], dict[str, Any] | None]:
+    """The report at the batch asked for; when Caffe cannot build that batch in one pass, at the batch of the
+    fewest passes that reach it (with the single-pass limit that says why)."""
     try:
         report, train, tests = estimator.report(request.batch, request.test_batch)
     except BatchLimitError as error:
@@ -333,10 +200,16 @@ def _estimate(
             raise  # the net as written: there is no wanted batch to reach another way
         blob_limit = _single_pass_limit(estimator, request.batch, request.test_batch, error)
         report, train, tests = estimator.report(blob_limit["batch_size"], request.test_batch)
-    batch = net_batch(train)
-    test_batch = net_batch(tests[0]) if tests else None
+        return report, train, tests, blob_limit
+    return report, train, tests, None
 
-    document: dict[str, Any] = {
+
+def _document(
+    report: MemoryReport, request: EstimateRequest, options: MemoryOptions, batch: int | None,
+    test_batch: int | None, margin: float, blob_limit: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The document's figures at the estimated batch, its plan fields empty until a device's memory fills them."""
+    return {
         "total_bytes": report.total_bytes,
         "steady_bytes": report.steady_bytes,
         "construction_bytes": report.construction_bytes,
@@ -367,23 +240,6 @@ def _estimate(
         "safety_margin": margin,
         "blob_limit": blob_limit,
     }
-    if request.curve_batches:
-        document["curve"] = _curve(estimator, request.curve_batches, request.test_batch)
-        document["linear_model"] = _linear_model(estimator, request.test_batch)
-    # The batch to reach: the one asked for, even when Caffe cannot build it in one pass (the plan splits it).
-    cap = auto_cap(request.train_items) if request.auto else None
-    document["auto_cap"] = None if cap is None else cap.to_dict()
-    caps = [value for value in (request.max_batch, cap.batch if cap else None) if value]
-    ask = JobAsk(
-        batch=request.batch if blob_limit is not None else batch, net_batch=batch,
-        test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
-        max_batch=min(caps) if caps else None, safety_margin=margin,
-    )
-    if batch is not None and request.free_bytes is not None:
-        document.update(_device_plan(estimator, ask, request, request.free_bytes))
-    if batch is not None and request.budgets:
-        document["plans"] = {key: _device_plan(estimator, ask, request, free) for key, free in request.budgets.items()}
-    return document
 
 
 def _single_pass_limit(
@@ -463,104 +319,3 @@ def _linear_model(estimator: Estimator, test_batch: int | None) -> dict[str, int
     except ShapeError:
         return None
     return {"fixed_bytes": 2 * one - two, "bytes_per_item": two - one}
-
-
-def _definition(
-    net: str | None,
-    solver: str | None,
-    net_source: str,
-    solver_source: str,
-    limits: ParseLimits,
-    classes: int | None,
-    load: Loader | None = None,
-) -> TrainingDefinition:
-    definition = training_definition(
-        net, solver, net_source=net_source, solver_source=solver_source, load=load, limits=limits
-    )
-    if classes is not None:
-        fill_num_classes(definition, classes)
-    return definition
-
-
-DefinitionKey = tuple[str | None, str | None, str, str, ParseLimits, int | None]
-
-
-class DefinitionCache:
-    """Parsed, upgraded and prepared nets by their texts: the form re-estimates the same net at other batches and
-    for other devices many times, and parsing is most of the cost of a cold estimate. Nothing mutates a cached
-    definition afterwards (classes are filled in before it is cached); errors are not cached.
-
-    It keeps at most `entries` definitions and, by its estimate of what they hold (`cost.held_bytes`: the parsed
-    text and the reports estimators keep on a definition), at most `max_bytes`, the least recently used dropped
-    first. What a definition holds grows after it is cached (an estimate keeps a report on it), so `settle`, which
-    every estimate calls when it ends, drops again what no longer fits."""
-
-    def __init__(self, entries: int = MAX_CACHED_DEFINITIONS, max_bytes: int = MAX_CACHED_BYTES) -> None:
-        self.entries = entries
-        self.max_bytes = max_bytes
-        self._cached: dict[DefinitionKey, TrainingDefinition] = {}
-        self._lock = threading.Lock()
-
-    def get(
-        self,
-        net: str | None,
-        solver: str | None,
-        net_source: str,
-        solver_source: str,
-        limits: ParseLimits,
-        classes: int | None,
-    ) -> TrainingDefinition:
-        key = (net, solver, net_source, solver_source, limits, classes)
-        with self._lock:
-            definition = self._cached.pop(key, None)
-            if definition is not None:
-                self._cached[key] = definition  # the most recently used
-                return definition
-        definition = _definition(net, solver, net_source, solver_source, limits, classes)
-        with self._lock:
-            self._cached[key] = definition
-        self.settle()
-        return definition
-
-    def settle(self) -> None:
-        """Drop the least recently used definitions until the rest fit (the newest always stays)."""
-        with self._lock:
-            held = {key: self._held(key, definition) for key, definition in self._cached.items()}
-            total = sum(held.values())
-            while len(self._cached) > 1 and (len(self._cached) > self.entries or total > self.max_bytes):
-                oldest = next(iter(self._cached))
-                del self._cached[oldest]
-                total -= held.pop(oldest)
-
-    @staticmethod
-    def _held(key: DefinitionKey, definition: TrainingDefinition) -> int:
-        return held_bytes(len(key[0] or "") + len(key[1] or ""), kept_layers(definition))
-
-    @property
-    def held(self) -> int:
-        """The bytes the cached definitions hold, by the cache's estimate."""
-        with self._lock:
-            return sum(self._held(key, definition) for key, definition in self._cached.items())
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._cached)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._cached.clear()
-
-
-DEFINITIONS = DefinitionCache()
-"""The process's cache of parsed definitions (each estimate worker has its own)."""
-
-
-def _solver_type(definition: TrainingDefinition) -> str:
-    solver_type = definition.solver_type
-    if solver_type not in SOLVER_STATE_BLOBS:
-        raise NetError(
-            f"unknown solver type {solver_type!r} (known: {', '.join(SOLVER_STATE_BLOBS)})",
-            source=definition.train.source,
-            field="type",
-        )
-    return solver_type

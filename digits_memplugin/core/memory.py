@@ -13,6 +13,23 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from .cpu_bookkeeping import (
+    CPU_ALIGNMENT,
+    CPU_ALLOCATION_OVERHEAD,
+    CPU_BLOB_BYTES,
+    CPU_LAYER_BUFFER_BYTES,
+    CPU_LAYER_BYTES,
+    CPU_LAYER_TYPE_BYTES,
+    CPU_LEARNABLE_PARAM_BYTES,
+    CPU_LRN_WITHIN_CHANNEL_BYTES,
+    CPU_MMAP_THRESHOLD,
+    CPU_PAGE_BYTES,
+    CPU_PARAM_BYTES,
+    CPU_RUNTIME_BYTES,
+    CPU_SCALE_BIAS_BYTES,
+    CPU_SIZE_BYTES,
+    CPU_THREAD_BYTES,
+)
 from .errors import ShapeError
 from .flavour import BVLC, NVCAFFE, NVCAFFE_UNVERIFIED, flavour_of, layer_storage, pool_allocation
 from .layers.base import (
@@ -58,57 +75,6 @@ DEFAULT_CUDA_CONTEXT_BYTES = 300 * MiB
 """CUDA context, cuBLAS and cuRAND handles of one Caffe process: a per-machine constant, best calibrated once."""
 DEFAULT_CUDNN_HANDLE_BYTES = 0
 """Device memory per cuDNN handle. BVLC creates group x 3 handles per cuDNN convolution layer."""
-CPU_ALLOCATION_OVERHEAD = 16
-"""glibc's chunk header and alignment per malloc'd buffer (CPU engine only)."""
-CPU_MMAP_THRESHOLD = 1024 * 1024
-"""glibc serves a request this large or larger with its own mmap, whole pages plus a header: its threshold starts at
-128 KiB and rises to the size of any mmap'd chunk freed; importing pycaffe (numpy, protobuf) leaves it between 900
-KiB and 950 KiB, measured with mallinfo2's hblks."""
-CPU_PAGE_BYTES = 4096
-CPU_SIZE_BYTES = 8
-"""glibc's SIZE_SZ: the size field in front of every chunk."""
-CPU_ALIGNMENT = 16
-CPU_RUNTIME_BYTES = 408 * 1024
-"""A CPU training process's own bookkeeping, once: protobuf's descriptor tables for caffe.proto, built at the first
-parse, the solver's objects, registries. This and the constants below were measured with bench/bookkeeping.py
-(mallinfo2 of pycaffe on nets of 20 tiny layers of one type, so that bookkeeping is nearly all there is)."""
-CPU_THREAD_BYTES = 30 * 1024
-"""Per prefetch or reader thread: its thread-local storage blocks and its own Caffe RNG (massif)."""
-CPU_LAYER_BYTES = 1536
-"""Per layer of a net: the layer object, its LayerParameter copy, the net's per-layer vectors and names."""
-CPU_BLOB_BYTES = 614
-"""Per blob of a net (an in-place top is no new blob): the Blob and SyncedMemory objects, its shape, its name."""
-CPU_PARAM_BYTES = 800
-"""Per param blob a layer makes, in every net (a test net's layers make their own before sharing the train net's)."""
-CPU_LEARNABLE_PARAM_BYTES = 1330
-"""Per learnable param of the train net (shared names count once): the solver's history, update and temp Blobs."""
-CPU_LAYER_BUFFER_BYTES = 400
-"""Per internal blob of a layer type not in CPU_LAYER_TYPE_BYTES (each Buffer of its rule, gradients aside)."""
-CPU_LAYER_TYPE_BYTES: dict[str, int] = {
-    # Measured per layer type: its internal blobs (Convolution's five int shape blobs, col_buffer_ and
-    # bias_multiplier_; BatchNorm's seven...), and for a layer that wraps inner layers, their objects too.
-    "Convolution": 2840,
-    "Deconvolution": 2840,
-    "BatchNorm": 1880,
-    "Pooling": 665,
-    "Dropout": 460,
-    "Softmax": 850,
-    "LRN": 1075,
-    "Scale": 820,
-    "PReLU": 630,
-    "InnerProduct": 30,
-    "SoftmaxWithLoss": 3040,
-    "SigmoidCrossEntropyLoss": 2025,
-    "EuclideanLoss": 410,
-    "Accuracy": 300,
-    "Data": 5400,
-    "ImageData": 5400,
-    "WindowData": 5400,
-}
-CPU_LRN_WITHIN_CHANNEL_BYTES = 7000
-"""LRN with WITHIN_CHANNEL: its five inner layers (split, square, pool, power, product) and their five blobs."""
-CPU_SCALE_BIAS_BYTES = 1765
-"""Scale with bias_term: its inner Bias layer (a copy of the Scale's LayerParameter) and bias_multiplier_."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,48 +212,34 @@ def net_memory(
     """Per-layer memory of one net. `shared_param_layers` names the layers whose params are the train net's
     (Net::ShareTrainedLayersWith for test nets), so their data is not counted again. `external_blobs` names blobs
     whose data and diff belong to an enclosing net (an unrolled net's inputs and output)."""
-    training = net.phase == PHASE_TRAIN
-    shared = set(shared_param_layers)
     # Bytes per element of each layer's data and diff (NVcaffe's forward/backward types; float in BVLC).
     storage = [layer_storage(net.param, layer.param) for layer in net.layers]
     result = [LayerMemory(layer.name, layer.type, net.phase, net_index) for layer in net.layers]
-
-    # Which blob buffers are touched, and which layer they are charged to (their producer).
-    data_owner: dict[int, int] = {}
-    diff_touched: set[int] = set()
     external: set[int] = {blob.id for blob in net.blobs if blob.name in external_blobs} if external_blobs else set()
     for layer in net.layers:
         if layer.setup.details.get("external_tops"):
             external.update(layer.tops)
-    for blob in net.blobs:
-        if blob.data_of is None and blob.id not in external:
-            data_owner[blob.id] = blob.producer
+    # Which blob buffers are touched, each charged to the layer that produces the blob.
+    for blob_id, producer in _data_owners(net, options, external).items():
+        result[producer].categories[ACTIVATIONS] += _allocation(
+            net.blobs[blob_id].capacity * storage[producer][0], options
+        )
+    for blob_id in _touched_diffs(net, options, external):
+        producer = net.blobs[blob_id].producer
+        result[producer].categories[ACTIVATION_DIFFS] += _allocation(
+            net.blobs[blob_id].capacity * storage[producer][1], options
+        )
+    _count_params(net, options, storage, result, set(shared_param_layers))
+    _count_buffers(net, options, storage, result)
+    return result
 
-    def touch_diff(blob_id: int) -> None:
-        blob = net.blobs[blob_id]
-        root = blob.diff_of if blob.diff_of is not None else blob_id
-        if root not in external:
-            diff_touched.add(root)
 
-    for blob in net.blobs:
-        if blob.loss_weight:
-            touch_diff(blob.id)  # Layer::SetLossWeights writes the weight into the diff at set-up
-    if options.on_gpu:
-        for layer in net.layers:
-            if layer.rule is not None:
-                for index in layer.rule.forward_bottom_diffs(layer.ctx, options.engine):
-                    touch_diff(layer.bottoms[index])
-    if training:
-        for layer in net.layers:
-            if not layer.need_backward:
-                continue
-            for blob_id in layer.tops:
-                touch_diff(blob_id)
-            rule = layer.rule
-            for index, (blob_id, needed) in enumerate(zip(layer.bottoms, layer.bottom_need_backward)):
-                if needed or (rule is not None and rule.writes_bottom_diff_always(layer.ctx, options.engine, index)):
-                    touch_diff(blob_id)
-
+def _data_owners(net: Net, options: MemoryOptions, external: set[int]) -> dict[int, int]:
+    """The blobs whose data this net allocates, by id, with the layer that produces each: not a top that shares
+    another blob's data, nor an enclosing net's, nor (on a GPU) a top written on the host that never reaches it."""
+    owners = {
+        blob.id: blob.producer for blob in net.blobs if blob.data_of is None and blob.id not in external
+    }
     if options.on_gpu:
         # A top written on the host (an Accuracy, a loss of weight 0) that no layer reads never reaches the device.
         consumed = {blob_id for layer in net.layers for blob_id in layer.bottoms}
@@ -299,17 +251,48 @@ def net_memory(
                     continue
                 host = net.blobs[layer.tops[index]]
                 if host.id not in consumed and not host.loss_weight and host.data_of is None:
-                    data_owner.pop(host.id, None)
-    for blob_id, producer in data_owner.items():
-        result[producer].categories[ACTIVATIONS] += _allocation(
-            net.blobs[blob_id].capacity * storage[producer][0], options
-        )
-    for blob_id in diff_touched:
-        producer = net.blobs[blob_id].producer
-        result[producer].categories[ACTIVATION_DIFFS] += _allocation(
-            net.blobs[blob_id].capacity * storage[producer][1], options
-        )
+                    owners.pop(host.id, None)
+    return owners
 
+
+def _touched_diffs(net: Net, options: MemoryOptions, external: set[int]) -> set[int]:
+    """The blobs whose diff something touches (the blob that owns a shared diff): a loss weight at set-up, a GPU
+    forward that clears a bottom's diff, and in a TRAIN net the backward of every layer that needs it."""
+    touched: set[int] = set()
+
+    def touch_diff(blob_id: int) -> None:
+        blob = net.blobs[blob_id]
+        root = blob.diff_of if blob.diff_of is not None else blob_id
+        if root not in external:
+            touched.add(root)
+
+    for blob in net.blobs:
+        if blob.loss_weight:
+            touch_diff(blob.id)  # Layer::SetLossWeights writes the weight into the diff at set-up
+    if options.on_gpu:
+        for layer in net.layers:
+            if layer.rule is not None:
+                for index in layer.rule.forward_bottom_diffs(layer.ctx, options.engine):
+                    touch_diff(layer.bottoms[index])
+    if net.phase == PHASE_TRAIN:
+        for layer in net.layers:
+            if not layer.need_backward:
+                continue
+            for blob_id in layer.tops:
+                touch_diff(blob_id)
+            rule = layer.rule
+            for index, (blob_id, needed) in enumerate(zip(layer.bottoms, layer.bottom_need_backward)):
+                if needed or (rule is not None and rule.writes_bottom_diff_always(layer.ctx, options.engine, index)):
+                    touch_diff(blob_id)
+    return touched
+
+
+def _count_params(
+    net: Net, options: MemoryOptions, storage: Sequence[tuple[int, int]], result: list[LayerMemory], shared: set[str]
+) -> None:
+    """Each learnable param once (a shared one by its owner): its data unless it is the train net's, and in a TRAIN
+    net its diff and the solver's history of it."""
+    training = net.phase == PHASE_TRAIN
     state_blobs = SOLVER_STATE_BLOBS[options.solver_type][ENGINE_GPU if options.on_gpu else ENGINE_CPU]
     if options.l1_regularization and (options.on_gpu or options.solver_type not in CPU_SOLVERS_USING_TEMP):
         state_blobs += 1
@@ -327,6 +310,12 @@ def net_memory(
                 param.count * options.history_itemsize, options
             )
 
+
+def _count_buffers(
+    net: Net, options: MemoryOptions, storage: Sequence[tuple[int, int]], result: list[LayerMemory]
+) -> None:
+    """Every layer's internal buffers, as its rule gives them for the engine, and the nets inside layers."""
+    training = net.phase == PHASE_TRAIN
     for layer, memory in zip(net.layers, result):
         if layer.rule is None:
             continue
@@ -350,7 +339,6 @@ def net_memory(
                 memory.buffers.append(buffer)
         if layer.setup.subnet is not None:
             _count_subnet(layer.setup.subnet, ctx.need_backward, memory, options)
-    return result
 
 
 def _count_subnet(subnet: SubNet, runs_backward: bool, memory: LayerMemory, options: MemoryOptions) -> None:

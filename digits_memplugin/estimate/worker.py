@@ -33,7 +33,7 @@ def _trim(limit: int) -> bool:
     (then it ends after its answer)."""
     if _rss_bytes() <= limit:
         return False
-    from ..core.estimate import DEFINITIONS
+    from ..core.definitions import DEFINITIONS
 
     DEFINITIONS.clear()
     import gc

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.layers.base import ENGINE_CUDNN, ENGINE_GPU
-from ..core.planning.fallback import CPU_SAFETY_MARGIN, DEFAULT_MAX_ATTEMPTS, GPU_SAFETY_MARGIN
-from ..core.planning.job_plan import PlanningPolicy
+from ..core.planning.fallback import DEFAULT_MAX_ATTEMPTS
+from ..core.planning.job_plan import CPU_SAFETY_MARGIN, GPU_SAFETY_MARGIN, PlanningPolicy
 from .backends.attempt_process import CANCEL_SECONDS
 from .child.caffe_build import CaffeBuild, bundled
 from .store.database import BUSY_SECONDS

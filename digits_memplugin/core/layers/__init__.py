@@ -1,6 +1,6 @@
 """Layer rules, one module per family; importing this package registers them all."""
 
-from . import common, data, detectnet, loss, neuron, recurrent, ssd, vision
+from . import common, data, detectnet, loss, neuron, normalization, recurrent, shaping, ssd, vision
 from .base import Buffer as Buffer
 from .base import DeferToPycaffe as DeferToPycaffe
 from .base import LayerContext as LayerContext
@@ -12,4 +12,4 @@ from .base import known_types as known_types
 from .base import rule_for as rule_for
 from .data import DataSpec as DataSpec
 
-__all__ = ["common", "data", "detectnet", "loss", "neuron", "recurrent", "ssd", "vision"]
+__all__ = ["common", "data", "detectnet", "loss", "neuron", "normalization", "recurrent", "shaping", "ssd", "vision"]

@@ -15,7 +15,7 @@ from .base import (
     layer_rule,
     legacy_dim,
 )
-from .common import softmax_buffers
+from .normalization import softmax_buffers
 
 
 class LossRule(LayerRule):

@@ -1,2 +1,3 @@
-"""Planning a job's batch: the search for the largest batch that fits (planner), the decision after a
-failed attempt (fallback), and a job's plan on a device (job_plan). Imports only core."""
+"""Planning a job's batch, top-down: a job's plan on a device under the server's policy (job_plan), the decision
+after a failed attempt (fallback), what fits on a device, the first plan included (fit), and the search for the
+largest batch that fits (planner). Imports only core."""

@@ -1,14 +1,16 @@
 """Planning a job on one device: the one function the REST estimate, the New model form, the command line and the
 job manager all plan with, so that the batch a page suggests is the batch the job trains.
 
-A job asks for a batch (a number, "auto", or the net's own) and runs on a device of some kind. The policy says
-which engine trains on that kind of device and how much of its free memory is kept back; the plan then follows the
-fallback policy's rules (core.planning.fallback.decide): the wanted batch, kept through iter_size when it does not fit (or
-cannot be built in one pass); for "auto" the largest batch that fits within the cap of "auto" (planner.auto_cap: a
-twentieth of the training set, at most 256); the
-test batch shrunk only when not even train batch 1 fits beside it. A job that asked to start with its wanted batch
-as given ("start": "wanted") gets it for its first attempt. After out-of-memory failures, the same function plans
-the retry on the estimate the failures corrected.
+It reads top-down. The server's policy (`PlanningPolicy`, its settings) resolves, in this one place, what a plan
+depends on besides the net: the engine that trains on a kind of device, the margin of free memory kept back (the
+job's own, else the policy's for the engine, never below NVcaffe's wider one for a net estimated as NVcaffe's) and
+the options the memory model counts with. A job asks for a batch (a number, "auto", or the net's own). Its first
+plan is core.planning.fit's on the estimate as it stands: the wanted batch, kept through iter_size when it does not
+fit (or cannot be built in one pass); for "auto" the largest batch that fits within the cap of "auto"
+(planner.auto_cap: a twentieth of the training set, at most 256); the test batch shrunk only when not even train
+batch 1 fits beside it. A job that asked to start with its wanted batch as given ("start": "wanted") gets it for
+its first attempt. Only after out-of-memory failures does the plan go through the fallback
+(core.planning.fallback.decide), on the estimate the failures corrected.
 """
 
 from __future__ import annotations
@@ -16,20 +18,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from ..errors import BatchLimitError
-from ..flavour import BVLC, FLAVOURS, NVCAFFE
+from ..errors import BatchLimitError, NetError
+from ..flavour import BVLC, FLAVOURS, NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from ..layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
-from .fallback import (
-    CPU_SAFETY_MARGIN,
-    DEFAULT_GROWTH,
-    DEFAULT_MAX_ATTEMPTS,
-    GPU_SAFETY_MARGIN,
-    Decision,
-    Failure,
-    Footprint,
-    Policy,
-    decide,
-)
+from ..memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions
+from ..training import TrainingDefinition
+from .fallback import DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, Failure, Policy, decide
+from .fit import DEFAULT_SAFETY_MARGIN, Decision, Footprint, fit
 from .planner import BatchPlan, auto_cap, usable_bytes
 
 AUTO = "auto"
@@ -38,6 +33,11 @@ START_PLAN = "plan"
 START_WANTED = "wanted"
 CPU = "cpu"
 """The kind of the CPU device; every other kind is a GPU's."""
+CPU_SAFETY_MARGIN = 0.03
+"""On the CPU the estimate is held to what Caffe really allocates (bench/accuracy.py) and under a cap it was
+within 3% of the largest batch that trains on every net of bench/fallback.py: a thinner margin suffices."""
+GPU_SAFETY_MARGIN = DEFAULT_SAFETY_MARGIN
+"""On GPUs the CUDA context and cuDNN's workspaces are per-machine constants the estimate only models."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,40 @@ class PlanningPolicy:
         """The flavour a definition is estimated as: NVcaffe's when it needs NVcaffe's schema or NVcaffe trains it;
         else the one it needs (SSD Caffe's layers on BVLC's memory semantics are "ssd", the rest "bvlc")."""
         return NVCAFFE if NVCAFFE in (needed, self.flavour) else needed
+
+    def margin(self, engine: str, asked: float | None = None, flavour: str = BVLC) -> float:
+        """The fraction of free memory a plan keeps back: the one asked for, else the policy's for the engine; for
+        a net estimated as NVcaffe's at least flavour.NVCAFFE_SAFETY_MARGIN (its figures are a model no GPU has
+        checked yet)."""
+        margin = asked if asked is not None else self.safety_margin(engine)
+        return max(margin, NVCAFFE_SAFETY_MARGIN) if flavour == NVCAFFE else margin
+
+    def memory_options(
+        self, definition: TrainingDefinition, engine: str, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+    ) -> MemoryOptions:
+        """How the memory model counts `definition` trained with `engine`: its solver, its L1 regularization, the
+        flavour it is estimated as (`flavour_for`) and its solver's storage type. NetError on an unknown solver."""
+        if definition.solver_type not in SOLVER_STATE_BLOBS:
+            raise NetError(
+                f"unknown solver type {definition.solver_type!r} (known: {', '.join(SOLVER_STATE_BLOBS)})",
+                source=definition.train.source, field="type",
+            )
+        return MemoryOptions(
+            engine=engine,
+            solver_type=definition.solver_type,
+            l1_regularization=definition.l1_regularization,
+            cuda_context_bytes=cuda_context_bytes,
+            flavour=self.flavour_for(definition.flavour),
+            history_itemsize=solver_storage(definition.solver),
+        )
+
+    def fallback(self, engine: str, ask: JobAsk) -> Policy:
+        """The fallback's policy for a job's attempts after a failure: its margin (`margin`), growth and attempts."""
+        return Policy(
+            safety_margin=self.margin(engine, ask.safety_margin),
+            growth=ask.growth if ask.growth is not None else self.growth,
+            max_attempts=ask.max_attempts if ask.max_attempts is not None else self.max_attempts,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,19 +162,22 @@ def plan_job(
     "wanted" start does not change; `known`: footprints already computed at the net's test batch (the search
     starts from them)."""
     policy = policy or PlanningPolicy()
-    margin = ask.safety_margin if ask.safety_margin is not None else policy.safety_margin(engine)
-    fallback = Policy(
-        safety_margin=margin,
-        growth=ask.growth if ask.growth is not None else policy.growth,
-        max_attempts=ask.max_attempts if ask.max_attempts is not None else policy.max_attempts,
-    )
+    fallback = policy.fallback(engine, ask)
+    margin = fallback.safety_margin
     wanted = ask.wanted()
     auto = auto_cap(ask.train_items) if wanted is None else None
     caps = [cap for cap in (ask.max_batch, auto.batch if auto else None) if cap]
-    decision = decide(
-        fallback, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
-        test_batch=ask.test_batch, test_iter=ask.test_iter, max_batch=min(caps) if caps else None, known=known,
-    )
+    limit = min(caps) if caps else None
+    if failures or attempts_made:  # after a failure: the fallback decides, on the corrected estimate
+        decision = decide(
+            fallback, footprint, wanted, limit_bytes, failures, attempts_made=attempts_made,
+            test_batch=ask.test_batch, test_iter=ask.test_iter, max_batch=limit, known=known,
+        )
+    else:
+        decision = fit(
+            footprint, wanted, limit_bytes, margin, test_batch=ask.test_batch, test_iter=ask.test_iter,
+            max_batch=limit, known=known,
+        )
     if auto is not None and decision.plan is not None and decision.plan.batch_size >= auto.batch and (
         ask.max_batch is None or auto.batch <= ask.max_batch
     ):  # memory had room for more: the cap of "auto" chose the batch, and the plan says why

@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...core.oom import GLOG_LINE, SYSTEM_SHARE_OF_A_RETRY
+from ...core.oom import SYSTEM_SHARE_OF_A_RETRY
+from ...core.oom_signatures import GLOG_LINE
 from ...core.schedule import LearningRate
 from ...measure.process_memory import data_bytes
 from ...measure.process_times import cpu_times

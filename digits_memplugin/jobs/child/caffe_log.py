@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ...core import oom
+from ...core import oom_signatures as oom
 
 MAX_LISTED_VALUES = 16
 """As the pycaffe runner: outputs with more elements are reported by their mean."""

@@ -39,7 +39,7 @@ from google.protobuf import text_format
 from ...core.cost import Meter
 from ...core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, iterations_per_epoch, validation_iterations
 from ...core.errors import NetError
-from ...core.estimate import Estimator, net_batch
+from ...core.estimator import Estimator, net_batch
 from ...core.flavour import BVLC, NVCAFFE, flavour_of, solver_storage
 from ...core.inputs import shown
 from ...core.layers.base import PHASE_TEST, PHASE_TRAIN

@@ -28,7 +28,8 @@ from ...core.oom import CANCELLED as OUTCOME_CANCELLED
 from ...core.oom import FAILED as FAILED_OUTCOME
 from ...core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
 from ...core.oom import OUT_OF_MEMORY
-from ...core.planning.fallback import Decision, Failure
+from ...core.planning.fallback import Failure
+from ...core.planning.fit import Decision
 from ...core.planning.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
 from ...devices.reader import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
 from ...estimate.pool import PoolBusy

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...core.errors import MemPluginError, NetError
 from ...core.layers.base import ENGINE_CPU
-from ...core.planning.fallback import Decision
+from ...core.planning.fit import Decision
 from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceReader
 from ...estimate.pool import PoolBusy, PoolError
 from ..config import ManagerConfig

@@ -37,7 +37,8 @@ from typing import Any
 from ...core.cost import EstimateCost, Meter, TimeUp, estimate_cost
 from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ...core.net import ShapeOracle
-from ...core.planning.fallback import Decision, Failure
+from ...core.planning.fallback import Failure
+from ...core.planning.fit import Decision
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.training import NetDefinition
 from ...estimate.pool import EstimatePool

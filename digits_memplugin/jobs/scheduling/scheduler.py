@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from ...core.planning.fallback import Decision
+from ...core.planning.fit import Decision
 from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
 
 AUTO = "auto"

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...core.errors import NetError
 from ...core.net import ShapeOracle
-from ...core.planning.fallback import Decision
+from ...core.planning.fit import Decision
 from ...devices.reader import Device
 from ..config import ManagerConfig
 from ..definition.definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition

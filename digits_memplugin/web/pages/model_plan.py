@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from ...core.errors import NetError
-from ...core.planning.fallback import LIMITED_BY_MAX_BATCH, Decision
+from ...core.planning.fit import LIMITED_BY_MAX_BATCH, Decision
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.sizes import format_size
 from ...devices.reader import Device, DeviceList
