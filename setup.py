@@ -31,7 +31,7 @@ setup(
         "digits_memplugin.networks": ["*.prototxt"],
         # The capped-start library the binary runner preloads into `caffe`, built on the machine (jobs/child/preload.py).
         "digits_memplugin.jobs.child": ["capped_start.c"],
-        "digits_memplugin.web.api.envelope": ["openapi.json"],  # served at <prefix>/api/openapi.json
+        "digits_memplugin.web.api": ["openapi.json"],  # served at <prefix>/api/openapi.json
     },
     include_package_data=False,
     zip_safe=False,

@@ -4,7 +4,7 @@ Each net is an Input, 20 layers of one type on tiny (2 x 3 x 1 x 1) blobs, and a
 with a test net of the same layers (measure.runner, as bench/accuracy.py does): its blobs are a few bytes, so what
 pycaffe allocates is nearly all bookkeeping (layer objects, LayerParameter copies, Blob and SyncedMemory objects,
 the solver's per-param Blobs, protobuf's descriptors). "per layer" is (measured - measured for the net without
-the 20 layers) / 40, the model's the same difference of its estimate; core/memory.py's CPU_* constants were
+the 20 layers) / 40, the model's the same difference of its estimate; core/cpu_bookkeeping.py's CPU_* constants were
 fitted on these nets. Writes the table into docs/benchmarks.md between the `bookkeeping` markers.
 
     .venv/bin/python bench/bookkeeping.py [--only NAME,NAME] [--no-write]
