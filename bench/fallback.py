@@ -42,7 +42,7 @@ from google.protobuf import text_format
 from report import replace_section
 from zoo_cases import CASES_BY_NAME
 
-from digits_memplugin.core.oom import OUT_OF_MEMORY, SUCCESS
+from digits_memplugin.core.oom import OUTCOME_OUT_OF_MEMORY, OUTCOME_SUCCESS
 from digits_memplugin.core.planning.fallback import Failure, Policy, decide
 from digits_memplugin.core.planning.job_plan import CPU_SAFETY_MARGIN
 from digits_memplugin.core.prototxt import parse_net
@@ -148,11 +148,11 @@ class Case:
         result = process.wait()
         ended = trained[0] if trained else time.monotonic()
         status = result.outcome.status
-        if status not in (SUCCESS, OUT_OF_MEMORY):
+        if status not in (OUTCOME_SUCCESS, OUTCOME_OUT_OF_MEMORY):
             raise RuntimeError(f"{self.name} batch {batch}: {status}: {result.outcome.message}")
         found = result.outcome.out_of_memory
         return Trial(
-            fits=status == SUCCESS, seconds=round(ended - started, 3), status=status,
+            fits=status == OUTCOME_SUCCESS, seconds=round(ended - started, 3), status=status,
             requested_bytes=None if found is None else found.requested_bytes, peak_bytes=result.peak_bytes,
         )
 

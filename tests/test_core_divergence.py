@@ -110,7 +110,7 @@ def test_classify_a_stopped_divergence_is_diverged_whatever_the_exit() -> None:
     divergence = Divergence("Train", "loss", "NaN", 4)
     for returncode, signal_name in ((0, None), (-signal.SIGTERM, "SIGTERM"), (-signal.SIGABRT, "SIGABRT")):
         outcome = oom.classify(returncode, "double free or corruption (out)\n", divergence=divergence)
-        assert outcome.status == oom.DIVERGED and not outcome.retry
+        assert outcome.status == oom.OUTCOME_DIVERGED and not outcome.retry
         assert outcome.message == divergence.stopped_message and outcome.signal == signal_name
         assert outcome.out_of_memory is None and outcome.divergence == divergence
         assert oom.Outcome.from_dict(json.loads(json.dumps(outcome.to_dict()))) == outcome
@@ -119,11 +119,11 @@ def test_classify_a_stopped_divergence_is_diverged_whatever_the_exit() -> None:
 def test_classify_a_divergence_the_job_trains_on_is_classified_as_usual() -> None:
     divergence = Divergence("Train", "loss", "NaN", 4)
     done = oom.classify(0, "", finished=True, divergence=divergence, train_on=True)
-    assert done.status == oom.SUCCESS and done.divergence == divergence
+    assert done.status == oom.OUTCOME_SUCCESS and done.divergence == divergence
     # Freeing a net whose pooling wrote before its buffers aborts after the runner said it finished: still done.
     aborted = oom.classify(-signal.SIGABRT, "double free or corruption (out)\n", finished=True, divergence=divergence,
                            train_on=True)
-    assert aborted.status == oom.SUCCESS and "SIGABRT" in aborted.message
+    assert aborted.status == oom.OUTCOME_SUCCESS and "SIGABRT" in aborted.message
     # A real out-of-memory after the divergence is still one.
     oom_line = "F20261202 09:26:08.945708 20235 syncedmem.hpp:25] Check failed: *ptr host allocation of size 64 failed"
-    assert oom.classify(-signal.SIGABRT, oom_line, divergence=divergence, train_on=True).status == oom.OUT_OF_MEMORY
+    assert oom.classify(-signal.SIGABRT, oom_line, divergence=divergence, train_on=True).status == oom.OUTCOME_OUT_OF_MEMORY

@@ -115,8 +115,8 @@ def test_each_signature_is_out_of_memory_with_its_numbers(
     total: int | None, index: int | None,
 ) -> None:
     outcome = oom.classify(-signal.SIGABRT, log)
-    assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry
-    assert oom.classify(1, log).status == oom.OUT_OF_MEMORY  # what the process exits with does not matter
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY and outcome.retry
+    assert oom.classify(1, log).status == oom.OUTCOME_OUT_OF_MEMORY  # what the process exits with does not matter
     found = outcome.out_of_memory
     assert found is not None
     assert (found.signature, found.device, found.ambiguous) == (signature, device, ambiguous)
@@ -134,7 +134,7 @@ BLAS_STACK = ("syscall", "??", "blas_memory_alloc", "cblas_sgemm", "caffe::caffe
 def test_a_stall_in_a_known_allocation_retry_is_out_of_memory() -> None:
     stall = oom.Stall(seconds=600, cpu_share=1.0, system_share=0.87, frames=BLAS_STACK, data_limit=50 << 20)
     outcome = oom.classify(-signal.SIGKILL, "", stall=stall)
-    assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry and outcome.out_of_memory is not None
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY and outcome.retry and outcome.out_of_memory is not None
     assert outcome.out_of_memory.signature == "blas_allocation_retry" and not outcome.out_of_memory.ambiguous
     assert "600 s" in outcome.message and "blas_memory_alloc" in outcome.message
 
@@ -153,7 +153,7 @@ def test_a_stall_without_a_stack_is_judged_from_proc() -> None:
     ):
         assert oom.stalled_out_of_memory(other) is None
         outcome = oom.classify(-signal.SIGKILL, "", stall=other)
-        assert outcome.status == oom.FAILED and not outcome.retry
+        assert outcome.status == oom.OUTCOME_FAILED and not outcome.retry
         assert outcome.message.startswith("made no progress for 60 s") and "watchdog" in outcome.message
 
 
@@ -167,25 +167,25 @@ def test_a_stall_message_says_what_the_process_was_doing() -> None:
 
 def test_a_stall_we_cancelled_is_cancelled() -> None:
     stall = oom.Stall(seconds=60, cpu_share=1.0, system_share=0.9, frames=BLAS_STACK, data_limit=1 << 20)
-    assert oom.classify(-signal.SIGKILL, "", cancelled=True, stall=stall).status == oom.CANCELLED
+    assert oom.classify(-signal.SIGKILL, "", cancelled=True, stall=stall).status == oom.OUTCOME_CANCELLED
 
 
 def test_exit_status_134_reads_as_sigabrt() -> None:
     """A shell in between reports SIGABRT as 134 (DIGITS showed the same death as "error code -6")."""
     outcome = oom.classify(134, SIGNATURES[0][0])
-    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY
     assert outcome.signal == "SIGABRT"
 
 
 def test_the_runner_memory_error_record_is_out_of_memory() -> None:
     outcome = oom.classify(3, PREAMBLE, runner_error={"type": "MemoryError", "message": "std::bad_alloc"})
-    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY
     assert outcome.out_of_memory is not None and outcome.out_of_memory.signature == "python_memory_error"
 
 
 def test_a_sigkill_we_did_not_send_is_likely_the_oom_killer() -> None:
     outcome = oom.classify(-signal.SIGKILL, PREAMBLE)
-    assert outcome.status == oom.OUT_OF_MEMORY
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY
     assert outcome.out_of_memory is not None
     assert outcome.out_of_memory.ambiguous and "likely" in outcome.out_of_memory.message
     assert outcome.signal == "SIGKILL"
@@ -194,13 +194,13 @@ def test_a_sigkill_we_did_not_send_is_likely_the_oom_killer() -> None:
 def test_our_cancel_is_cancelled_whatever_the_signal() -> None:
     for code in (-signal.SIGTERM, -signal.SIGKILL):
         outcome = oom.classify(code, PREAMBLE, cancelled=True)
-        assert outcome.status == oom.CANCELLED and not outcome.retry
+        assert outcome.status == oom.OUTCOME_CANCELLED and not outcome.retry
 
 
 def test_success_needs_exit_zero_and_the_runner_saying_it_finished() -> None:
-    assert oom.classify(0, PREAMBLE, finished=True).status == oom.SUCCESS
+    assert oom.classify(0, PREAMBLE, finished=True).status == oom.OUTCOME_SUCCESS
     early = oom.classify(0, PREAMBLE, finished=False)
-    assert early.status == oom.FAILED and "before training finished" in early.message
+    assert early.status == oom.OUTCOME_FAILED and "before training finished" in early.message
 
 
 OTHER_FAILURE = (
@@ -212,7 +212,7 @@ OTHER_FAILURE = (
 
 def test_another_failure_is_reported_by_its_f_line_and_not_retried() -> None:
     outcome = oom.classify(-signal.SIGABRT, OTHER_FAILURE)
-    assert outcome.status == oom.FAILED and not outcome.retry
+    assert outcome.status == oom.OUTCOME_FAILED and not outcome.retry
     assert outcome.out_of_memory is None
     assert outcome.fatal_line is not None and outcome.fatal_line.startswith("F20261202 09:26:08.945708 20235")
     assert outcome.message == (
@@ -224,14 +224,14 @@ def test_words_in_info_lines_and_layer_names_are_not_failures() -> None:
     """PREAMBLE says "out_of_memory" and "out of memory" in INFO lines: no signature may match them."""
     assert oom.find_out_of_memory(oom.failure_lines(PREAMBLE)) is None
     outcome = oom.classify(-signal.SIGSEGV, PREAMBLE)
-    assert outcome.status == oom.FAILED
+    assert outcome.status == oom.OUTCOME_FAILED
     assert outcome.message == "the training process was killed by SIGSEGV"
 
 
 def test_an_unknown_exit_without_f_line_says_only_what_is_known() -> None:
     outcome = oom.classify(7, PREAMBLE)
     assert (outcome.status, outcome.exit_code, outcome.message) == (
-        oom.FAILED, 7, "the training process exited with status 7",
+        oom.OUTCOME_FAILED, 7, "the training process exited with status 7",
     )
 
 

@@ -24,7 +24,7 @@ from flask import Flask
 from test_jobs_fixtures import LENET, LENET_DATA, LENET_SOLVER, ManagerFactory, lenet_request, pid_alive, wait_for
 
 from digits_memplugin import create_app
-from digits_memplugin.core.oom import FAILED, OUT_OF_MEMORY, classify
+from digits_memplugin.core.oom import OUTCOME_FAILED, OUTCOME_OUT_OF_MEMORY, classify
 from digits_memplugin.devices.reader import DeviceReader
 from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.jobs.backends import attempt_process as attempt_module
@@ -63,7 +63,7 @@ def first_pid(manager: JobManager, job: Job, attempt: int = 1) -> int:
 
 @pytest.mark.parametrize(
     ("oom_killer", "status", "signature"),
-    [(None, OUT_OF_MEMORY, "sigkill"), (True, OUT_OF_MEMORY, "sigkill"), (False, FAILED, None)],
+    [(None, OUTCOME_OUT_OF_MEMORY, "sigkill"), (True, OUTCOME_OUT_OF_MEMORY, "sigkill"), (False, OUTCOME_FAILED, None)],
 )
 def test_a_sigkill_we_did_not_send_is_out_of_memory_unless_the_kernel_killed_nothing(
     oom_killer: bool | None, status: str, signature: str | None
@@ -73,7 +73,7 @@ def test_a_sigkill_we_did_not_send_is_out_of_memory_unless_the_kernel_killed_not
     outcome = classify(-signal.SIGKILL, "I1202 10:00:00.000000  1 solver.cpp:1] Iteration 3\n", oom_killer=oom_killer)
     assert outcome.status == status and outcome.signal == "SIGKILL"
     assert (outcome.out_of_memory.signature if outcome.out_of_memory else None) == signature
-    if status == FAILED:
+    if status == OUTCOME_FAILED:
         assert "not by the kernel's out-of-memory killer" in outcome.message and "resume" in outcome.message
     else:
         assert outcome.out_of_memory is not None and outcome.out_of_memory.ambiguous

@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import MIB, ManagerFactory, lenet_request, wait_for
 
-from digits_memplugin.core.oom import CANCELLED, FAILED, OUT_OF_MEMORY, SUCCESS, Outcome, OutOfMemory
+from digits_memplugin.core.oom import (
+    OUTCOME_CANCELLED,
+    OUTCOME_FAILED,
+    OUTCOME_OUT_OF_MEMORY,
+    OUTCOME_SUCCESS,
+    Outcome,
+    OutOfMemory,
+)
 from digits_memplugin.devices.cluster import ClusterDeviceReader, cpu_host
 from digits_memplugin.devices.reader import DeviceList, DeviceReader, read_devices
 from digits_memplugin.host.settings import ConfigError, Settings
@@ -73,8 +80,8 @@ class FakeHandle:
         self.launch.on_log(["I1203 fake.cpp:1] one line"])
         while self.hold.is_set() and not self.cancelled.wait(0.05):
             pass
-        outcome = Outcome(CANCELLED, "cancelled") if self.cancelled.is_set() else self.outcome
-        finished = outcome.status == SUCCESS
+        outcome = Outcome(OUTCOME_CANCELLED, "cancelled") if self.cancelled.is_set() else self.outcome
+        finished = outcome.status == OUTCOME_SUCCESS
         self.launch.on_record({"event": "finished", "iteration": 4} if finished else {"event": "iteration", "iteration": 2})
         return AttemptResult(0 if finished else 134, outcome, 2, 4 if finished else 2, None, finished, None)
 
@@ -105,18 +112,18 @@ class FakeBackend:
         pass
 
 
-OOM = Outcome(OUT_OF_MEMORY, "host memory ran out", OutOfMemory("host_allocation_failed", "cpu", "ran out"),
+OOM = Outcome(OUTCOME_OUT_OF_MEMORY, "host memory ran out", OutOfMemory("host_allocation_failed", "cpu", "ran out"),
               signal="SIGABRT")
 
 
 def test_attempts_run_through_the_backend_and_keep_its_handle(make_manager: ManagerFactory) -> None:
-    backend = FakeBackend([OOM, Outcome(SUCCESS, "finished")])
+    backend = FakeBackend([OOM, Outcome(OUTCOME_SUCCESS, "finished")])
     manager = make_manager(backend=backend, poll_seconds=0.1, cpu_memory_cap=512 * MIB)
     job = manager.wait(manager.submit(lenet_request(batch=64)).id, timeout=60)
     assert job.status == "done", job.message
     first, second = manager.store.attempts(job.id)
     assert (first.status, first.handle, second.status, second.handle) == (
-        OUT_OF_MEMORY, f"fake:{job.id}-1", SUCCESS, f"fake:{job.id}-2"
+        OUTCOME_OUT_OF_MEMORY, f"fake:{job.id}-1", OUTCOME_SUCCESS, f"fake:{job.id}-2"
     )
     assert second.batch_size < first.batch_size  # the fallback ran on the backend's result
     launch = backend.launched[0].launch
@@ -126,7 +133,7 @@ def test_attempts_run_through_the_backend_and_keep_its_handle(make_manager: Mana
 
 
 def test_cancel_reaches_the_backends_handle(make_manager: ManagerFactory) -> None:
-    backend = FakeBackend([Outcome(SUCCESS, "finished")], hold=True)
+    backend = FakeBackend([Outcome(OUTCOME_SUCCESS, "finished")], hold=True)
     manager = make_manager(backend=backend, poll_seconds=0.1)
     job = manager.submit(lenet_request())
     wait_for(lambda: backend.launched, timeout=30, what="the backend's launch")
@@ -296,7 +303,7 @@ def test_the_result_is_rebuilt_from_the_nodes_lines_however_the_log_is_cut(tmp_p
 def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long job prints a record per iteration: reading its whole log at every poll would grow without bound."""
     monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
-    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    result = AttemptResult(0, Outcome(OUTCOME_SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     text = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in range(1, 200))
     text += _line("outcome", result=result_to_json(result))
     chunks = [text[i:i + 97] for i in range(0, len(text), 97)]  # chunks that end inside lines
@@ -310,7 +317,7 @@ def test_the_log_is_followed_through_the_tail_not_read_whole_at_every_poll(tmp_p
 def test_a_tail_opened_again_reads_each_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The dashboard closed the tail while the job ran (restarted): the next tail starts at the log's beginning."""
     monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
-    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    result = AttemptResult(0, Outcome(OUTCOME_SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     head = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in (1, 2, 3))
     text = head + _line("record", record={"event": "iteration", "iteration": 4})
     text += _line("outcome", result=result_to_json(result))
@@ -326,7 +333,7 @@ def test_once_the_job_has_ended_its_result_is_read_from_the_whole_log_not_waited
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ray_backend, "TAIL_AFTER_CHARS", 0)  # every log followed through the tail
-    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    result = AttemptResult(0, Outcome(OUTCOME_SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     first = _line("record", record={"event": "iteration", "iteration": 1})
     text = first + _line("outcome", result=result_to_json(result))
     jobs = TailedJobs([("RUNNING", first), ("RUNNING", first), ("SUCCEEDED", text)], [])
@@ -341,7 +348,7 @@ def test_a_short_log_is_read_whole_and_a_long_one_through_the_tail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reading a short log whole gets each record within a poll; past TAIL_AFTER_CHARS its reads would grow."""
-    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    result = AttemptResult(0, Outcome(OUTCOME_SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     first = "".join(_line("record", record={"event": "iteration", "iteration": i}) for i in (1, 2))
     text = first + _line("record", record={"event": "iteration", "iteration": 3})
     text += _line("outcome", result=result_to_json(result))
@@ -354,7 +361,7 @@ def test_a_short_log_is_read_whole_and_a_long_one_through_the_tail(
 
 
 def test_without_a_tail_the_whole_log_is_read_from_where_it_ended(tmp_path: Path) -> None:
-    result = AttemptResult(0, Outcome(SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
+    result = AttemptResult(0, Outcome(OUTCOME_SUCCESS, "done"), 3, 2, 5 * MIB, False, None, 4 * MIB)
     first = _line("record", record={"event": "iteration", "iteration": 1})
     text = first + _line("outcome", result=result_to_json(result))
     jobs = TailedJobs([("RUNNING", first), ("RUNNING", first), ("RUNNING", text)], [])
@@ -382,7 +389,7 @@ def test_a_job_stopped_before_its_node_reported_is_cancelled(tmp_path: Path, mon
         result = attempt.wait()
     finally:
         ray_backend.OUTCOME_SECONDS = saved
-    assert result.outcome.status == CANCELLED
+    assert result.outcome.status == OUTCOME_CANCELLED
     assert (tmp_path / "attempts" / "1" / "cancel").is_file()  # a wrapper that starts later ends at once
     assert decided.wait(30), "the cancel's task did not end"
     assert jobs.stopped == []  # it ended by itself: Ray's stop (no time to snapshot) was not needed
@@ -432,7 +439,7 @@ def test_a_pending_job_that_was_stopped_is_given_up_after_a_while(tmp_path: Path
     jobs = ScriptedJobs([("PENDING", "")])  # Ray's stop leaves a pending job pending
     attempt, _, _ = _follow(jobs, tmp_path)
     attempt.cancel()
-    assert attempt.wait().outcome.status == CANCELLED
+    assert attempt.wait().outcome.status == OUTCOME_CANCELLED
 
 
 def test_a_job_that_failed_without_a_result_says_what_ray_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -440,7 +447,7 @@ def test_a_job_that_failed_without_a_result_says_what_ray_said(tmp_path: Path, m
     jobs = ScriptedJobs([("FAILED", "Traceback (most recent call last):\nModuleNotFoundError: digits_memplugin\n")])
     attempt, _, _ = _follow(jobs, tmp_path)
     result = attempt.wait()
-    assert result.outcome.status == FAILED
+    assert result.outcome.status == OUTCOME_FAILED
     assert "ended FAILED" in result.outcome.message and "ModuleNotFoundError" in result.outcome.message
 
 
@@ -452,7 +459,7 @@ def test_an_unreachable_cluster_fails_the_attempt_after_a_bounded_wait(tmp_path:
     launch = Launch(tmp_path, "attempts/1/attempt.json", _spec(), "cpu", {}, on_record=records.append,
                     on_log=lambda lines: None, grace_seconds=5.0, stall_seconds=None)
     result = RayAttempt(client, "j1-1", launch, poll_seconds=0.0).wait()
-    assert result.outcome.status == FAILED and "stopped answering" in result.outcome.message
+    assert result.outcome.status == OUTCOME_FAILED and "stopped answering" in result.outcome.message
     with pytest.raises(RayError, match=re.escape("127.0.0.1:9")):
         client.nodes()
 
@@ -648,6 +655,6 @@ def test_the_ray_backend_gives_the_same_attempts_and_records_as_the_local_one(
     assert [a.handle.split(":")[0] for a in ray] == ["ray"] * len(ray)
     assert [(a.status, a.batch_size, a.iter_size, a.signal, a.end_iteration) for a in ray] == [
         (a.status, a.batch_size, a.iter_size, a.signal, a.end_iteration) for a in local]
-    assert ray[0].status == OUT_OF_MEMORY and ray[0].out_of_memory and local[0].out_of_memory
+    assert ray[0].status == OUTCOME_OUT_OF_MEMORY and ray[0].out_of_memory and local[0].out_of_memory
     assert ray[0].out_of_memory["signature"] == local[0].out_of_memory["signature"] == "host_allocation_failed"
     assert _shape(ray_records) == _shape(local_records)

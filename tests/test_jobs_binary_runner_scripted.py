@@ -169,7 +169,7 @@ def test_recorded_gpu_failures_through_the_binary_runner_and_a_scripted_caffe_en
     source = BVLC_LOG if flavour == "bvlc" else NVCAFFE_LOG
     log.write_text(head(source) + line + "\n" + STACK, encoding="utf-8")
     result, records = run_scripted(tmp_path, flavour, log, end="abort")
-    assert result.outcome.status == oom.OUT_OF_MEMORY, result.outcome
+    assert result.outcome.status == oom.OUTCOME_OUT_OF_MEMORY, result.outcome
     found = result.outcome.out_of_memory
     assert found is not None and found.signature == signature and found.device == "gpu"
     for name, value in numbers.items():
@@ -188,7 +188,7 @@ def test_an_out_of_memory_line_then_silence_is_ended_by_the_runner_at_once(tmp_p
     log = tmp_path / "failing.log"
     log.write_text(head(NVCAFFE_LOG) + FAILURES[3][1] + "\n", encoding="utf-8")
     result, records = run_scripted(tmp_path, "nvcaffe", log, end="hang")
-    assert result.outcome.status == oom.OUT_OF_MEMORY
+    assert result.outcome.status == oom.OUTCOME_OUT_OF_MEMORY
     assert result.outcome.out_of_memory is not None
     assert result.outcome.out_of_memory.signature == "nvcaffe_failed_to_allocate"
     assert records[-1]["event"] == "error" and records[-1]["type"] == "OutOfMemory"
@@ -198,7 +198,7 @@ def test_an_out_of_memory_line_then_silence_is_ended_by_the_runner_at_once(tmp_p
 @pytest.mark.slow
 def test_a_scripted_nvcaffe_log_through_the_binary_runner_ends_in_success_with_its_records(tmp_path: Path) -> None:
     result, records = run_scripted(tmp_path, "nvcaffe", NVCAFFE_LOG, end=0)
-    assert result.outcome.status == oom.SUCCESS and result.finished and result.last_iteration == 2
+    assert result.outcome.status == oom.OUTCOME_SUCCESS and result.finished and result.last_iteration == 2
     assert [record["event"] for record in records] == [
         "started", "constructed", "test", "iteration", "iteration", "snapshot", "finished",
     ]
@@ -277,7 +277,7 @@ def test_the_memory_cap_is_not_applied_to_a_caffe_that_cannot_take_it(tmp_path: 
     process = AttemptProcess(job, spec_file, "attempts/1/caffe.log", on_record=records.append, stall_seconds=60)
     process.start()
     result = process.wait()
-    assert result.outcome.status == oom.FAILED
+    assert result.outcome.status == oom.OUTCOME_FAILED
     assert "memory cap cannot be applied" in result.outcome.message
     assert [record["event"] for record in records] == ["error"]
 

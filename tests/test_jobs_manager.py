@@ -24,7 +24,7 @@ from test_jobs_fixtures import (
     write_lmdb,
 )
 
-from digits_memplugin.core.oom import OUT_OF_MEMORY
+from digits_memplugin.core.oom import OUTCOME_OUT_OF_MEMORY
 from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.jobs.errors import JobStateError, JobValidationError
 from digits_memplugin.jobs.manager import STORE_FILE
@@ -168,7 +168,7 @@ def test_an_out_of_memory_after_a_restart_resumes_from_the_snapshot_at_a_smaller
     assert job.status == "done", [a.message for a in attempts]
     interrupted, failed, resumed = attempts[0], attempts[1], attempts[-1]
     assert interrupted.status == "interrupted"
-    assert (failed.status, failed.batch_size) == (OUT_OF_MEMORY, WANTED)
+    assert (failed.status, failed.batch_size) == (OUTCOME_OUT_OF_MEMORY, WANTED)
     assert resumed.status == "success" and resumed.resumed_from is not None
     assert resumed.start_iteration >= snapshot["iteration"] > 0
     assert resumed.batch_size < WANTED and resumed.batch_size * resumed.iter_size >= WANTED

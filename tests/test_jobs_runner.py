@@ -100,7 +100,7 @@ def test_under_a_cap_caffe_really_fails_to_allocate(
         fatal = oom.fatal_line(log)
         assert fatal is not None and "host allocation of size" in fatal
         outcome = oom.classify(-signal.SIGABRT, log)
-        assert outcome.status == oom.OUT_OF_MEMORY and outcome.out_of_memory is not None
+        assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY and outcome.out_of_memory is not None
         assert attempt.signal == "SIGABRT"
     else:  # with BLAS threads, OpenBLAS's own job table (malloc'd at each threaded gemm) may fail first
         assert threads > 1 and attempt.out_of_memory["signature"] == "openblas_malloc_failed", attempt

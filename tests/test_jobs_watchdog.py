@@ -113,7 +113,7 @@ def run(process: AttemptProcess, bound: float = 120.0) -> oom.Outcome:
 
 def test_a_child_retrying_blas_allocation_is_out_of_memory(tmp_path: Path) -> None:
     outcome = run(attempt(tmp_path, BLAS_RETRY, on_cpu=True), bound=CPU_BOUND)
-    assert outcome.status == oom.OUT_OF_MEMORY and outcome.retry
+    assert outcome.status == oom.OUTCOME_OUT_OF_MEMORY and outcome.retry
     assert outcome.out_of_memory is not None
     if shutil.which("gdb"):  # scripts/system-deps.sh installs it; the stack says which loop it is
         assert outcome.out_of_memory.signature == "blas_allocation_retry"
@@ -149,21 +149,21 @@ def test_without_a_stack_the_retry_is_told_from_proc(tmp_path: Path) -> None:
 
 def test_a_child_spinning_in_python_fails_with_no_progress(tmp_path: Path) -> None:
     outcome = run(attempt(tmp_path, PYTHON_SPIN, on_cpu=True), bound=CPU_BOUND)
-    assert outcome.status == oom.FAILED and not outcome.retry
+    assert outcome.status == oom.OUTCOME_FAILED and not outcome.retry
     assert outcome.message.startswith(f"made no progress for {CPU_STALL:.0f} s")
     assert "of a CPU" in outcome.message and "watchdog" in outcome.message
 
 
 def test_a_child_asleep_fails_with_no_progress(tmp_path: Path) -> None:
     outcome = run(attempt(tmp_path, ASLEEP))
-    assert outcome.status == oom.FAILED
+    assert outcome.status == oom.OUTCOME_FAILED
     assert "made no progress" in outcome.message and "nearly idle" in outcome.message
 
 
 def test_a_child_that_keeps_reporting_is_left_alone(tmp_path: Path) -> None:
     """Six seconds of records every half second: twice the watchdog's silence in all, never silent that long."""
     outcome = run(attempt(tmp_path, STEADY))
-    assert outcome.status == oom.SUCCESS, outcome
+    assert outcome.status == oom.OUTCOME_SUCCESS, outcome
 
 
 def test_log_lines_count_as_progress(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_log_lines_count_as_progress(tmp_path: Path) -> None:
         print(json.dumps({"event": "finished"}), flush=True)
         """
     )
-    assert run(attempt(tmp_path, script)).status == oom.SUCCESS
+    assert run(attempt(tmp_path, script)).status == oom.OUTCOME_SUCCESS
 
 
 def test_proc_readings_of_a_live_process() -> None:

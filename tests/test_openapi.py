@@ -236,7 +236,7 @@ def test_a_diverged_job_matches_the_document_with_its_nan_records(jobs_app: Flas
     assert records[-1]["loss"] == "NaN" and records[-1]["outputs"] == {"loss": "NaN"}
     check(client, "GET", f"{root}/jobs")
     statuses = load_document()["components"]["schemas"]["Attempt"]["properties"]["status"]["enum"]
-    assert set(statuses) == {"running", *get_args(oom.Status)}
+    assert set(statuses) == {"running", *get_args(oom.OutcomeStatus)}
 
 
 def _refuse(token: str) -> None:

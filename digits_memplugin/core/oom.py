@@ -26,23 +26,23 @@ from .oom_signatures import (
     killed_by_oom_killer,
 )
 
-SUCCESS: Final = "success"
-CANCELLED: Final = "cancelled"
-OUT_OF_MEMORY: Final = "out_of_memory"
-FAILED: Final = "failed"
-INTERRUPTED: Final = "interrupted"
+OUTCOME_SUCCESS: Final = "success"
+OUTCOME_CANCELLED: Final = "cancelled"
+OUTCOME_OUT_OF_MEMORY: Final = "out_of_memory"
+OUTCOME_FAILED: Final = "failed"
+OUTCOME_INTERRUPTED: Final = "interrupted"
 """An attempt whose supervisor went away (the server was killed): neither retried nor failed, resumable."""
-DIVERGED: Final = "diverged"
+OUTCOME_DIVERGED: Final = "diverged"
 """An attempt stopped because a net output became NaN or infinite (core.divergence): not retried, and not a crash."""
 
-Status = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted", "diverged"]
+OutcomeStatus = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted", "diverged"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """The classification of one ended attempt."""
 
-    status: Status
+    status: OutcomeStatus
     message: str
     out_of_memory: OutOfMemory | None = None
     exit_code: int | None = None
@@ -58,7 +58,7 @@ class Outcome:
     @property
     def retry(self) -> bool:
         """Only out-of-memory is worth another attempt with a smaller batch."""
-        return self.status == OUT_OF_MEMORY
+        return self.status == OUTCOME_OUT_OF_MEMORY
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -208,11 +208,11 @@ def classify(
     code, killed_by = _exit(returncode)
     signal_name = None if killed_by is None else _signal_name(killed_by)
     if divergence is not None and not train_on:
-        return Outcome(DIVERGED, divergence.stopped_message, exit_code=code, signal=signal_name, divergence=divergence)
+        return Outcome(OUTCOME_DIVERGED, divergence.stopped_message, exit_code=code, signal=signal_name, divergence=divergence)
     if divergence is not None and finished and runner_error is None and not cancelled and returncode != 0:
         ended = f"signal {signal_name}" if signal_name else f"exit status {code}"
         return Outcome(
-            SUCCESS, f"training finished (the process then ended with {ended} freeing a net whose outputs were not "
+            OUTCOME_SUCCESS, f"training finished (the process then ended with {ended} freeing a net whose outputs were not "
             "finite)", exit_code=code, signal=signal_name, divergence=divergence,
         )
     outcome = _classify(returncode, log, cancelled=cancelled, finished=finished, runner_error=runner_error,
@@ -248,40 +248,40 @@ def _classify(
     fatal = fatal_line(lines)
 
     if returncode == 0 and finished and runner_error is None:
-        return Outcome(SUCCESS, "training finished", exit_code=0)
+        return Outcome(OUTCOME_SUCCESS, "training finished", exit_code=0)
     if cancelled:
-        return Outcome(CANCELLED, "cancelled", exit_code=code, signal=signal_name, fatal_line=fatal)
+        return Outcome(OUTCOME_CANCELLED, "cancelled", exit_code=code, signal=signal_name, fatal_line=fatal)
 
     if stall is not None:
         found = stalled_out_of_memory(stall)
         if found is not None:
-            return Outcome(OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
-        return Outcome(FAILED, stall_message(stall), exit_code=code, signal=signal_name, fatal_line=fatal)
+            return Outcome(OUTCOME_OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
+        return Outcome(OUTCOME_FAILED, stall_message(stall), exit_code=code, signal=signal_name, fatal_line=fatal)
 
     found = find_out_of_memory(lines)
     if found is None and killed_by == signal.SIGKILL:
         if oom_killer is False:
             return Outcome(
-                FAILED,
+                OUTCOME_FAILED,
                 "the training process was killed with SIGKILL by someone else: not by this server, and not by the "
                 "kernel's out-of-memory killer (it counted no kill meanwhile); resume the job to continue",
                 exit_code=code, signal=signal_name, fatal_line=fatal,
             )
         found = killed_by_oom_killer(counted=oom_killer is True)
     if found is not None:
-        return Outcome(OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
+        return Outcome(OUTCOME_OUT_OF_MEMORY, found.message, found, exit_code=code, signal=signal_name, fatal_line=fatal)
 
     if fatal is not None:
         message = GLOG_LINE.match(fatal)
         text = message.group("text") if message else fatal
         where = message.group("where") if message else None
         return Outcome(
-            FAILED, f"{text} ({where})" if where else text, exit_code=code, signal=signal_name, fatal_line=fatal
+            OUTCOME_FAILED, f"{text} ({where})" if where else text, exit_code=code, signal=signal_name, fatal_line=fatal
         )
     if runner_error is not None:
-        return Outcome(FAILED, lines[-1], exit_code=code, signal=signal_name)
+        return Outcome(OUTCOME_FAILED, lines[-1], exit_code=code, signal=signal_name)
     if returncode == 0:
-        return Outcome(FAILED, "the training process exited before training finished", exit_code=0)
+        return Outcome(OUTCOME_FAILED, "the training process exited before training finished", exit_code=0)
     if signal_name is not None:
-        return Outcome(FAILED, f"the training process was killed by {signal_name}", signal=signal_name)
-    return Outcome(FAILED, f"the training process exited with status {returncode}", exit_code=code)
+        return Outcome(OUTCOME_FAILED, f"the training process was killed by {signal_name}", signal=signal_name)
+    return Outcome(OUTCOME_FAILED, f"the training process exited with status {returncode}", exit_code=code)

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.device_kinds import CPU
 from .reader import DeviceReader
-from .records import CPU_KEY, Device, DeviceList, GpuProcess
+from .records import Device, DeviceList, GpuProcess
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,12 @@ def host_resource(host: str) -> str:
 
 
 def cpu_key(host: str) -> str:
-    return f"{CPU_KEY}@{host}"
+    return f"{CPU}@{host}"
 
 
 def cpu_host(key: str) -> str | None:
     """The host of a "cpu@<host>" key; None for any other key."""
-    prefix = CPU_KEY + "@"
+    prefix = CPU + "@"
     return key[len(prefix):] if key.startswith(prefix) and len(key) > len(prefix) else None
 
 
@@ -53,7 +54,7 @@ def device_from_json(document: Mapping[str, Any], host: str) -> Device:
     processes = fields.get("processes")
     fields["processes"] = None if processes is None else tuple(GpuProcess(**p) for p in processes)
     fields["host"] = host
-    if fields.get("kind") == CPU_KEY:
+    if fields.get("kind") == CPU:
         fields["key"] = cpu_key(host)
     return Device(**fields)
 
@@ -77,8 +78,8 @@ class ClusterDeviceReader(DeviceReader):
             except (TypeError, ValueError) as error:
                 log.warning("the device report of %s cannot be read: %s", host, error)
                 continue
-            gpus += [device for device in devices if device.kind != CPU_KEY]
-            cpus += [device for device in devices if device.kind == CPU_KEY]
+            gpus += [device for device in devices if device.kind != CPU]
+            cpus += [device for device in devices if device.kind == CPU]
             simulated = simulated or bool(report.get("simulated"))
         seen = {gpu.key for gpu in gpus}
         gpus = [gpu for gpu in own.gpus if gpu.key not in seen] + gpus  # a node on this host reports them too

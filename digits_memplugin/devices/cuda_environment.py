@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from .records import GPU, Device
+from ..core.device_kinds import GPU
+from .records import Device
 
 
 class DeviceSelectionError(ValueError):

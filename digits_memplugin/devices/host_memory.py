@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from .records import CPU, CPU_KEY, Device
+from ..core.device_kinds import CPU
+from .records import Device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ def read_cpu_device(host: HostPaths | None = None) -> Device:
             total = min(total, bound.limit)
             free = None if free is None or bound.available is None else min(free, bound.available)
     return Device(
-        key=CPU_KEY,
+        key=CPU,
         kind=CPU,
         index=None,
         name=_cpu_model(host),

@@ -23,13 +23,13 @@ from typing import Any
 
 import pynvml
 
+from ..core.device_kinds import CPU, GPU
 from .cuda_environment import ChildDevices, DeviceSelectionError, allowed_gpus, child_cuda_environment
 from .host_memory import HostPaths, read_cpu_device
-from .records import CPU, CPU_KEY, GPU, Device, DeviceList, GpuProcess
+from .records import Device, DeviceList, GpuProcess
 
 __all__ = [
     "CPU",
-    "CPU_KEY",
     "GPU",
     "ChildDevices",
     "Device",

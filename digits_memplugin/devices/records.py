@@ -8,11 +8,7 @@ with `to_json`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Literal
-
-GPU: Final = "gpu"
-CPU: Final = "cpu"
-CPU_KEY: Final = "cpu"
+from typing import Any, Literal
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from ..device_kinds import AUTO, CPU
 from ..errors import BatchLimitError, NetError
 from ..flavour import BVLC, FLAVOURS, NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from ..layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
@@ -27,12 +28,8 @@ from .fallback import DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, Failure, Policy, dec
 from .fit import DEFAULT_SAFETY_MARGIN, Decision, Footprint, fit
 from .planner import BatchPlan, auto_cap, usable_bytes
 
-AUTO = "auto"
-"""The batch of a job that asks for the largest that fits."""
 START_PLAN = "plan"
 START_WANTED = "wanted"
-CPU = "cpu"
-"""The kind of the CPU device; every other kind is a GPU's."""
 CPU_SAFETY_MARGIN = 0.03
 """On the CPU the estimate is held to what Caffe really allocates (bench/accuracy.py) and under a cap it was
 within 3% of the largest batch that trains on every net of bench/fallback.py: a thinner margin suffices."""

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from ...core import nonfinite
 from ...core.divergence import DEFAULT_POLICY, DivergenceWatch
-from ...core.oom import CANCELLED, Outcome, Stall, classify
+from ...core.oom import OUTCOME_CANCELLED, Outcome, Stall, classify
 from .watchdog import Watchdog
 
 LOG_TAIL_BYTES = 256 * 1024
@@ -261,7 +261,7 @@ class AttemptProcess:
             stall=self._stall, divergence=self.divergence.first if diverged else None,
             train_on=self.divergence.trains_on,
         )
-        if outcome.status == CANCELLED:
+        if outcome.status == OUTCOME_CANCELLED:
             outcome = dataclasses.replace(outcome, message=cancel_message(
                 self._stopped, self._last_iteration, outcome.signal, self.cancel_seconds,
                 snapshot=self._snapshot, forced=self._stop_at is not None,

@@ -42,9 +42,9 @@ import websocket
 
 from ...core import nonfinite
 from ...core.errors import MemPluginError
-from ...core.oom import CANCELLED, FAILED, Outcome
+from ...core.oom import OUTCOME_CANCELLED, OUTCOME_FAILED, Outcome
 from ...devices.cluster import ClusterDeviceReader, cpu_host, gpu_resource, host_resource
-from ...devices.reader import CPU_KEY, DeviceReader
+from ...devices.reader import CPU, DeviceReader
 from ..store.datafolder import kill_leftover
 from ..store.records import Attempt
 from .attempt_process import MAX_LINE, AttemptResult
@@ -263,7 +263,7 @@ class RayAttempt:
                 state == "PENDING" and self._cancel_at is not None
                 and time.monotonic() - self._cancel_at > PENDING_CANCEL_SECONDS
             ):
-                return self._ended(Outcome(CANCELLED, "cancelled before the cluster started it"), -1)
+                return self._ended(Outcome(OUTCOME_CANCELLED, "cancelled before the cluster started it"), -1)
             if not waited:
                 time.sleep(self.poll_seconds)
 
@@ -347,14 +347,14 @@ class RayAttempt:
     def _without_outcome(self, status: Mapping[str, Any]) -> AttemptResult:
         """The job ended and its wrapper said nothing of how: stopped before it could, or it never ran."""
         if self.cancelled:
-            return self._ended(Outcome(CANCELLED, "cancelled"), status.get("driver_exit_code"))
+            return self._ended(Outcome(OUTCOME_CANCELLED, "cancelled"), status.get("driver_exit_code"))
         detail = status.get("message") or "no message"
         tail = "\n".join(self._tail[-5:])
         return self._failed(f"the Ray job {self.submission_id} ended {status.get('status')}: {detail}"
                             + (f"\n{tail}" if tail else ""))
 
     def _failed(self, message: str) -> AttemptResult:
-        return self._ended(Outcome(FAILED, message), -1)
+        return self._ended(Outcome(OUTCOME_FAILED, message), -1)
 
     @staticmethod
     def _ended(outcome: Outcome, returncode: Any) -> AttemptResult:
@@ -392,7 +392,7 @@ class RayBackend:
     @staticmethod
     def resources(device: str) -> dict[str, float]:
         """Where the attempt may run: the GPU's own resource, a host's CPU resource, or anywhere ("cpu")."""
-        if device == CPU_KEY:
+        if device == CPU:
             return {}
         host = cpu_host(device)
         return {host_resource(host): 1.0} if host is not None else {gpu_resource(device): 1.0}

@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...core.device_kinds import CPU, GPU
 from ...core.divergence import DEFAULT_POLICY, POLICIES
 
-CPU = "cpu"
-GPU = "gpu"
 SNAPSHOT_FORMATS = ("HDF5", "BINARYPROTO")
 PYCAFFE_RUNNER, BINARY_RUNNER = "pycaffe", "binary"
 RUNNERS = (PYCAFFE_RUNNER, BINARY_RUNNER)

@@ -8,9 +8,14 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...core.oom import CANCELLED as OUTCOME_CANCELLED
-from ...core.oom import DIVERGED, OUT_OF_MEMORY, SUCCESS, Outcome
-from ...core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
+from ...core.oom import (
+    OUTCOME_CANCELLED,
+    OUTCOME_DIVERGED,
+    OUTCOME_INTERRUPTED,
+    OUTCOME_OUT_OF_MEMORY,
+    OUTCOME_SUCCESS,
+    Outcome,
+)
 from ...core.planning.fallback import Failure
 from ..backends.attempt_process import AttemptResult
 from ..child.runner import DISK_FULL
@@ -24,17 +29,17 @@ def job_end(result: AttemptResult, attempts: Sequence[Attempt] = ()) -> tuple[st
     """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory).
     `attempts`: the job's attempts, the one that ended last, for the story of its out-of-memory retries."""
     outcome = result.outcome
-    if outcome.status == SUCCESS:
+    if outcome.status == OUTCOME_SUCCESS:
         note = "" if outcome.divergence is None else f"; {outcome.divergence.trained_on_note}"
         retries = retry_summary(attempts)
         return DONE, f"training finished at iteration {result.last_iteration}{note}" + (f"; {retries}" if retries else "")
-    if outcome.status == DIVERGED:
+    if outcome.status == OUTCOME_DIVERGED:
         return FAILED, outcome.message
     if outcome.status == OUTCOME_INTERRUPTED:
         return INTERRUPTED, INTERRUPTED_MESSAGE
     if outcome.status == OUTCOME_CANCELLED:
         return CANCELLED, outcome.message or "cancelled"
-    if outcome.status != OUT_OF_MEMORY:
+    if outcome.status != OUTCOME_OUT_OF_MEMORY:
         return FAILED, outcome.message
     return None
 
@@ -45,7 +50,7 @@ def retry_summary(attempts: Sequence[Attempt]) -> str | None:
     if len(attempts) < 2:
         return None
     *earlier, last = sorted(attempts, key=lambda attempt: attempt.number)
-    failed = [attempt for attempt in earlier if attempt.status == OUT_OF_MEMORY]
+    failed = [attempt for attempt in earlier if attempt.status == OUTCOME_OUT_OF_MEMORY]
     if not failed:
         return None
     plans = [plan_words(attempt.batch_size, attempt.iter_size) for attempt in failed]

@@ -24,10 +24,7 @@ from ...core.divergence import DEFAULT_POLICY
 from ...core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
 from ...core.layers.base import ENGINE_CPU
 from ...core.net import ShapeOracle
-from ...core.oom import CANCELLED as OUTCOME_CANCELLED
-from ...core.oom import FAILED as FAILED_OUTCOME
-from ...core.oom import INTERRUPTED as OUTCOME_INTERRUPTED
-from ...core.oom import OUT_OF_MEMORY
+from ...core.oom import OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_INTERRUPTED, OUTCOME_OUT_OF_MEMORY
 from ...core.planning.fallback import Failure
 from ...core.planning.fit import Decision
 from ...core.planning.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
@@ -175,7 +172,7 @@ class AttemptLoop:
         definition = self.definitions.get(job)
         engine = self.config.gpu_engine if entry.kind == GPU else ENGINE_CPU
         earlier = [a for a in store.attempts(job_id) if a.device == entry.device]
-        failures = [failure_of(a) for a in earlier if a.status == OUT_OF_MEMORY and a.limit_bytes is not None]
+        failures = [failure_of(a) for a in earlier if a.status == OUTCOME_OUT_OF_MEMORY and a.limit_bytes is not None]
         made = 0
         job = store.update_job(job_id, started_at=job.started_at or time.time())
         reporter.emit_job(job)
@@ -367,7 +364,7 @@ class AttemptLoop:
             process = self.backend.launch(launch)
         except Exception as error:
             message = f"the attempt could not be started ({self.backend.name} backend): {error}"
-            state.store.update_attempt(job.id, number, status=FAILED_OUTCOME, finished_at=time.time(), message=message)
+            state.store.update_attempt(job.id, number, status=OUTCOME_FAILED, finished_at=time.time(), message=message)
             raise JobError(message) from error
         with state.lock:  # a cancel or a stop that came meanwhile found no process: it is applied now
             entry.process = process
@@ -387,7 +384,7 @@ class AttemptLoop:
         outcome = result.outcome
         if self.state.stopping and outcome.status == OUTCOME_CANCELLED:
             outcome = dataclasses.replace(outcome, status=OUTCOME_INTERRUPTED, message=INTERRUPTED_MESSAGE)
-        if outcome.status == FAILED_OUTCOME:
+        if outcome.status == OUTCOME_FAILED:
             outcome = note_full_disk(folder, result, outcome)
         peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
         return dataclasses.replace(result, outcome=outcome, peak_bytes=None if peak < 0 else peak)

@@ -17,7 +17,7 @@ from typing import Any
 from ...core.errors import MemPluginError, NetError
 from ...core.layers.base import ENGINE_CPU
 from ...core.planning.fit import Decision
-from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceReader
+from ...devices.reader import CPU, GPU, Device, DeviceList, DeviceReader
 from ...estimate.pool import PoolBusy, PoolError
 from ..config import ManagerConfig
 from ..definition.definition import JobDefinition
@@ -180,7 +180,7 @@ class Dispatcher:
         """The job placed (under the lock): stored first (a store that cannot be written must not leave a slot
         taken), and only while the job is still queued (a cancel or a delete since the queue was read wins); then
         its slot taken and its task started."""
-        entry = Running(job.id, where.device.key, GPU if where.device.kind == GPU else CPU_KEY)
+        entry = Running(job.id, where.device.key, GPU if where.device.kind == GPU else CPU)
         entry.estimated = where.decision.estimated_bytes or 0
         placed = self.state.store.update_job_if(
             job.id, QUEUED, status=RUNNING, device=where.device.key, message=where.decision.message

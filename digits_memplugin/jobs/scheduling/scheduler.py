@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+from ...core.device_kinds import AUTO
 from ...core.planning.fit import Decision
-from ...devices.reader import CPU_KEY, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
+from ...devices.reader import CPU, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
 
-AUTO = "auto"
 SIMULATED_GPUS = (
     "the GPUs are simulated (--simulate-gpus): their memory is made up and no CUDA device is behind them, so a job "
     'cannot train there; choose the CPU (device "cpu")'
@@ -45,9 +45,9 @@ def normalise_device(choice: str | int, devices: DeviceList) -> str:
         lowered = text.lower()
         if lowered in ("", AUTO, "next", "next available", "any"):
             return AUTO
-        if lowered == CPU_KEY:
-            return CPU_KEY
-        if lowered.startswith(CPU_KEY + "@"):  # a cluster host's CPU (devices.cluster)
+        if lowered == CPU:
+            return CPU
+        if lowered.startswith(CPU + "@"):  # a cluster host's CPU (devices.cluster)
             found = devices.get(text)
             if found is None or found.kind == GPU:
                 hosts = ", ".join(cpu.key for cpu in devices.other_cpus) or "none"
@@ -73,7 +73,7 @@ def candidates(
 ) -> tuple[list[Device], str | None]:
     """The devices a job with this (normalised) choice may use, and why there are none. `environ`: the server's
     environment, whose CUDA_VISIBLE_DEVICES restricts the GPUs (os.environ by default)."""
-    if choice == CPU_KEY or choice.startswith(CPU_KEY + "@"):
+    if choice == CPU or choice.startswith(CPU + "@"):
         cpu = devices.get(choice)
         if cpu is None:
             return [], f"{choice} is not reported any more"
@@ -134,7 +134,7 @@ def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpu
         device = normalise_device(choice, devices)
     except ValueError as error:
         raise DeviceRefused("device", str(error)) from None
-    on_cpu = device == CPU_KEY or device.startswith(CPU_KEY + "@")
+    on_cpu = device == CPU or device.startswith(CPU + "@")
     if memory_cap is not None and not on_cpu and not (device == AUTO and not devices.gpus):
         raise DeviceRefused("memory_cap", MEMORY_CAP_ON_GPU)
     if gpus_simulated and not on_cpu and devices.gpus:

@@ -20,6 +20,7 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.fields.core import UnboundField
 from wtforms.validators import InputRequired, Length, NumberRange, Optional
 
+from ...core.device_kinds import AUTO
 from ...core.divergence import CONTINUE, DEFAULT_POLICY, STOP
 from ...core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
 from ...core.estimate import EstimateRequest
@@ -39,9 +40,7 @@ NO_MOMENTUM = frozenset({"AdaGrad", "RMSProp"})
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 NEEDS_GAMMA = frozenset({"step", "exp", "inv", "multistep", "sigmoid"})
 NEEDS_POWER = frozenset({"inv", "poly"})
-BATCH_AUTO = "auto"
 DEVICE_NEXT = "next"
-DEVICE_CPU = "cpu"
 """Caffe keeps blob dimensions in an int."""
 INT32_MAX = 2**31 - 1
 """The solver's iteration counts and intervals are int32 fields of caffe.proto."""
@@ -311,8 +310,8 @@ def parse_batch(value: str | None) -> int | str | None:
     text = (value or "").strip().lower()
     if not text:
         return None
-    if text == BATCH_AUTO:
-        return BATCH_AUTO
+    if text == AUTO:
+        return AUTO
     batch = ascii_int(text, max_digits=10)
     if batch is None and text.isascii() and text.isdigit():  # a whole number, only too long to read
         raise ValueError(f"{shown(text)} is too large: {BATCH_LIMIT}")

@@ -23,6 +23,7 @@ from flask.typing import ResponseReturnValue
 from google.protobuf import text_format
 from werkzeug.exceptions import NotFound
 
+from ...core.device_kinds import AUTO, CPU
 from ...core.errors import NetError
 from ...core.planning.fallback import DEFAULT_GROWTH
 from ...core.prototxt import parse_net, parse_solver
@@ -39,7 +40,6 @@ from ..api.envelope import API_PATH
 from ..plugin_state import current_plugin
 from .forms import (
     DATA_TOP,
-    DEVICE_CPU,
     DEVICE_NEXT,
     NEEDS_GAMMA,
     NEEDS_POWER,
@@ -306,10 +306,10 @@ def _solver_fields(text: str, max_iter: int | None, *, validation: bool) -> dict
 
 def _device_choice(device: Any, devices: DeviceList, notes: list[str]) -> str:
     """The form's device choice for the job's device: "next" for "auto", the CPU, or the GPU by its UUID."""
-    if device in (None, "auto"):
+    if device in (None, AUTO):
         return DEVICE_NEXT
-    if device == "cpu":
-        return DEVICE_CPU
+    if device == CPU:
+        return CPU
     for gpu in devices.gpus:
         if device in (gpu.uuid, gpu.key):
             return gpu.key

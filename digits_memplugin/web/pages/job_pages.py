@@ -29,9 +29,10 @@ from werkzeug.exceptions import NotFound
 from wtforms.validators import ValidationError
 
 from ... import __version__
+from ...core.device_kinds import AUTO, CPU
 from ...core.oom import SIGNAL_WORDS
 from ...core.sizes import format_size
-from ...devices.reader import CPU_KEY, DeviceList
+from ...devices.reader import DeviceList
 from ...jobs.definition.definition import SOLVER_SOURCE
 from ...jobs.errors import JobNotFound, JobPageError, JobStateError
 from ...jobs.events.pace import format_duration as format_time_left
@@ -60,7 +61,7 @@ def _devices() -> DeviceList:
 
 def device_labels(devices: DeviceList) -> dict[str, str]:
     """What a job's device key reads as: "CPU", "GPU 0: <name>"; "auto" is the form's "next available"."""
-    labels = {"auto": "next available GPU" if devices.gpus else "next available (the CPU)", CPU_KEY: "CPU"}
+    labels = {AUTO: "next available GPU" if devices.gpus else "next available (the CPU)", CPU: "CPU"}
     for gpu in devices.gpus:
         labels[gpu.key] = f"GPU {gpu.index}{f' of {gpu.host}' if gpu.host else ''}: {gpu.name or 'n/a'}"
         if gpu.uuid:
@@ -179,7 +180,7 @@ def memory_cap_words(job: dict[str, Any], server_cap: int | None) -> str:
     """The memory a job's CPU attempts may allocate (the job's `memory_cap` or the server's, the smaller; enforced
     on the child with RLIMIT_DATA), or why none applies."""
     device = job["device"]["assigned"] or job["device"]["requested"]
-    if device not in (CPU_KEY, "auto") and not str(device).startswith(CPU_KEY + "@"):
+    if device not in (CPU, AUTO) and not str(device).startswith(CPU + "@"):
         return "none: a GPU job is planned against the GPU's free memory"
     own = job.get("memory_cap")
     caps = [cap for cap in (own, server_cap) if cap is not None]
@@ -191,7 +192,7 @@ def memory_cap_words(job: dict[str, Any], server_cap: int | None) -> str:
     else:
         note = "the server's MEMPLUGIN_CPU_MEMORY_CAP" + (
             f"; this job asked for {format_size(own)}" if own is not None else "")
-    where = " on the CPU" if device == "auto" else ""
+    where = " on the CPU" if device == AUTO else ""
     return f"{format_size(cap)}{where} ({note})"
 
 

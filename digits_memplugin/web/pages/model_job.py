@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...core.device_kinds import AUTO, CPU
 from ...jobs.definition import digits_data
 from ...jobs.definition.digits_data import DataLayerError
 from ...jobs.definition.request import JobRequest, parse_job_request
-from .forms import DATA_TOP, DEVICE_CPU, DEVICE_NEXT, ModelSpec
+from .forms import DATA_TOP, DEVICE_NEXT, ModelSpec
 
 TRAIN_FIELD = "train_source"
 VAL_FIELD = "val_source"
@@ -112,9 +113,9 @@ def manager_device(choice: str, gpu_index: int | None) -> str | int:
     """The job manager's device name for the form's choice: "auto", "cpu", a GPU's UUID, or its index when the
     GPU has no UUID (its key is then "gpu-index-N")."""
     if choice == DEVICE_NEXT:
-        return "auto"
-    if choice == DEVICE_CPU:
-        return DEVICE_CPU
+        return AUTO
+    if choice == CPU:
+        return CPU
     if choice.startswith("GPU-") or gpu_index is None:
         return choice
     return gpu_index

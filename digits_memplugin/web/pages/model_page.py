@@ -22,6 +22,7 @@ from flask.typing import ResponseReturnValue
 from wtforms.fields.choices import SelectChoice
 
 from ... import __version__
+from ...core.device_kinds import AUTO, CPU
 from ...core.planning.planner import MAX_BATCH
 from ...core.sizes import format_size
 from ...devices.reader import DeviceList, is_simulated
@@ -33,7 +34,7 @@ from ..api import estimate as api_estimate
 from ..api.envelope import json_error, read_form, read_json
 from ..plugin_state import current_plugin
 from . import panel_words
-from .forms import BATCH_AUTO, DEVICE_CPU, DEVICE_NEXT, FormError, NewModelForm, formdata_from_json
+from .forms import DEVICE_NEXT, FormError, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, form_errors
 from .model_plan import Asked, PlanError, PlannedJob, Refused, asked_of, device_label, plan_model
@@ -53,7 +54,7 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
         choices.append(
             SelectChoice(gpu.key, f"{device_label(gpu)}: {gpu.name or 'n/a'} ({state})", {"disabled": gpu.error is not None})
         )
-    choices.append(SelectChoice(DEVICE_CPU, f"CPU ({format_size(devices.cpu.memory_free)} free)"))
+    choices.append(SelectChoice(CPU, f"CPU ({format_size(devices.cpu.memory_free)} free)"))
     for cpu in devices.other_cpus:  # a cluster's hosts (the Ray backend)
         choices.append(SelectChoice(cpu.key, f"{device_label(cpu)} ({format_size(cpu.memory_free)} free)"))
     return choices
@@ -62,7 +63,7 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
 def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
     if devices.simulated:
         # Demo mode: a job on a simulated GPU is refused, so the device a new user trains on first is the CPU.
-        kwargs.setdefault("device", DEVICE_CPU)
+        kwargs.setdefault("device", CPU)
     form = NewModelForm(**kwargs)
     form.device.choices = _device_choices(devices)
     return form
@@ -172,7 +173,7 @@ def create_model() -> ResponseReturnValue:
     try:
         asked = asked_of(form)
         if suggest:
-            planned = plan_model(asked.with_batch(BATCH_AUTO), devices, strict=False)
+            planned = plan_model(asked.with_batch(AUTO), devices, strict=False)
             form.batch_size.data = str(planned.plan["batch_size"])
             return _render_form(form, devices, planned=planned)
         job, _ = submit_model(asked, devices)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...core.device_kinds import AUTO, CPU
 from ...core.errors import NetError
 from ...core.planning.fit import LIMITED_BY_MAX_BATCH, Decision
 from ...core.planning.job_plan import PlanningPolicy
@@ -25,7 +26,7 @@ from ...jobs.scheduling.scheduler import MEMORY_CAP_ON_GPU
 from ...networks import standard_network
 from ..plugin_state import current_plugin
 from . import panel_words
-from .forms import BATCH_AUTO, DEVICE_NEXT, ModelSpec, NewModelForm
+from .forms import DEVICE_NEXT, ModelSpec, NewModelForm
 from .model_job import MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
@@ -115,7 +116,7 @@ class PlannedJob:
 
 def device_label(device: Device) -> str:
     where = f" of {device.host}" if device.host else ""
-    return f"CPU{where}" if device.kind == "cpu" else f"GPU {device.index}{where}"
+    return f"CPU{where}" if device.kind == CPU else f"GPU {device.index}{where}"
 
 
 def auto_note(
@@ -194,11 +195,11 @@ def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> Pla
     policy = plugin.jobs.config.policy
     spec, dataset = asked.spec, asked.dataset
     device = target_device(spec.device, devices)
-    if spec.memory_cap is not None and device.kind != "cpu":
+    if spec.memory_cap is not None and device.kind != CPU:
         raise PlanError("memory_cap", MEMORY_CAP_ON_GPU)  # before anything else the GPU would say
     engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
-    cap = Cap(spec.batch == BATCH_AUTO, dataset.entries if dataset else None)
+    cap = Cap(spec.batch == AUTO, dataset.entries if dataset else None)
     document = _estimate(spec, engine, device, batch, cap, policy)
     if document["plan"] is None:
         raise PlanError("custom_network" if spec.network_key is None else "standard_network",
@@ -263,7 +264,7 @@ def _planned_by_form(
 ) -> PlannedJob:
     """Auto before the dataset can be read: the form's estimate plans (core.planning.job_plan, the server's policy). The
     caller found that batch 1 fits there, so the largest batch that fits does too."""
-    if spec.batch == BATCH_AUTO and document["max_batch_size"]:
+    if spec.batch == AUTO and document["max_batch_size"]:
         document = _estimate(spec, engine, device, document["max_batch_size"], cap, policy)
     capped = document.get("auto_cap")
     at_cap = (capped is not None and document.get("max_batch_limited_by") == LIMITED_BY_MAX_BATCH

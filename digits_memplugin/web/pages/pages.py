@@ -8,6 +8,7 @@ from flask import Blueprint, current_app, render_template, request, url_for
 from flask_wtf.csrf import generate_csrf
 
 from ... import __version__
+from ...core.device_kinds import CPU, GPU
 from ...core.errors import MemPluginError
 from ...core.oom import signal_words
 from ...core.sizes import format_size
@@ -53,7 +54,7 @@ def devices_page() -> str:
     policy = plugin.jobs.config.policy
     return render_template(
         "memplugin/devices.html", devices=_read_devices(), caffe=plugin.caffe, attempts=attempts,
-        attempts_error=attempts_error, engines={"cpu": policy.engine("cpu"), "gpu": policy.engine("gpu")},
+        attempts_error=attempts_error, engines={CPU: policy.engine(CPU), GPU: policy.engine(GPU)},
         version=__version__,
     )
 
