@@ -49,7 +49,9 @@ from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
 from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.child.runner import THREAD_STACK_BYTES
-from digits_memplugin.jobs.definition.definition import JobDefinition, load_definition, test_iters, write_attempt
+from digits_memplugin.jobs.definition.attempt_files import test_iters, write_attempt
+from digits_memplugin.jobs.definition.definition import JobDefinition
+from digits_memplugin.jobs.definition.loading import load_definition
 from digits_memplugin.measure.runner import prepare_net
 
 MiB = 1 << 20

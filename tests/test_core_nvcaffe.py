@@ -45,7 +45,7 @@ from digits_memplugin.core.net import Net, build_net
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.core.training import training_definition
-from digits_memplugin.jobs.definition.definition import NVCAFFE_REFUSAL, Trainer, load_definition
+from digits_memplugin.jobs.definition.loading import NVCAFFE_REFUSAL, Trainer, load_definition
 
 NV = "default_forward_type: FLOAT\n"
 """A net-level field only NVcaffe's schema has: the text is then read as an NVcaffe net."""

@@ -41,7 +41,8 @@ from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.planning.job_plan import PlanningPolicy
 from digits_memplugin.estimate.datasets import MAX_JOB_LIST_ANSWER, MAX_JOB_LIST_LINES, hdf5_list_files
 from digits_memplugin.estimate.pool import EstimatePool
-from digits_memplugin.jobs.definition.definition import JobDefinition, load_definition, net_facts
+from digits_memplugin.jobs.definition.definition import JobDefinition, net_facts
+from digits_memplugin.jobs.definition.loading import load_definition
 from digits_memplugin.jobs.scheduling.attempt_loop import plan_for
 from digits_memplugin.jobs.scheduling.planning import SHIPPED, Planner, cost_of, received, shipped
 

@@ -30,7 +30,7 @@ from test_jobs_fixtures import ManagerFactory, lenet_request, wait_for, write_lm
 from digits_memplugin.confine import landlock
 from digits_memplugin.jobs.child.caffe_build import BUNDLED_BINARY_ROOT, find_caffe
 from digits_memplugin.jobs.child.preload import ensure_library
-from digits_memplugin.jobs.definition import definition as job_definition
+from digits_memplugin.jobs.definition import attempt_files, confiner
 from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]
@@ -336,8 +336,8 @@ def test_the_issues_hdf5output_onto_a_datasets_data_mdb_is_stopped_by_the_kernel
     write_lmdb(datasets / "victim_lmdb", records=8)
     victim = datasets / "victim_lmdb" / "data.mdb"
     before = sha256(victim)
-    monkeypatch.setattr(job_definition._Confiner, "output", permissive_output)
-    monkeypatch.setattr(job_definition, "confirm_outputs", lambda definition, folder: None, raising=False)
+    monkeypatch.setattr(confiner.Confiner, "output", permissive_output)
+    monkeypatch.setattr(attempt_files, "confirm_outputs", lambda definition, folder: None, raising=False)
     if runner == "binary":
         if not (BUNDLED_BINARY_ROOT / "build" / "tools" / "caffe").is_file():
             pytest.fail(f"the bundled Caffe's binary build is missing at {BUNDLED_BINARY_ROOT}: run `make install`")

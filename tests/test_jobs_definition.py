@@ -17,14 +17,11 @@ from digits_memplugin.core.errors import NetError
 from digits_memplugin.core.proto import caffe_pb2
 from digits_memplugin.core.prototxt import parse_net, parse_solver
 from digits_memplugin.estimate.pycaffe_shapes import pycaffe_oracle
-from digits_memplugin.jobs.definition import definition as job_definition
-from digits_memplugin.jobs.definition.definition import (
-    JobDefinition,
-    check_job_folder,
-    load_definition,
-    set_batch,
-    write_attempt,
-)
+from digits_memplugin.jobs.definition import recheck
+from digits_memplugin.jobs.definition.attempt_files import set_batch, write_attempt
+from digits_memplugin.jobs.definition.definition import JobDefinition
+from digits_memplugin.jobs.definition.job_folder import check_job_folder
+from digits_memplugin.jobs.definition.loading import load_definition
 from digits_memplugin.networks import standard_network
 
 pytest_plugins = ["test_jobs_fixtures"]  # the datasets fixture
@@ -385,6 +382,6 @@ def test_past_the_rule_limit_the_child_reads_the_roots_holding_its_files(
     definition = load(folder, [datasets], data=LENET_DATA)
     assert len(write_attempt(definition, folder, "attempts/1", batch_size=8, iter_size=1, test_batch=None,
                              gpu=None).reads) == 2
-    monkeypatch.setattr(job_definition, "MAX_READ_RULES", 1)
+    monkeypatch.setattr(recheck, "MAX_READ_RULES", 1)
     files = write_attempt(definition, folder, "attempts/2", batch_size=8, iter_size=1, test_batch=None, gpu=None)
     assert files.reads == (str(datasets.resolve()),)

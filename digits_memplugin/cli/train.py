@@ -386,7 +386,8 @@ def definition_words(error: Any, args: argparse.Namespace, roots: tuple[Path, ..
     import copy
 
     from ..core.errors import NetError
-    from ..jobs.definition.definition import DATA_SOURCE_FIELDS, NET_SOURCE, SOLVER_SOURCE, DataSourceError
+    from ..jobs.definition.data_sources import DATA_SOURCE_FIELDS, DataSourceError
+    from ..jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE
     from .estimate import command_line_words
 
     error = copy.copy(error)
@@ -428,7 +429,7 @@ def _unsourced_data_layer(args: argparse.Namespace, name: str | None) -> Any:
     """The user's data layer called `name` when it names no dataset and no --data gives it one, else None."""
     from ..core.errors import NetError
     from ..core.prototxt import parse_net
-    from ..jobs.definition.definition import DATA_SOURCE_FIELDS
+    from ..jobs.definition.data_sources import DATA_SOURCE_FIELDS
 
     try:
         net = parse_net(_read(args.net), str(args.net))
@@ -446,6 +447,6 @@ def _unsourced_data_layer(args: argparse.Namespace, name: str | None) -> Any:
 
 
 def _phases(layer: Any) -> list[str]:
-    from ..jobs.definition.definition import data_phases
+    from ..jobs.definition.data_sources import data_phases
 
     return sorted(data_phases(layer))

@@ -31,7 +31,7 @@ from ..devices.reader import DeviceReader
 from ..estimate.pool import EstimatePool
 from .backends.local import Backend, LocalBackend
 from .config import ManagerConfig
-from .definition.definition import Trainer
+from .definition.loading import Trainer
 from .definition.request import JobRequest
 from .errors import JobNotFound, JobStateError, JobValidationError, QueueFull
 from .events.reporter import EventCallback, Reporter

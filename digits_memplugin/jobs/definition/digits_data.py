@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from ...core.errors import NetError
 from ...core.proto import caffe_pb2
 from ...core.prototxt import parse_net
-from .definition import DATA_SOURCE_FIELDS
+from .data_sources import DATA_SOURCE_FIELDS
 
 TRAIN = "train"
 """The training set: read by the data layers of the training net."""

@@ -49,15 +49,10 @@ from ...estimate.files import open_confined, open_regular
 from ..errors import JobError
 from ..store.records import Attempt, Job
 from ..turns import Turns
-from .definition import (
-    NET_SOURCE,
-    SOLVER_SOURCE,
-    JobDefinition,
-    _apply_data_overrides,
-    _unique_params,
-    set_batch,
-    snapshot_prefix,
-)
+from .attempt_files import set_batch, snapshot_prefix
+from .data_sources import apply_data
+from .definition import NET_SOURCE, SOLVER_SOURCE, JobDefinition
+from .file_fields import unique_params
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +263,8 @@ def packed_from(
     classes = spec.get("classes")
     if isinstance(classes, int):
         fill_num_classes(training, classes)
-    params = _unique_params(training)
-    _apply_data_overrides(params, dict(spec.get("data") or {}))
+    params = unique_params(training)
+    apply_data(params, dict(spec.get("data") or {}))
     for param in params:
         for layer in param.layer:
             for holder in (layer.transform_param, layer.data_param):

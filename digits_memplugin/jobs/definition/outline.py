@@ -17,7 +17,8 @@ from google.protobuf import text_format
 
 from ...core.errors import NetError
 from ...core.prototxt import parse_net, parse_solver
-from .definition import NET_SOURCE, SOLVER_SOURCE, data_phases
+from .data_sources import data_phases
+from .definition import NET_SOURCE, SOLVER_SOURCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Outline:
     """A large net's data layers by the names the request's data gives, and a large solver as the form pastes it."""
 
     layers: dict[str, tuple[str, tuple[str, ...]]] | None
-    """For each name in `data` that names a layer: its type and the phases it feeds (jobs.definition.definition.data_phases).
+    """For each name in `data` that names a layer: its type and the phases it feeds (jobs.definition.data_sources.data_phases).
     None when the net does not parse."""
     solver_text: str | None
     """The solver with `max_iter` written in (the text as it is when it does not parse, or max_iter is its own)."""

@@ -36,7 +36,9 @@ from ..child.attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, A
 from ..child.caffe_build import BINARY
 from ..child.runner import THREAD_STACK_BYTES
 from ..config import ManagerConfig
-from ..definition.definition import JobDefinition, check_job_folder, snapshot_prefix, test_iters, write_attempt
+from ..definition.attempt_files import snapshot_prefix, test_iters, write_attempt
+from ..definition.definition import JobDefinition
+from ..definition.job_folder import check_job_folder
 from ..errors import JobError, JobNotFound
 from ..events.reporter import Reporter, progress_fields
 from ..run_state import Running, RunState

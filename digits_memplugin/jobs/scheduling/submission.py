@@ -17,7 +17,9 @@ from ...core.net import ShapeOracle
 from ...core.planning.fit import Decision
 from ...devices.reader import Device
 from ..config import ManagerConfig
-from ..definition.definition import SOLVER_SOURCE, DataSourceError, JobDefinition, Trainer, load_definition
+from ..definition.data_sources import DataSourceError
+from ..definition.definition import SOLVER_SOURCE, JobDefinition
+from ..definition.loading import Trainer, load_definition
 from ..definition.request import JobRequest
 from ..errors import DiskFull, InvalidDefinition, JobValidationError
 from ..store.disk import disk_full, free_note

@@ -29,7 +29,8 @@ from ...core.planning.fallback import DEFAULT_GROWTH
 from ...core.prototxt import parse_net, parse_solver
 from ...core.sizes import format_size
 from ...devices.reader import DeviceList
-from ...jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE, data_phases
+from ...jobs.definition.data_sources import data_phases
+from ...jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE
 from ...jobs.definition.model_files import DownloadError, open_job_file
 from ...jobs.definition.outline import Outline
 from ...jobs.errors import JobNotFound

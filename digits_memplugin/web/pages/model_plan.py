@@ -20,7 +20,8 @@ from ...core.sizes import format_size
 from ...devices.reader import Device, DeviceList
 from ...estimate import dataset_scan
 from ...estimate.dataset_scan import FoundDataset
-from ...jobs.definition.definition import JobDefinition, test_iters
+from ...jobs.definition.attempt_files import test_iters
+from ...jobs.definition.definition import JobDefinition
 from ...jobs.errors import JobValidationError
 from ...jobs.scheduling.scheduler import MEMORY_CAP_ON_GPU
 from ...networks import standard_network

@@ -1,0 +1,161 @@
+"""One attempt's generated files, written just before its child starts (`write_attempt`): the nets at the attempt's
+batch_size and test batch, the solver with its iter_size, length and device, the snapshot prefix in the job's
+folder, each path the job reads checked again first (jobs.definition.recheck)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
+from ...core.net import filter_layers, net_state
+from .definition import JobDefinition
+from .job_folder import LMDB_FOLDER, OUTPUTS
+from .recheck import confirm_data, confirm_outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptFiles:
+    """The generated files of one attempt, relative to the job's folder."""
+
+    solver: str
+    nets: list[str]
+    snapshot_prefix: str
+    reads: tuple[str, ...] = ()
+    """The dataset paths the child may read (`ConfirmedData.reads`)."""
+    writes: tuple[str, ...] = ()
+    """The folders the child may write beneath, relative to the job's folder (ATTEMPT_WRITES and its own)."""
+
+
+ATTEMPT_WRITES = (OUTPUTS, "snapshots", LMDB_FOLDER)
+"""What every attempt's child may write beneath, besides its own attempts/N folder (its log and records): layers'
+outputs, snapshots, and the LMDB folders where Caffe's LMDB writes its lock table. Never data/ (the list files),
+never the datasets."""
+
+
+def write_attempt(
+    definition: JobDefinition,
+    folder: Path,
+    attempt_dir: str,
+    *,
+    batch_size: int,
+    iter_size: int,
+    test_batch: int | None,
+    gpu: int | None,
+    caffe_runs: bool = False,
+    max_iter: int | None = None,
+    test_interval: int | None = None,
+) -> AttemptFiles:
+    """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
+    nets at `test_batch` (None: their own), the solver with `iter_size`, the snapshot prefix in the job's folder,
+    CPU or GPU `gpu` (CUDA's number in the child). Caffe's own testing and snapshots are off (the pycaffe runner
+    does both), or, with `caffe_runs` (`caffe train` trains: the binary runner), on as the job's solver has them,
+    with `display: 1`, so that its log says every test, update and snapshot; `max_iter` and `test_interval` are the
+    attempt's (JobDefinition.length; None: the definition's). Each message is written with its own
+    schema (NVcaffe's for an NVcaffe net). The job's data and outputs are checked again first (`confirm_data`,
+    `confirm_outputs`): a NetError then, and nothing is written."""
+    training = definition.training
+    confirm_outputs(definition, folder)
+    confirmed = confirm_data(definition, folder)
+    handed = confirmed.lmdb
+    (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
+    (folder / "snapshots").mkdir(exist_ok=True)
+    nets = []
+
+    def write(net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
+        copy = type(net.param)()
+        copy.CopyFrom(net.param)
+        for layer in copy.layer:
+            if layer.HasField("data_param") and layer.data_param.source in handed:
+                layer.data_param.source = handed[layer.data_param.source]
+        if batch is not None:
+            set_batch(copy, net_state(copy, phase, state), net.source, batch)
+        relative = f"{attempt_dir}/{name}"
+        (folder / relative).write_text(text_format.MessageToString(copy), encoding="utf-8")
+        nets.append(relative)
+        return relative
+
+    own = definition.solver  # training_definition always has the solver of a job
+    solver = type(own)()
+    solver.CopyFrom(own)
+    for field in ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "test_state"):
+        solver.ClearField(field)
+    solver.train_net = write(training.train, PHASE_TRAIN, training.train.state, batch_size, "train.prototxt")
+    if training.train.state is not None:
+        solver.train_state.CopyFrom(training.train.state)
+    solver.ClearField("test_iter")
+    for index, test in enumerate(training.tests):
+        solver.test_net.append(write(test, PHASE_TEST, test.state, test_batch, f"test{index}.prototxt"))
+        solver.test_iter.append(test_iters(definition, test_batch)[index])
+        if test.state is not None:
+            solver.test_state.add().CopyFrom(test.state)
+        else:
+            solver.test_state.add()  # an empty state merges nothing, as if none were given
+    solver.iter_size = iter_size
+    solver.max_iter = max_iter if max_iter is not None else definition.max_iter
+    if caffe_runs:  # as the job's solver says, and every update displayed: the log is what the records are read from
+        solver.display = 1
+        if training.tests and test_interval:
+            solver.test_interval = test_interval
+        if training.tests and not (test_interval or own.test_interval):
+            solver.test_interval = 2**31 - 1  # test nets and no interval: Caffe needs one, the runner never tests
+            solver.test_initialization = False
+    else:
+        solver.test_interval = 2**31 - 1  # never: the runner tests, so results are reported (Caffe needs > 0)
+        solver.test_initialization = False
+        solver.snapshot = 0  # the runner snapshots, so that each one is reported
+        solver.snapshot_after_train = False
+    prefix = snapshot_prefix(training.solver)
+    solver.snapshot_prefix = prefix
+    if gpu is None:
+        solver.solver_mode = solver.CPU
+        solver.ClearField("device_id")
+    else:
+        solver.solver_mode = solver.GPU
+        solver.device_id = gpu
+    relative = f"{attempt_dir}/solver.prototxt"
+    (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
+    return AttemptFiles(relative, nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir))
+
+
+def set_batch(net: Any, state: Any, source: str, batch: int) -> None:
+    """The batch of every data layer `state` includes: what the estimator's batch override models."""
+    for _, layer in filter_layers(net, state, source, []):
+        for field in ("data_param", "hdf5_data_param", "image_data_param", "memory_data_param", "window_data_param"):
+            if layer.HasField(field):
+                getattr(layer, field).batch_size = batch
+        if layer.type == "Input":
+            for shape in layer.input_param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
+        if layer.type == "DummyData":
+            param = layer.dummy_data_param
+            for shape in param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
+            for index in range(len(param.num)):
+                param.num[index] = batch
+
+
+def test_iters(definition: JobDefinition, test_batch: int | None) -> list[int]:
+    """Each test net's test_iter at `test_batch`: raised so that a test pass still covers as many items."""
+    iters = []
+    for index, own in enumerate(definition.test_batches):
+        base = definition.training.test_iters[index] if index < len(definition.training.test_iters) else 1
+        if test_batch is None or own is None or test_batch >= own:
+            iters.append(base)
+        else:
+            iters.append(math.ceil(base * own / test_batch))
+    return iters
+
+
+def snapshot_prefix(solver: Any) -> str:
+    """Snapshots go to ``snapshots/<name>`` in the job's folder, named after the solver's own prefix."""
+    name = Path(solver.snapshot_prefix).name if solver.snapshot_prefix else ""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "snapshot"
+    return f"snapshots/{name}"
