@@ -62,8 +62,30 @@ def load_definition(
     the request's (jobs.definition.request): with `epochs`, the length and the validation left unsaid are DIGITS' (core.epochs),
     from the datasets' sizes. `facts` builds the nets once (default `net_facts`, here; jobs.scheduling.planning's runs a
     costly build in an estimate worker)."""
-    training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     trainer = trainer or Trainer()
+    training, solver = _training(net_text, solver_text, trainer, classes)
+    resolved_roots = [root.resolve() for root in roots]
+    shapes = _confined_shapes(training, folder, resolved_roots, dict(data or {}))
+    for key, value in (data_shapes or {}).items():
+        shapes[key] = value if isinstance(value, DataSpec) else DataSpec(tuple(value))
+    length = _asked_length(
+        training, solver, [*resolved_roots, (folder / "data").resolve()],
+        max_iter=max_iter, epochs=epochs, test_interval=test_interval, test_iter=test_iter,
+    )
+    definition = JobDefinition(
+        training, shapes, length.schedule, None, [], max(length.iterations, 1), roots=tuple(resolved_roots),
+        train_items=length.train_items, flavour=NVCAFFE if NVCAFFE in (training.flavour, trainer.flavour) else BVLC,
+        epochs=epochs, val_items=length.val_items, test_interval=length.test_interval,
+    )
+    # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
+    _take_facts(definition, (facts or (lambda made: net_facts(made, oracle)))(definition), length.test_iter)
+    return definition
+
+
+def _training(net_text: str, solver_text: str, trainer: Trainer, classes: int | None) -> tuple[TrainingDefinition, Any]:
+    """The texts parsed into a training that `trainer` can train, its classes filled, and its solver (of a type
+    this Caffe knows)."""
+    training = training_definition(net_text, solver_text, net_source=NET_SOURCE, solver_source=SOLVER_SOURCE)
     _refuse_nvcaffe(training, trainer)
     solver = training.solver
     if solver is None:  # pragma: no cover - training_definition always has the solver when its text is given
@@ -72,17 +94,24 @@ def load_definition(
         raise NetError(f"unknown solver type {solver.type!r}", source=SOLVER_SOURCE, field="type")
     if classes is not None:
         fill_num_classes(training, classes)
+    return training, solver
+
+
+def _confined_shapes(
+    training: TrainingDefinition, folder: Path, roots: list[Path], data: dict[str, str]
+) -> dict[str, DataSpec]:
+    """The request's `data` put in place, every layer's paths confined (`Confiner`), and the data layers' item
+    shapes read from their sources; a DataSourceError where a source the request gave is at fault."""
     params = unique_params(training)
-    replaced = apply_data(params, dict(data or {}))
-    resolved_roots = [root.resolve() for root in roots]
-    confiner = Confiner(folder, resolved_roots, replaced)
+    replaced = apply_data(params, data)
+    confiner = Confiner(folder, roots, replaced)
     for param in params:
         for layer in param.layer:
             confiner.layer(layer)
     _refuse_shared_readers(training)
     # The list files written above are in the job's folder; the files they list are already checked.
     try:
-        shapes = shapes_from_sources(params, folder, [*resolved_roots, (folder / "data").resolve()])
+        return shapes_from_sources(params, folder, [*roots, (folder / "data").resolve()])
     except NetError as error:
         # Layers of both phases often share a name: the request's data is at fault only if it gave them all.
         named = [id(layer) for param in params for layer in param.layer if layer.name == error.layer]
@@ -91,10 +120,34 @@ def load_definition(
                 error.message, layer=error.layer, layer_type=error.layer_type, field=error.field
             ) from None
         raise
-    for key, value in (data_shapes or {}).items():
-        shapes[key] = value if isinstance(value, DataSpec) else DataSpec(tuple(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class _AskedLength:
+    """The length and validation a job asked for, checked against what its datasets' sizes allow."""
+
+    iterations: int
+    """max_iter as asked (the request's, else the solver's); positive unless the length is in epochs."""
+    schedule: LearningRate
+    train_items: int | None
+    val_items: int | None
+    test_interval: int | str | None
+    test_iter: int | str | None
+
+
+def _asked_length(
+    training: TrainingDefinition,
+    solver: Any,
+    items_roots: list[Path],
+    *,
+    max_iter: int | None,
+    epochs: int | None,
+    test_interval: int | str | None,
+    test_iter: int | str | None,
+) -> _AskedLength:
+    """The request's length and validation, DIGITS' where left unsaid with `epochs` (one validation pass each
+    epoch); a NetError when what is asked needs a dataset's size that cannot be read."""
     schedule = LearningRate.from_solver(solver, SOLVER_SOURCE)
-    items_roots = [*resolved_roots, (folder / "data").resolve()]
     train_items = phase_items([training.train.param], items_roots, "train")
     if epochs is not None and not train_items:
         raise NetError(
@@ -121,26 +174,26 @@ def load_definition(
             "one validation pass needs the validation set's size, which cannot be read from its data layers (an LMDB "
             "or an HDF5 list has one); give test_iter", field="test_iter",
         )
-    definition = JobDefinition(
-        training, shapes, schedule, None, [], max(iterations, 1), roots=tuple(resolved_roots),
-        train_items=train_items, flavour=NVCAFFE if NVCAFFE in (training.flavour, trainer.flavour) else BVLC,
-        epochs=epochs, val_items=val_items, test_interval=test_interval,
-    )
-    # Build the nets once: a definition the estimator cannot build (bad shapes) is refused now.
-    built = (facts or (lambda made: net_facts(made, oracle)))(definition)
+    return _AskedLength(iterations, schedule, train_items, val_items, test_interval, test_iter)
+
+
+def _take_facts(definition: JobDefinition, built: NetFacts, test_iter: int | str | None) -> None:
+    """What building the nets told, kept on the definition: their batches and threads; each test net's test_iter
+    (one validation pass at its own batch with ONE_PASS); the length in epochs at the net's own batch, until an
+    attempt is planned."""
+    training = definition.training
     definition.net_batch = built.net_batch
     definition.test_batches = list(built.test_batches)
     definition.threads = built.threads
     if isinstance(test_iter, int):
         training.test_iters = [test_iter] * len(definition.test_batches)
-    elif test_iter == ONE_PASS and val_items:
+    elif test_iter == ONE_PASS and definition.val_items:
         training.test_iters = [
-            validation_iterations(val_items, own) if own else iters
+            validation_iterations(definition.val_items, own) if own else iters
             for own, iters in zip(definition.test_batches, training.test_iters, strict=True)
         ]
-    if epochs is not None and definition.net_batch and train_items:  # at the net's own batch until planned
-        definition.max_iter = epochs * iterations_per_epoch(train_items, definition.net_batch)
-    return definition
+    if definition.epochs is not None and definition.net_batch and definition.train_items:
+        definition.max_iter = definition.epochs * iterations_per_epoch(definition.train_items, definition.net_batch)
 
 
 def phase_items(params: list[Any], roots: list[Path], phase: str, base: Path | None = None) -> int | None:
