@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,50 +60,80 @@ def write_attempt(
     attempt's (JobDefinition.length; None: the definition's). Each message is written with its own
     schema (NVcaffe's for an NVcaffe net). The job's data and outputs are checked again first (`confirm_data`,
     `confirm_outputs`): a NetError then, and nothing is written."""
-    training = definition.training
     confirm_outputs(definition, folder)
     confirmed = confirm_data(definition, folder)
-    handed = confirmed.lmdb
     (folder / attempt_dir).mkdir(parents=True, exist_ok=True)
     (folder / "snapshots").mkdir(exist_ok=True)
-    nets = []
+    writer = _NetWriter(folder, attempt_dir, confirmed.lmdb)
+    solver = _solver_with_nets(definition, writer, batch_size, test_batch)
+    solver.iter_size = iter_size
+    solver.max_iter = max_iter if max_iter is not None else definition.max_iter
+    _set_testing_and_snapshots(solver, definition, caffe_runs, test_interval)
+    prefix = snapshot_prefix(definition.solver)
+    solver.snapshot_prefix = prefix
+    _set_device(solver, gpu)
+    relative = f"{attempt_dir}/solver.prototxt"
+    (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
+    return AttemptFiles(relative, writer.nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir))
 
-    def write(net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
+
+class _NetWriter:
+    """Writes an attempt's nets into its folder, each handed the job's own LMDB folders (`ConfirmedData.lmdb`)."""
+
+    def __init__(self, folder: Path, attempt_dir: str, handed: Mapping[str, str]) -> None:
+        self.folder = folder
+        self.attempt_dir = attempt_dir
+        self.handed = handed
+        self.nets: list[str] = []
+        """The nets written, relative to the job's folder, in the order written."""
+
+    def write(self, net: Any, phase: str, state: Any, batch: int | None, name: str) -> str:
+        """`net` at `batch` (None: its own) as ``<attempt_dir>/<name>``; the path relative to the job's folder."""
         copy = type(net.param)()
         copy.CopyFrom(net.param)
         for layer in copy.layer:
-            if layer.HasField("data_param") and layer.data_param.source in handed:
-                layer.data_param.source = handed[layer.data_param.source]
+            if layer.HasField("data_param") and layer.data_param.source in self.handed:
+                layer.data_param.source = self.handed[layer.data_param.source]
         if batch is not None:
             set_batch(copy, net_state(copy, phase, state), net.source, batch)
-        relative = f"{attempt_dir}/{name}"
-        (folder / relative).write_text(text_format.MessageToString(copy), encoding="utf-8")
-        nets.append(relative)
+        relative = f"{self.attempt_dir}/{name}"
+        (self.folder / relative).write_text(text_format.MessageToString(copy), encoding="utf-8")
+        self.nets.append(relative)
         return relative
 
-    own = definition.solver  # training_definition always has the solver of a job
-    solver = type(own)()
-    solver.CopyFrom(own)
+
+def _solver_with_nets(definition: JobDefinition, writer: _NetWriter, batch_size: int, test_batch: int | None) -> Any:
+    """A copy of the job's solver whose nets are the attempt's, written by `writer`: the train net at `batch_size`,
+    each test net at `test_batch` with the test_iter that still covers as many items (`test_iters`)."""
+    training = definition.training
+    solver = type(definition.solver)()  # training_definition always has the solver of a job
+    solver.CopyFrom(definition.solver)
     for field in ("net", "net_param", "train_net", "train_net_param", "test_net", "test_net_param", "test_state"):
         solver.ClearField(field)
-    solver.train_net = write(training.train, PHASE_TRAIN, training.train.state, batch_size, "train.prototxt")
+    solver.train_net = writer.write(training.train, PHASE_TRAIN, training.train.state, batch_size, "train.prototxt")
     if training.train.state is not None:
         solver.train_state.CopyFrom(training.train.state)
     solver.ClearField("test_iter")
     for index, test in enumerate(training.tests):
-        solver.test_net.append(write(test, PHASE_TEST, test.state, test_batch, f"test{index}.prototxt"))
+        solver.test_net.append(writer.write(test, PHASE_TEST, test.state, test_batch, f"test{index}.prototxt"))
         solver.test_iter.append(test_iters(definition, test_batch)[index])
         if test.state is not None:
             solver.test_state.add().CopyFrom(test.state)
         else:
             solver.test_state.add()  # an empty state merges nothing, as if none were given
-    solver.iter_size = iter_size
-    solver.max_iter = max_iter if max_iter is not None else definition.max_iter
+    return solver
+
+
+def _set_testing_and_snapshots(
+    solver: Any, definition: JobDefinition, caffe_runs: bool, test_interval: int | None
+) -> None:
+    """Caffe's own testing and snapshots: as the job's solver has them when `caffe train` trains (`caffe_runs`),
+    with every update displayed; off when the pycaffe runner tests and snapshots."""
     if caffe_runs:  # as the job's solver says, and every update displayed: the log is what the records are read from
         solver.display = 1
-        if training.tests and test_interval:
+        if definition.training.tests and test_interval:
             solver.test_interval = test_interval
-        if training.tests and not (test_interval or own.test_interval):
+        if definition.training.tests and not (test_interval or definition.solver.test_interval):
             solver.test_interval = 2**31 - 1  # test nets and no interval: Caffe needs one, the runner never tests
             solver.test_initialization = False
     else:
@@ -110,17 +141,16 @@ def write_attempt(
         solver.test_initialization = False
         solver.snapshot = 0  # the runner snapshots, so that each one is reported
         solver.snapshot_after_train = False
-    prefix = snapshot_prefix(training.solver)
-    solver.snapshot_prefix = prefix
+
+
+def _set_device(solver: Any, gpu: int | None) -> None:
+    """CPU mode, or GPU mode on CUDA's device `gpu` in the child."""
     if gpu is None:
         solver.solver_mode = solver.CPU
         solver.ClearField("device_id")
     else:
         solver.solver_mode = solver.GPU
         solver.device_id = gpu
-    relative = f"{attempt_dir}/solver.prototxt"
-    (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
-    return AttemptFiles(relative, nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir))
 
 
 def set_batch(net: Any, state: Any, source: str, batch: int) -> None:
