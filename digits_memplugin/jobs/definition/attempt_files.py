@@ -1,6 +1,8 @@
 """One attempt's generated files, written just before its child starts (`write_attempt`): the nets at the attempt's
-batch_size and test batch, the solver with its iter_size, length and device, the snapshot prefix in the job's
-folder, each path the job reads checked again first (jobs.definition.recheck)."""
+batch_size and test batch, the solver with its iter_size, length and device, and the solver's own paths replaced
+(its nets, its snapshot prefix in the job's folder), each path the job reads checked again first
+(jobs.definition.recheck). The files say what the child may then open (`AttemptFiles.reads`, `.writes`), which
+its confinement (jobs.child.confinement) holds it to."""
 
 from __future__ import annotations
 

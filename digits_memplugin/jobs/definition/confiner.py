@@ -43,8 +43,8 @@ MAX_LIST_BYTES = 64 * 1024 * 1024
 
 
 class Confiner:
-    """Checks and rewrites the paths of a job's layers, one layer at a time (`layer`), at submission: each names
-    what it reads inside the dataset `roots`, and writes inside the job's `folder`."""
+    """Checks and rewrites a job's layers at submission, one at a time (`layer`): what a layer reads must lie inside
+    the dataset `roots`, what it writes inside the outputs of the job's `folder`."""
 
     def __init__(self, folder: Path, roots: list[Path], replaced: set[int] | None = None) -> None:
         self.folder = folder
