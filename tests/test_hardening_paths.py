@@ -115,6 +115,7 @@ def roots(datasets: Path, outside: Path) -> Path:
     (datasets / "linked_entry_list.txt").write_text("link.h5\n")
     (datasets / "images_out.txt").write_text(f"{outside / 'a.png'} 0\n")
     (datasets / "images_up.txt").write_text("../outside/a.png 0\n")
+    (datasets / "images_nul.txt").write_text("a\0/../../outside/a.png 0\n")
     return datasets
 
 
@@ -225,6 +226,17 @@ HOSTILE_NETS: dict[str, tuple[dict[str, Any], str, str, str]] = {
     "image-root-folder-outside": ({"data": TEST_ONLY, "net": lenet_with(train_data(
         f'image_data_param {{ source: "images_up.txt" root_folder: "{OUT}" batch_size: 64 }}', "ImageData"))},
         "net", "image_data_param.root_folder", "outside the dataset folders"),
+    "image-list-line-with-a-nul": ({"data": TEST_ONLY, "net": lenet_with(train_data(
+        'image_data_param { source: "images_nul.txt" batch_size: 64 }', "ImageData"))}, "net",
+        "image_data_param.source", "contains a NUL character"),
+    # Each folder of an output path is made and checked in the server's thread: a path deep, or long, enough to
+    # hold it for seconds (2,000 names: 9 s for 12 such layers) or past what the file system takes is refused.
+    "output-too-deep": ({"net": lenet_with(extra=output("d/" * 2000 + "x.h5"))}, "net", "hdf5_output_param.file_name",
+                        "2001 names deep in outputs/, more than the 8"),
+    "output-name-too-long": ({"net": lenet_with(extra=output("a" * 300 + ".h5"))}, "net",
+                             "hdf5_output_param.file_name", "name of 303 bytes"),
+    "output-too-long": ({"net": lenet_with(extra=output(("b" * 200 + "/") * 7 + "x.h5"))}, "net",
+                        "hdf5_output_param.file_name", "1411 bytes long below outputs/, more than the 1024"),
     "output-absolute": ({"net": lenet_with(extra=output(f"{OUT}/stolen.h5"))}, "net", "hdf5_output_param.file_name",
                         "outside the job's outputs folder"),
     "output-dotdot": ({"net": lenet_with(extra=output("../../../../outside/stolen.h5"))}, "net",
@@ -369,6 +381,20 @@ def test_the_issues_hdf5output_onto_a_datasets_data_mdb_is_refused_and_the_datas
     error = response.get_json()["errors"]["net"]
     assert (error["layer"], error["field"]) == ("dump", "hdf5_output_param.file_name"), error
     assert "outside the job's outputs folder" in error["message"]
+    assert not any((data_dir / "jobs").iterdir())
+
+
+def test_a_net_naming_more_output_paths_than_a_job_may_write_is_refused_and_nothing_is_made(
+    api: FlaskClient, watch: Watch, data_dir: Path
+) -> None:
+    """64 output paths at most: each is made and checked in the server's thread, at submission and each attempt."""
+    outputs = "".join(output(f"o{index}/x.h5").replace('name: "out"', f'name: "out{index}"') for index in range(65))
+    response = api.post(API, json=body(net=lenet_with(extra=outputs)))
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["errors"]["net"]
+    assert (error["layer"], error["field"]) == ("out64", "hdf5_output_param.file_name"), error
+    assert "more than 64 output paths" in error["message"]
+    untouched(watch)
     assert not any((data_dir / "jobs").iterdir())
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request
+from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request, write_lmdb
 
 from digits_memplugin.jobs.definition.request import parse_job_request
 from digits_memplugin.jobs.errors import JobValidationError
@@ -81,7 +81,27 @@ def test_a_length_in_epochs_needs_a_training_set_whose_size_can_be_read(
     layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }"""
     manager = make_manager()
     with pytest.raises(JobValidationError) as refused:
-        manager.submit(lenet_request(net=net, data={}, max_iter=None, epochs=3, data_shapes={"data": [1, 28, 28]}))
+        manager.submit(lenet_request(net=net, data={}, max_iter=None, epochs=3))
     message = refused.value.errors["epochs"]["message"]
     assert "needs the training set's size" in message and "give max_iter instead" in message
     assert manager.list_jobs() == [] and sorted(path.name for path in manager.jobs_root.iterdir()) == []
+
+
+def test_a_length_in_epochs_past_what_caffe_counts_is_refused_on_epochs(
+    make_manager: ManagerFactory, datasets: Path
+) -> None:
+    """max_iter is an int32 of caffe.proto: 1,000,000 epochs of a 3,000-item set at batch 1 are 3e9 iterations.
+    Refused when asked, naming `epochs` and the way out, and nothing kept (it was a 201 whose job then failed with
+    "internal error: Value out of range" when the solver was written)."""
+    write_lmdb(datasets / "large_train_lmdb", records=3000)
+    manager = make_manager()
+    with pytest.raises(JobValidationError) as refused:
+        manager.submit(lenet_request(data={"train": "large_train_lmdb", "test": "mnist_test_lmdb"}, max_iter=None,
+                                     epochs=1_000_000, batch=1, test_iter=1))
+    message = refused.value.errors["epochs"]["message"]
+    assert "3000000000 iterations" in message and "2147483647" in message and "fewer epochs" in message
+    assert manager.list_jobs() == [] and list(manager.jobs_root.iterdir()) == []
+    job = manager.submit(lenet_request(data={"train": "large_train_lmdb", "test": "mnist_test_lmdb"}, max_iter=None,
+                                       epochs=715_827, batch=1, test_iter=1))
+    assert job.max_iter == 715_827 * 3000 <= 2**31 - 1  # the longest that fits is taken
+    manager.cancel(job.id)

@@ -24,6 +24,8 @@ EVERY_EPOCH = "epoch"
 """A validation interval of one epoch, DIGITS' default (val_interval = 1 epoch)."""
 ONE_PASS = "pass"
 """Validation iterations that read the validation set once (DIGITS' test_iter)."""
+MAX_ITER = 2**31 - 1
+"""Caffe counts iterations in int32 fields of caffe.proto (SolverParameter.max_iter)."""
 
 
 def iterations_per_epoch(train_items: int, effective_batch: int) -> int:
@@ -60,6 +62,16 @@ class EpochLength:
     @property
     def max_iter(self) -> int:
         return self.epochs * self.per_epoch
+
+    def check_countable(self) -> None:
+        """ValueError when these epochs take more iterations than Caffe can count (`MAX_ITER`): a length a solver
+        cannot hold must be refused when it is asked, not found out when the solver is written."""
+        if self.max_iter > MAX_ITER:
+            raise ValueError(
+                f"{self.epochs} epochs of {self.per_epoch} iterations (train_items {self.train_items} at "
+                f"{self.effective_batch} items per update) are {self.max_iter} iterations, more than the {MAX_ITER} "
+                "Caffe can count; ask fewer epochs or a larger batch"
+            )
 
     def interval(self, epochs: float = 1.0) -> int:
         """Iterations between two events every `epochs` epochs, rounded as DIGITS rounds its validation and

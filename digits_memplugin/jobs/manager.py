@@ -18,7 +18,6 @@ Events (payloads are what the REST API returns):
 from __future__ import annotations
 
 import atexit
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from .scheduling.planning import Planner
 from .scheduling.scheduler import DeviceRefused, admit
 from .scheduling.submission import Definitions, JobPreview, preview, write_job
 from .store.database import JobStore, StoreError
-from .store.disk import folder_bytes
+from .store.disk import folder_bytes, remove_folder
 from .store.quota import Quota
 from .store.records import CANCELLED, FAILED, FINAL_STATES, INTERRUPTED, QUEUED, RUNNING, Attempt, Job
 
@@ -205,7 +204,7 @@ class JobManager:
                 self.store.add_job(job)
                 self.quota.stored(job.id, written)
             except BaseException:
-                shutil.rmtree(folder, ignore_errors=True)
+                remove_folder(folder)
                 raise
             self.definitions.keep(job.id, definition)
         stored = self.get(job.id)
@@ -337,7 +336,7 @@ class JobManager:
                 raise JobStateError("the job changed meanwhile (placed by another server?); look at it again")
             self.definitions.forget(job_id)
             self.quota.deleted(job_id)
-        shutil.rmtree(self.jobs_root / job.folder, ignore_errors=True)
+        remove_folder(self.jobs_root / job.folder)
         self.reporter.emit("job_deleted", {"id": job_id})
 
     def resume(self, job_id: str) -> Job:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...core.errors import NetError
 from ...core.proto import caffe_pb2
-from ...estimate.datasets import READ_SECONDS, find_in_roots, hdf5_list_files, lmdb_data_file, real_path
+from ...estimate.datasets import READ_SECONDS, find_in_roots, hdf5_list_files, lmdb_data_file, no_nul, real_path
 from ...estimate.files import read_regular
 from ..turns import Turns
 from .data_sources import SOURCE_FIELDS, DataSourceError
@@ -38,6 +38,9 @@ from .file_fields import (
 )
 from .job_folder import make_output_folders, output_path
 
+MAX_OUTPUTS = 64
+"""Most output paths one job's layers may name (HDF5Output files and the like): each is made and checked in the
+server's thread."""
 MAX_LIST_BYTES = 64 * 1024 * 1024
 """Largest list file read (an ImageData list of a million images is about 60 MB)."""
 
@@ -52,6 +55,7 @@ class Confiner:
         self.replaced = replaced or set()
         """Layers (by id) whose source the request's `data` gave: an error about that source is a DataSourceError."""
         self._lists: dict[tuple[str, str, str], str] = {}
+        self._outputs = 0
 
     def layer(self, layer: Any) -> None:
         if layer.type in REFUSED_LAYERS:
@@ -158,6 +162,7 @@ class Confiner:
             image, _, label = line.rpartition(" ")
             if not image:
                 image, label = label, ""
+            no_nul(image, **where)
             resolved = real_path(base / image if not Path(image).is_absolute() else Path(image), image, **where)
             if not any(resolved.is_relative_to(root) for root in self.roots):
                 raise NetError(f"{value} lists {image}, which is outside the dataset folders", **where)
@@ -168,6 +173,9 @@ class Confiner:
     def output(self, value: str, where: Mapping[str, Any], *, folder: bool) -> Path:
         """A path a layer writes to: lexically inside ``<job>/outputs`` (a relative path is taken from there), with
         no link on the way; its folders are made now (and checked again at each attempt: `confirm_outputs`)."""
+        self._outputs += 1
+        if self._outputs > MAX_OUTPUTS:
+            raise NetError(f"the net names more than {MAX_OUTPUTS} output paths, the most a job may write", **where)
         target = output_path(self.folder, value, where)
         make_output_folders(self.folder, target, where, folder=folder)
         return target

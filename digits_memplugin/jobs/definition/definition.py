@@ -14,6 +14,7 @@ from typing import Any
 
 from ...core.cost import Meter
 from ...core.epochs import EVERY_EPOCH, EpochLength
+from ...core.errors import NetError
 from ...core.estimator import Estimator, net_batch
 from ...core.flavour import BVLC, solver_storage
 from ...core.layers.data import DataSpec
@@ -44,6 +45,14 @@ class TrainingLength:
 
     def to_dict(self) -> dict[str, int | None]:
         return dataclasses.asdict(self)
+
+
+def countable(length: EpochLength) -> None:
+    """A length by epochs Caffe can count, or the NetError naming `epochs` that says why not."""
+    try:
+        length.check_countable()
+    except ValueError as error:
+        raise NetError(str(error), field="epochs") from None
 
 
 @dataclasses.dataclass
@@ -83,6 +92,7 @@ class JobDefinition:
             by_epoch = EpochLength(self.epochs or 1, self.train_items, effective_batch)
         max_iter = self.max_iter
         if self.epochs is not None and by_epoch is not None:
+            countable(by_epoch)
             max_iter = by_epoch.max_iter
         interval = int(self.solver.test_interval) if self.training.tests else 0
         if self.training.tests and isinstance(self.test_interval, int):

@@ -20,6 +20,14 @@ WRITTEN_FOLDERS = ("attempts", "snapshots", "outputs", "data")
 OUTPUTS = "outputs"
 """The job folder's subfolder layers write into (HDF5Output's files): the only place a net's own paths may write."""
 
+MAX_OUTPUT_DEPTH = 8
+"""Most names in an output path below outputs/, its file included: each folder on the way is made and checked in
+the server's thread at submission and again at each attempt (a 2000-deep path held the server for seconds)."""
+MAX_OUTPUT_NAME_BYTES = 255
+"""Longest name of one folder or file on the way, in bytes: NAME_MAX of Linux file systems."""
+MAX_OUTPUT_PATH_BYTES = 1024
+"""Longest output path below outputs/, in bytes: well inside PATH_MAX with the job's folder in front of it."""
+
 LMDB_FOLDER = "data/lmdb"
 """Under the job's folder: one folder per LMDB the job reads, made again for each attempt, whose data.mdb links
 to the dataset's data file; the child's LMDB writes its lock.mdb there."""
@@ -64,7 +72,25 @@ def output_path(folder: Path, value: str, where: Mapping[str, Any]) -> Path:
             f"{value} is outside the job's outputs folder; layers may only write inside outputs/ (give a name "
             "such as \"features.h5\")", **where,
         )
+    _check_output_size(target.relative_to(outputs), value, where)
     return target
+
+
+def _check_output_size(relative: Path, value: str, where: Mapping[str, Any]) -> None:
+    """An output path short and shallow enough to make and check at once (`MAX_OUTPUT_*`); NetError otherwise."""
+    def size(text: str) -> int:
+        return len(text.encode("utf-8", "surrogatepass"))
+
+    if len(relative.parts) > MAX_OUTPUT_DEPTH:
+        raise NetError(f"{shown(value)} lies {len(relative.parts)} names deep in outputs/, more than the "
+                       f"{MAX_OUTPUT_DEPTH} an output path may take", **where)
+    longest = max(relative.parts, key=size)
+    if size(longest) > MAX_OUTPUT_NAME_BYTES:
+        raise NetError(f"{shown(value)} has a name of {size(longest)} bytes ({shown(longest)}), longer than the "
+                       f"{MAX_OUTPUT_NAME_BYTES} a file system takes", **where)
+    if size(str(relative)) > MAX_OUTPUT_PATH_BYTES:
+        raise NetError(f"{shown(value)} is {size(str(relative))} bytes long below outputs/, more than the "
+                       f"{MAX_OUTPUT_PATH_BYTES} an output path may take", **where)
 
 
 def make_output_folders(job: Path, target: Path, where: Mapping[str, Any], *, folder: bool) -> None:
@@ -80,7 +106,7 @@ def make_output_folders(job: Path, target: Path, where: Mapping[str, Any], *, fo
         try:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
-            current.mkdir()
+            _make_folder(current, job, where)
             continue
         if not stat.S_ISDIR(mode):
             what = "a link" if stat.S_ISLNK(mode) else file_kind(mode)
@@ -98,3 +124,11 @@ def make_output_folders(job: Path, target: Path, where: Mapping[str, Any], *, fo
     if os.lstat(target).st_nlink > 1:
         raise NetError(f"{target.relative_to(job)} in the job's folder has other names (a hard link); not written "
                        "through", **where)
+
+
+def _make_folder(path: Path, job: Path, where: Mapping[str, Any]) -> None:
+    try:
+        path.mkdir()
+    except OSError as error:
+        raise NetError(f"{path.relative_to(job)} in the job's folder cannot be made: {error.strerror or error}",
+                       **where) from None

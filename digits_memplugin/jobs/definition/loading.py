@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core.epochs import EVERY_EPOCH, ONE_PASS, iterations_per_epoch, validation_iterations
+from ...core.epochs import EVERY_EPOCH, ONE_PASS, EpochLength, validation_iterations
 from ...core.errors import NetError
 from ...core.flavour import BVLC, NVCAFFE, flavour_of
 from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
@@ -23,7 +23,7 @@ from ...estimate.dataset_scan import HDF5, LMDB, describe
 from ...estimate.datasets import shapes_from_sources
 from .confiner import Confiner
 from .data_sources import SOURCE_FIELDS, DataSourceError, apply_data, data_phases
-from .definition import NET_SOURCE, SOLVER_SOURCE, JobDefinition, NetFacts, net_facts
+from .definition import NET_SOURCE, SOLVER_SOURCE, JobDefinition, NetFacts, countable, net_facts
 from .file_fields import unique_params
 
 NVCAFFE_REFUSAL = "this server trains with {caffe}; this net needs NVcaffe"
@@ -193,7 +193,9 @@ def _take_facts(definition: JobDefinition, built: NetFacts, test_iter: int | str
             for own, iters in zip(definition.test_batches, training.test_iters, strict=True)
         ]
     if definition.epochs is not None and definition.net_batch and definition.train_items:
-        definition.max_iter = definition.epochs * iterations_per_epoch(definition.train_items, definition.net_batch)
+        length = EpochLength(definition.epochs, definition.train_items, definition.net_batch)
+        countable(length)
+        definition.max_iter = length.max_iter
 
 
 def phase_items(params: list[Any], roots: list[Path], phase: str, base: Path | None = None) -> int | None:

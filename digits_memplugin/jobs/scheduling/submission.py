@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import shutil
 import tempfile
 import threading
 import time
@@ -22,7 +21,7 @@ from ..definition.definition import SOLVER_SOURCE, JobDefinition
 from ..definition.loading import Trainer, load_definition
 from ..definition.request import JobRequest
 from ..errors import DiskFull, InvalidDefinition, JobValidationError
-from ..store.disk import disk_full, free_note
+from ..store.disk import disk_full, free_note, remove_folder
 from ..store.records import QUEUED, Job
 from .attempt_loop import stacks
 from .planning import Planner
@@ -95,7 +94,7 @@ def write_job(request: JobRequest, device: str, definitions: Definitions) -> tup
     try:
         definition = _load_in(folder, request, spec, definitions, create=True)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_folder(folder)
         raise
     now = time.time()
     name = request.name or (definition.training.train.param.name or "job")
@@ -128,13 +127,16 @@ def _load_in(
     folder: Path, request: JobRequest, spec: dict[str, Any], definitions: Definitions, *, create: bool = False
 ) -> JobDefinition:
     """The request's net and solver written into `folder` (made first with `create`) and its definition loaded from
-    there; a definition error is the request field's JobValidationError, a full disk DiskFull."""
+    there, its planned length checked; a definition error is the request field's JobValidationError, a full disk
+    DiskFull."""
     try:
         if create:
             folder.mkdir(parents=True)
         (folder / NET_FILE).write_text(request.net, encoding="utf-8")
         (folder / SOLVER_SOURCE).write_text(request.solver, encoding="utf-8")
-        return definitions.load(folder, spec)
+        definition = definitions.load(folder, spec)
+        planned_length(request.batch, definition)  # a length by epochs Caffe cannot count is refused here
+        return definition
     except NetError as error:
         raise InvalidDefinition(error_field(error, request.data), error) from None
     except OSError as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -28,6 +29,41 @@ def free_bytes(path: Path) -> int | None:
 def free_note(path: Path) -> str:
     free = free_bytes(path)
     return "free space unknown" if free is None else f"{format_size(free)} free"
+
+
+def remove_folder(path: Path) -> None:
+    """`path` and everything in it removed, links not followed, errors ignored; iterative, where shutil.rmtree
+    (Python 3.11) recurses once per level and dies of RecursionError on a deep tree, leaving it all behind."""
+    folders: list[tuple[Path, bool]] = [(path, False)]
+    while folders:
+        folder, emptied = folders.pop()
+        if emptied:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+            continue
+        try:
+            entries = os.scandir(folder)
+        except NotADirectoryError:
+            _unlink(folder)
+            continue
+        except OSError:
+            continue
+        folders.append((folder, True))
+        with entries:
+            for entry in entries:
+                try:
+                    is_folder = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_folder = False
+                if is_folder:
+                    folders.append((Path(entry.path), False))
+                else:
+                    _unlink(Path(entry.path))
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def folder_bytes(path: Path) -> int:
