@@ -23,6 +23,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
+from ...core import fields
 from ...core.errors import FieldErrors, NetError
 from ...core.estimate import EstimateRequest
 from ...core.inputs import capped, not_text, surrogate_in, type_name
@@ -52,15 +53,15 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 SIZE_FIELDS = ("free_bytes",)
 """Byte counts, taken as a number of bytes or as a size with its unit ("8GiB"), as jobs and the command line do."""
-MAX_DIMS = 8
 
 
-def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request's fields, type-checked; unknown fields are errors so that typos do not pass silently."""
     if not isinstance(body, dict):
         return {}, {"body": "expected a JSON object"}
-    errors: dict[str, str] = {}
-    capped(errors, (key for key in body if key not in FIELDS), f"unknown field (known: {', '.join(sorted(FIELDS))})")
+    refusals = fields.Refusals()
+    capped(refusals.errors, (key for key in body if key not in FIELDS),
+           f"unknown field (known: {', '.join(sorted(FIELDS))})")
     values: dict[str, Any] = {}
     for key, kind in FIELDS.items():
         if key not in body or body[key] is None:
@@ -68,35 +69,25 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
         value = body[key]
         where = surrogate_in(value)
         if where is not None:
-            errors[key] = not_text(where)
-            continue
-        if key in SIZE_FIELDS:
-            try:
-                values[key] = byte_count(value)
-            except ValueError as error:
-                errors[key] = str(error) if isinstance(value, str) else f"{error}, got {type_name(value)}"
-            continue
-        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            errors[key] = f"must be {names}, got {type_name(value)}"
-            continue
-        values[key] = value
-    if "net" not in values and "solver" not in values and "net" not in errors:
-        errors["net"] = "give the net prototxt text (or a solver with net_param)"
-    shapes: dict[str, DataSpec] = {}
-    wrong = []
-    for top, shape in values.get("data_shapes", {}).items():
-        if (
-            not isinstance(shape, list)
-            or not 0 < len(shape) <= MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
-        ):
-            wrong.append(f"data_shapes.{top}")
+            refusals.errors[key] = not_text(where)
+        elif key in SIZE_FIELDS:
+            refusals.take(values, key, _size, value)
         else:
-            shapes[str(top)] = DataSpec(tuple(shape))
-    capped(errors, wrong, f"must be a list of 1 to {MAX_DIMS} positive integers", "data_shapes entries that are not shapes")
-    values["data_shapes"] = shapes
-    return values, errors
+            refusals.take(values, key, fields.of_type, value, kind=kind)
+    if "net" not in values and "solver" not in values and "net" not in refusals.errors:
+        refusals.errors["net"] = "give the net prototxt text (or a solver with net_param)"
+    # The one check of data_shapes, with the jobs' bounds (a dict by now: its type is checked above).
+    refusals.take(values, "data_shapes", fields.shapes, values.pop("data_shapes", {}),
+                  many="data_shapes entries that are not shapes")
+    values["data_shapes"] = {top: DataSpec(shape) for top, shape in values.get("data_shapes", {}).items()}
+    return values, refusals.errors
+
+
+def _size(field: str, value: Any) -> int:
+    try:
+        return byte_count(value)
+    except ValueError as error:
+        fields.refuse(field, str(error) if isinstance(value, str) else f"{error}, got {type_name(value)}")
 
 
 def post_estimate() -> ResponseReturnValue:
