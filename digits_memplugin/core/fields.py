@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeGuard
 
 from .errors import FieldErrors
 from .inputs import listed, type_name
@@ -28,12 +28,12 @@ def refuse(field: str, message: Any) -> NoReturn:
     raise FieldErrors.one(field, message)
 
 
-def is_whole(value: Any) -> bool:
+def is_whole(value: object) -> TypeGuard[int]:
     """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_real(value: Any) -> bool:
+def is_real(value: object) -> TypeGuard[int | float]:
     """An int or a float that is not a bool (finite or not)."""
     return isinstance(value, float) or is_whole(value)
 
