@@ -110,6 +110,16 @@ def test_validation_errors_name_the_field(client: FlaskClient, body: dict[str, A
     assert fragment in message
 
 
+def test_a_dimension_over_int32_max_is_refused_as_jobs_refuse_it(client: FlaskClient) -> None:
+    """data_shapes is checked by one function with one set of bounds (core/fields.py), here as for a job."""
+    response = post(client, {"net": LENET, "data_shapes": {"data": [1, 2**31, 28]}})
+    assert response.status_code == 400
+    assert response.get_json()["errors"] == {
+        "data_shapes.data": "must be a list of 1 to 8 positive integers up to 2147483647"
+    }
+    assert post(client, {"net": LENET, "data_shapes": {"data": [1, 28, 28]}}).status_code == 200
+
+
 def test_prototxt_errors_carry_line_column_and_layer(client: FlaskClient) -> None:
     broken = LENET.replace('type: "Pooling"', 'type: "Pooling" frobnicate: 3', 1)
     errors = post(client, {"net": broken, "data_shapes": SHAPES}).get_json()["errors"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from test_jobs_fixtures import MIB, ManagerFactory, lenet_request, wait_for
 
+from digits_memplugin.core.errors import FieldErrors
 from digits_memplugin.core.oom import (
     OUTCOME_CANCELLED,
     OUTCOME_FAILED,
@@ -38,7 +39,7 @@ from digits_memplugin.jobs.backends.node import result_from_json, result_to_json
 from digits_memplugin.jobs.backends.ray import RayAttempt, RayBackend, RayError, TailClosed
 from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.manager import STORE_FILE, JobManager, ManagerConfig
-from digits_memplugin.jobs.scheduling.scheduler import DeviceRefused, admit, normalise_device
+from digits_memplugin.jobs.scheduling.scheduler import admit, normalise_device
 from digits_memplugin.jobs.store.database import JobStore
 from digits_memplugin.jobs.store.records import Attempt, Job
 
@@ -524,7 +525,7 @@ def test_every_hosts_gpus_and_cpu_are_listed_with_the_host(tmp_path: Path, fake_
     assert "host" in devices.to_json()["devices"][0] and "host" not in own.to_json()["devices"][0]
     assert normalise_device("cpu@n1", devices) == "cpu@n1"
     assert admit("cpu@n1", devices, memory_cap=64 * MIB, gpus_simulated=False) == "cpu@n1"
-    with pytest.raises(DeviceRefused, match="no host's CPU"):
+    with pytest.raises(FieldErrors, match="no host's CPU"):
         admit("cpu@gone", devices, memory_cap=None, gpus_simulated=False)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from digits_memplugin.core.errors import FieldErrors
 from digits_memplugin.core.planning.fit import Decision
 from digits_memplugin.core.planning.planner import BatchPlan
 from digits_memplugin.core.sizes import GIB, MIB
@@ -14,7 +15,6 @@ from digits_memplugin.devices.reader import Device, DeviceList
 from digits_memplugin.jobs.scheduling.scheduler import (
     AUTO,
     SIMULATED_GPUS,
-    DeviceRefused,
     Never,
     Place,
     Wait,
@@ -178,7 +178,7 @@ def test_admitted_devices(choice: str, listed: DeviceList, cap: int | None, simu
 def test_refused_devices(
     choice: str, listed: DeviceList, cap: int | None, simulated: bool, field: str, message: str
 ) -> None:
-    with pytest.raises(DeviceRefused) as refused:
+    with pytest.raises(FieldErrors) as refused:
         admit(choice, listed, memory_cap=cap, gpus_simulated=simulated)
     assert refused.value.field == field and message in str(refused.value)
 

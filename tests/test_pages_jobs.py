@@ -16,12 +16,13 @@ from flask.testing import FlaskClient
 from test_jobs_fixtures import LENET, LENET_DATA, SHORT_SOLVER, pid_alive, wait_for, write_lmdb
 
 from digits_memplugin import create_app
+from digits_memplugin.core.errors import FieldErrors
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.networks import standard_network
 from digits_memplugin.web.api import jobs as api_jobs
 from digits_memplugin.web.pages.forms import ModelSpec
-from digits_memplugin.web.pages.model_job import MappingError, form_errors, job_body, manager_device
+from digits_memplugin.web.pages.model_job import form_errors, job_body, manager_device
 
 pytestmark = pytest.mark.slow
 
@@ -380,21 +381,21 @@ def test_an_hdf5_dataset_turns_the_data_layers_into_hdf5data() -> None:
     with_transform = standard_network("lenet").text.replace(
         "data_param { batch_size: 64 }", "data_param { batch_size: 64 }\n  transform_param { scale: 0.1 }"
     )
-    with pytest.raises(MappingError) as refused:
+    with pytest.raises(FieldErrors) as refused:
         job_body(spec(data_backend="hdf5", net_text=with_transform), LENET_LAYERS, "cpu")
     assert refused.value.field == "data_backend" and "transform_param" in refused.value.message
 
 
 def test_a_data_layer_in_both_nets_cannot_read_two_datasets() -> None:
     shared = layers(("data", "Data", "TRAIN"), ("data", "Data", "TEST"))
-    with pytest.raises(MappingError) as refused:
+    with pytest.raises(FieldErrors) as refused:
         job_body(spec(), shared, "cpu")
     assert refused.value.field == "val_source" and "include rules" in refused.value.message
     assert job_body(spec(val_source=None), shared, "cpu").body["data"] == {"data": "train_db"}
 
 
 def test_a_network_without_training_data_is_refused_on_the_training_field() -> None:
-    with pytest.raises(MappingError) as refused:
+    with pytest.raises(FieldErrors) as refused:
         job_body(spec(), layers(("input", "Input", "TRAIN")), "cpu")
     assert refused.value.field == "train_source"
 

@@ -51,3 +51,15 @@ def test_poll_interval_must_be_a_positive_number(value: object) -> None:
 def test_simulated_gpus_must_be_a_valid_spec(value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_config({"MEMPLUGIN_SIMULATE_GPUS": value})
+
+
+def test_every_setting_has_one_check_and_a_bool_is_no_number() -> None:
+    import dataclasses
+
+    from digits_memplugin.host.settings import COERCE
+
+    assert set(COERCE) == {field.name for field in dataclasses.fields(Settings)}
+    with pytest.raises(ConfigError, match=r"^MEMPLUGIN_JOB_NICE must be a whole number from 0 to 19, got True$"):
+        Settings.from_config({"MEMPLUGIN_JOB_NICE": True})
+    with pytest.raises(ConfigError, match=r"^MEMPLUGIN_DEVICES_POLL_SECONDS must be a number of seconds greater than 0"):
+        Settings.from_config({"MEMPLUGIN_DEVICES_POLL_SECONDS": 10**400})

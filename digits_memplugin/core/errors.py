@@ -1,12 +1,40 @@
-"""Errors about a net or solver definition, carrying where the problem is (file, line, column, layer, field)."""
+"""Errors about a net or solver definition, carrying where the problem is (file, line, column, layer, field), and
+the one error for untrusted input refused field by field."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
 class MemPluginError(Exception):
     """Base of every error digits-memplugin raises on purpose."""
+
+
+class FieldErrors(MemPluginError, ValueError):
+    """Untrusted input refused field by field: `errors` maps each field at fault (a request's, a form's) to its
+    message, or to a definition error as NetError.to_dict gives it. It is the REST API's 400 body
+    (``{"errors": errors}``) and the form's messages beside its fields, so every front end catches this one error
+    and answers with `errors` as they are. core/fields.py's checks raise it naming the field."""
+
+    def __init__(self, errors: Mapping[str, Any]) -> None:
+        super().__init__("; ".join(f"{key}: {value}" for key, value in errors.items()))
+        self.errors = dict(errors)
+
+    @classmethod
+    def one(cls, field: str, message: Any) -> FieldErrors:
+        """The refusal of one field."""
+        return cls({field: message})
+
+    @property
+    def field(self) -> str:
+        """The (first) field refused: the one field of a refusal made by `one`."""
+        return next(iter(self.errors))
+
+    @property
+    def message(self) -> Any:
+        """The (first) field's message."""
+        return self.errors[self.field]
 
 
 class NetError(MemPluginError, ValueError):

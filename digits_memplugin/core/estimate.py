@@ -18,6 +18,7 @@ from .cost import EstimateCost, Meter, estimate_cost
 from .definitions import DEFINITIONS, parsed_definition
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
 from .estimator import Estimator, net_batch
+from .fields import is_whole
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
@@ -67,24 +68,20 @@ class EstimateRequest:
             raise NetError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}", field="engine")
         for name in ("batch", "test_batch", "classes"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if value is not None and (not is_whole(value) or value <= 0):
                 raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
         for name in ("batch", "test_batch"):
             value = getattr(self, name)
             if value is not None and value > INT_MAX:
                 # A batch Caffe could never be given (its batch sizes and shapes are 32-bit): no iter_size helps.
                 raise NetError(f"{name} must be at most {INT_MAX} (Caffe's INT_MAX), got {value}", field=name)
-        if self.free_bytes is not None and (
-            not isinstance(self.free_bytes, int) or isinstance(self.free_bytes, bool) or self.free_bytes < 0
-        ):
+        if self.free_bytes is not None and (not is_whole(self.free_bytes) or self.free_bytes < 0):
             raise NetError(f"free_bytes must be a non-negative integer, got {self.free_bytes!r}", field="free_bytes")
         if self.safety_margin is not None and (
             not isinstance(self.safety_margin, (int, float)) or not 0.0 <= self.safety_margin < 1.0
         ):
             raise NetError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}", field="safety_margin")
-        if not isinstance(self.cuda_context_bytes, int) or isinstance(self.cuda_context_bytes, bool) or (
-            self.cuda_context_bytes < 0
-        ):
+        if not is_whole(self.cuda_context_bytes) or self.cuda_context_bytes < 0:
             raise NetError(
                 f"cuda_context_bytes must be a non-negative integer, got {self.cuda_context_bytes!r}",
                 field="cuda_context_bytes",
@@ -95,13 +92,13 @@ class EstimateRequest:
             raise NetError(f"budgets must map device keys to bytes, got {self.budgets!r}", field="budgets")
         for name in ("max_batch", "train_items"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if value is not None and (not is_whole(value) or value <= 0):
                 raise NetError(f"{name} must be a positive integer, got {value!r}", field=name)
         for key, free in self.budgets.items():
-            if not isinstance(free, int) or isinstance(free, bool) or free < 0:
+            if not is_whole(free) or free < 0:
                 raise NetError(f"free memory of {key!r} must be a non-negative integer, got {free!r}", field="budgets")
         if len(self.curve_batches) > MAX_CURVE_POINTS or not all(
-            isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BATCH for b in self.curve_batches
+            is_whole(b) and 0 < b <= MAX_BATCH for b in self.curve_batches
         ):
             raise NetError(
                 f"curve_batches must be at most {MAX_CURVE_POINTS} batch sizes from 1 to {MAX_BATCH}",

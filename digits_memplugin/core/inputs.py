@@ -108,8 +108,13 @@ def ascii_int(text: str, max_digits: int = 18) -> int | None:
 def capped(errors: dict[str, Any], names: Iterable[Any], message: str, what: str = "unknown fields") -> None:
     """Add `message` to `errors` for each of `names`, at most MAX_LISTED in all (counting what `errors` has), each
     name cut to MAX_NAME characters; the rest are counted under the key MORE."""
+    listed(errors, ((name, message) for name in names), what)
+
+
+def listed(errors: dict[str, Any], entries: Iterable[tuple[Any, Any]], what: str) -> None:
+    """`capped` for (name, message) entries, each with its own message."""
     left_out = 0
-    for name in names:
+    for name, message in entries:
         if len(errors) >= MAX_LISTED:
             left_out += 1
         else:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .cost import Meter
 from .errors import NetError
+from .fields import is_whole
 from .flavour import caffes_that_build, definition_flavour
 from .layers.base import PHASE_TEST, PHASE_TRAIN
 from .memory import MemoryOptions, MemoryReport, job_memory
@@ -127,7 +128,7 @@ def _net_definition(text: str, source: str, limits: ParseLimits, state: Any | No
 def fill_num_classes(definition: TrainingDefinition, classes: int) -> None:
     """What DIGITS does before training a standard network: InnerProduct layers that leave num_output unset
     (the classifier) get the dataset's number of classes."""
-    if not isinstance(classes, int) or isinstance(classes, bool) or not 0 < classes <= UINT32_MAX:
+    if not is_whole(classes) or not 0 < classes <= UINT32_MAX:
         raise NetError(f"the number of classes must be an integer from 1 to {UINT32_MAX}, got {classes!r}",
                        field="classes")
     filled = False

@@ -7,18 +7,20 @@ not later inside a request.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core import fields
+from ..core.errors import FieldErrors
 from ..core.sizes import parse_gpu_spec, parse_size
 from ..jobs.backends import JOB_BACKENDS
 
 CONFIG_PREFIX = "MEMPLUGIN_"
 MIN_TOKEN_LENGTH = 16
+ASYNC_MODES = (None, "threading", "gevent", "eventlet", "gevent_uwsgi")
 
 
 class ConfigError(ValueError):
@@ -144,16 +146,15 @@ class Settings:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Settings:
         """Build settings from a Flask config, with `overrides` (init_app keyword arguments) taking precedence."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        known = {f.name: f for f in dataclasses.fields(cls)}
         overrides = dict(overrides or {})
-        unknown = sorted(set(overrides) - set(fields))
+        unknown = sorted(set(overrides) - set(known))
         if unknown:
-            raise ConfigError(f"unknown memplugin option(s) {', '.join(unknown)} (known: {', '.join(sorted(fields))})")
+            raise ConfigError(f"unknown memplugin option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         values: dict[str, Any] = {}
-        for name, field in fields.items():
+        for name, field in known.items():
             key = CONFIG_PREFIX + name.upper()
-            value = overrides.get(name, config.get(key, field.default))
-            values[name] = _coerce(field, value)
+            values[name] = COERCE[name](key, overrides.get(name, config.get(key, field.default)))
         return cls(**values)
 
     def config_items(self) -> dict[str, Any]:
@@ -162,170 +163,112 @@ class Settings:
 
 
 
-def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
-    key = CONFIG_PREFIX + field.name.upper()
-    if field.name == "data_dir":
-        if not isinstance(value, (str, os.PathLike)) or not str(value):
-            raise ConfigError(f"{key} must be a non-empty path, got {value!r}")
-        return Path(value).absolute()
-    if field.name in ("url_prefix", "socketio_namespace"):
-        if not isinstance(value, str) or not value.startswith("/") or (value.endswith("/") and value != "/"):
-            raise ConfigError(f"{key} must be a path starting with '/' and not ending with '/', got {value!r}")
-        return value
-    if field.name == "async_mode":
-        allowed = (None, "threading", "gevent", "eventlet", "gevent_uwsgi")
-        if value not in allowed:
-            raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
-        return value
-    if field.name == "devices_poll_seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{key} must be a number of seconds greater than 0, got {value!r}")
-        return float(value)
-    if field.name == "simulate_gpus":
-        if value is None:
+Coerce = Callable[[str, Any], Any]
+"""A setting's check: (its config key, the value given) -> the value it keeps; ConfigError saying what is wrong."""
+
+
+def _rule(check: Callable[..., Any], must: str, *, optional: bool = False, **bounds: Any) -> Coerce:
+    """A setting checked by a core.fields check, refused as `<KEY> must be <must>, got <value>` (None kept as None
+    when `optional`)."""
+
+    def coerce(key: str, value: Any) -> Any:
+        if optional and value is None:
             return None
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a GPU spec such as '2x24GiB' or '24GiB,16GiB', got {value!r}")
         try:
-            parse_gpu_spec(value)
-        except ValueError as error:
-            raise ConfigError(f"{key}: {error}") from None
-        return value.strip()
-    if field.name == "max_request_bytes":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
-            raise ConfigError(f"{key} must be a number of bytes of at least 1024, got {value!r}")
-        return value
-    if field.name == "api_token":
-        if value is None:
-            return None
-        if not isinstance(value, str) or len(value.strip()) < MIN_TOKEN_LENGTH or value != value.strip():
-            raise ConfigError(f"{key} must be a string of at least {MIN_TOKEN_LENGTH} characters without surrounding "
-                              "spaces (a guessable token is no protection)")
-        return value
-    if field.name == "auth_reads":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be True or False, got {value!r}")
-        return value
-    if field.name == "allowed_hosts":
-        return _host_names(key, value)
-    if field.name == "read_timeout_seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 3600:
-            raise ConfigError(f"{key} must be a number of seconds from 1 to 3600, got {value!r}")
-        return float(value)
-    if field.name == "pycaffe_fallback":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be True or False, got {value!r}")
-        return value
-    if field.name == "dataset_roots":
-        if value is None:
-            return None
-        if isinstance(value, (str, os.PathLike)):
-            value = [value]
-        if not isinstance(value, (list, tuple)) or not all(
-            isinstance(item, (str, os.PathLike)) and str(item) for item in value
-        ):
-            raise ConfigError(f"{key} must be a path or a list of paths, got {value!r}")
-        return tuple(Path(item).absolute() for item in value)
-    if field.name in ("jobs_per_gpu", "jobs_per_cpu", "job_max_attempts"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
-        return value
-    if field.name == "cpu_memory_cap":
-        if isinstance(value, str):
-            try:
-                value = parse_size(value)
-            except ValueError as error:
-                raise ConfigError(f"{key}: {error}") from None
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1024 * 1024):
-            raise ConfigError(f"{key} must be a number of bytes of at least 1 MiB (or a size like '8GiB'), got {value!r}")
-        return value
-    if field.name == "job_safety_margin":
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key} must be a fraction in [0, 1), got {value!r}")
-        return float(value)
-    if field.name == "gpu_engine":
-        if value not in (None, "gpu", "gpu-cudnn"):
-            raise ConfigError(f"{key} must be 'gpu' or 'gpu-cudnn' (or None: the Caffe that trains decides), got {value!r}")
-        return value
-    if field.name == "caffe_root":
-        if value is None or (isinstance(value, str) and not value.strip()):
-            return None
-        if not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{key} must be the path of a Caffe build's root folder, got {value!r}")
-        return Path(value).expanduser().absolute()
-    if field.name in ("job_events_per_second", "client_events_per_second"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{key} must be a number greater than 0, got {value!r}")
-        return float(value)
-    if field.name in ("max_queued_jobs", "client_event_burst"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
-        return value
-    if field.name == "job_nice":
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
-            raise ConfigError(f"{key} must be a whole number from 0 to 19, got {value!r}")
-        return value
-    if field.name == "job_cancel_seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
-        return float(value)
-    if field.name == "job_stall_seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
-            raise ConfigError(f"{key} must be a number of seconds of at least 1, got {value!r}")
-        return float(value)
-    if field.name in ("estimate_inline_bytes", "estimate_queue"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{key} must be a whole number of at least 0, got {value!r}")
-        return value
-    if field.name == "estimate_workers":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
-            raise ConfigError(f"{key} must be a whole number from 1 to 64 (or None: half the cores), got {value!r}")
-        return value
-    if field.name in ("max_socket_connections", "max_stored_jobs"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} must be a whole number of at least 1, got {value!r}")
-        return value
-    if field.name == "socket_events_per_second":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
-            raise ConfigError(f"{key} must be a number of at least 1, got {value!r}")
-        return float(value)
-    if field.name == "max_stored_bytes":
-        if isinstance(value, str):
-            try:
-                value = parse_size(value)
-            except ValueError as error:
-                raise ConfigError(f"{key}: {error}") from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1024 * 1024:
-            raise ConfigError(f"{key} must be a number of bytes of at least 1 MiB (or a size like '50GiB'), got {value!r}")
-        return value
-    if field.name == "store_busy_seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key} must be a number of seconds of at least 0, got {value!r}")
-        return float(value)
-    if field.name == "job_backend":
-        if value not in JOB_BACKENDS:
-            raise ConfigError(f"{key} must be {' or '.join(map(repr, JOB_BACKENDS))}, got {value!r}")
-        return value
-    if field.name in ("ray_address", "message_queue"):
-        if value is None:
-            return None
-        scheme = ("http://", "https://") if field.name == "ray_address" else ("redis://", "rediss://", "amqp://")
-        if not isinstance(value, str) or not value.startswith(scheme):
-            raise ConfigError(f"{key} must be a URL starting with {' or '.join(scheme)}, got {value!r}")
-        return value.rstrip("/")
-    if field.name in ("ray_token", "ray_python"):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ConfigError(f"{key} must be a non-empty string or None, got {value!r}")
-        return value
-    if field.name == "shared_dir":
-        if value is None:
+            return check(key, value, **bounds)
+        except FieldErrors:
+            raise ConfigError(f"{key} must be {must}, got {value!r}") from None
+
+    return coerce
+
+
+def _at_least(low: int) -> Coerce:
+    return _rule(fields.integer, f"a whole number of at least {low}", low=low)
+
+
+def _mount_path(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or (value.endswith("/") and value != "/"):
+        raise ConfigError(f"{key} must be a path starting with '/' and not ending with '/', got {value!r}")
+    return value
+
+
+def _path(must: str, *, optional: bool = False) -> Coerce:
+    """A folder's path, made absolute (from the current directory at start-up)."""
+
+    def coerce(key: str, value: Any) -> Path | None:
+        if optional and value is None:
             return None
         if not isinstance(value, (str, os.PathLike)) or not str(value):
-            raise ConfigError(f"{key} must be a path, got {value!r}")
+            raise ConfigError(f"{key} must be {must}, got {value!r}")
         return Path(value).absolute()
-    return value  # pragma: no cover - every field is handled above
+
+    return coerce
+
+
+def _dataset_roots(key: str, value: Any) -> tuple[Path, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, (str, os.PathLike)) and str(item) for item in value):
+        raise ConfigError(f"{key} must be a path or a list of paths, got {value!r}")
+    return tuple(Path(item).absolute() for item in value)
+
+
+def _caffe_root(key: str, value: Any) -> Path | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{key} must be the path of a Caffe build's root folder, got {value!r}")
+    return Path(value).expanduser().absolute()
+
+
+def _simulate_gpus(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a GPU spec such as '2x24GiB' or '24GiB,16GiB', got {value!r}")
+    try:
+        parse_gpu_spec(value)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
+    return value.strip()
+
+
+def _api_token(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value.strip()) < MIN_TOKEN_LENGTH or value != value.strip():
+        raise ConfigError(f"{key} must be a string of at least {MIN_TOKEN_LENGTH} characters without surrounding "
+                          "spaces (a guessable token is no protection)")
+    return value
+
+
+def _size(example: str, *, optional: bool = False) -> Coerce:
+    """A number of bytes of at least 1 MiB, or a size with its unit (`example`)."""
+    whole = _rule(fields.integer, f"a number of bytes of at least 1 MiB (or a size like '{example}')",
+                  optional=optional, low=1024 * 1024)
+
+    def coerce(key: str, value: Any) -> int | None:
+        if isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as error:
+                raise ConfigError(f"{key}: {error}") from None
+        return whole(key, value)  # type: ignore[no-any-return]
+
+    return coerce
+
+
+def _url(*schemes: str) -> Coerce:
+    def coerce(key: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.startswith(schemes):
+            raise ConfigError(f"{key} must be a URL starting with {' or '.join(schemes)}, got {value!r}")
+        return value.rstrip("/")
+
+    return coerce
 
 
 _HOST_NAME = re.compile(r"(\*|\.?[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*)")
@@ -348,3 +291,54 @@ def _host_names(key: str, value: Any) -> tuple[str, ...]:
                               "'.lab.example' for its subdomains too, or '*'; no port, no scheme)")
         names.append(name)
     return tuple(dict.fromkeys(names))
+
+
+SECONDS_ABOVE_0 = _rule(fields.number, "a number of seconds greater than 0", above=0)
+COUNT = _at_least(1)
+TRUE_OR_FALSE = _rule(fields.boolean, "True or False")
+COERCE: dict[str, Coerce] = {
+    "url_prefix": _mount_path,
+    "socketio_namespace": _mount_path,
+    "data_dir": _path("a non-empty path"),
+    "async_mode": _rule(fields.choice, f"one of {ASYNC_MODES}", options=ASYNC_MODES),
+    "devices_poll_seconds": SECONDS_ABOVE_0,
+    "simulate_gpus": _simulate_gpus,
+    "max_request_bytes": _rule(fields.integer, "a number of bytes of at least 1024", low=1024),
+    "api_token": _api_token,
+    "auth_reads": TRUE_OR_FALSE,
+    "allowed_hosts": _host_names,
+    "read_timeout_seconds": _rule(fields.number, "a number of seconds from 1 to 3600", low=1, high=3600),
+    "pycaffe_fallback": TRUE_OR_FALSE,
+    "dataset_roots": _dataset_roots,
+    "jobs_per_gpu": COUNT,
+    "jobs_per_cpu": COUNT,
+    "cpu_memory_cap": _size("8GiB", optional=True),
+    "job_safety_margin": _rule(fields.number, "a fraction in [0, 1)", optional=True, low=0, below=1),
+    "job_max_attempts": COUNT,
+    "caffe_root": _caffe_root,
+    "gpu_engine": _rule(fields.choice, "'gpu' or 'gpu-cudnn' (or None: the Caffe that trains decides)",
+                        options=(None, "gpu", "gpu-cudnn")),
+    "job_events_per_second": _rule(fields.number, "a number greater than 0", above=0),
+    "max_queued_jobs": COUNT,
+    "store_busy_seconds": _rule(fields.number, "a number of seconds of at least 0", low=0),
+    "client_events_per_second": _rule(fields.number, "a number greater than 0", above=0),
+    "client_event_burst": COUNT,
+    "job_nice": _rule(fields.integer, "a whole number from 0 to 19", low=0, high=19),
+    "job_stall_seconds": _rule(fields.number, "a number of seconds of at least 1", low=1),
+    "job_cancel_seconds": _rule(fields.number, "a number of seconds of at least 0", low=0),
+    "estimate_inline_bytes": _at_least(0),
+    "estimate_workers": _rule(fields.integer, "a whole number from 1 to 64 (or None: half the cores)", optional=True,
+                              low=1, high=64),
+    "estimate_queue": _at_least(0),
+    "max_socket_connections": COUNT,
+    "socket_events_per_second": _rule(fields.number, "a number of at least 1", low=1),
+    "max_stored_jobs": COUNT,
+    "max_stored_bytes": _size("50GiB"),
+    "job_backend": _rule(fields.choice, " or ".join(map(repr, JOB_BACKENDS)), options=JOB_BACKENDS),
+    "ray_address": _url("http://", "https://"),
+    "ray_token": _rule(fields.string, "a non-empty string or None", optional=True, nonblank=True),
+    "shared_dir": _path("a path", optional=True),
+    "ray_python": _rule(fields.string, "a non-empty string or None", optional=True, nonblank=True),
+    "message_queue": _url("redis://", "rediss://", "amqp://"),
+}
+"""Each setting's check, by field name (tests/test_settings.py checks that every field has one)."""

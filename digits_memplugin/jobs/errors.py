@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import MemPluginError, NetError
+from ..core.errors import FieldErrors, MemPluginError, NetError
 from ..core.inputs import shown
 from ..core.sizes import format_size
 from .store.records import Job
@@ -23,12 +23,9 @@ class JobStateError(JobError):
     """The job is not in a state that allows this (delete while running, resume a finished job...)."""
 
 
-class JobValidationError(JobError):
-    """A submission that cannot become a job: `errors` maps fields to messages (the API's 400 body)."""
-
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("; ".join(f"{key}: {value}" for key, value in errors.items()))
-        self.errors = errors
+class JobValidationError(JobError, FieldErrors):
+    """A submission that cannot become a job: `errors` maps fields to messages (the API's 400 body). A JobError
+    for the manager's callers, FieldErrors for the front ends that answer with its fields."""
 
 
 class InvalidDefinition(JobValidationError):
@@ -39,7 +36,6 @@ class InvalidDefinition(JobValidationError):
 
     def __init__(self, field: str, error: NetError) -> None:
         super().__init__({field: error.to_dict()})
-        self.field = field
         self.error = error
 
 

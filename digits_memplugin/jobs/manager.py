@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import FieldErrors
 from ..core.inputs import surrogate_in
 from ..core.net import ShapeOracle
 from ..devices.reader import DeviceReader
@@ -40,7 +41,7 @@ from .run_state import RunState
 from .scheduling.attempt_loop import AttemptLoop
 from .scheduling.dispatcher import Dispatcher, Spawn
 from .scheduling.planning import Planner
-from .scheduling.scheduler import DeviceRefused, admit
+from .scheduling.scheduler import admit
 from .scheduling.submission import Definitions, JobPreview, preview, write_job
 from .store.database import JobStore, StoreError
 from .store.disk import folder_bytes, remove_folder
@@ -190,8 +191,8 @@ class JobManager:
             device = admit(
                 request.device, devices, memory_cap=request.memory_cap, gpus_simulated=self.config.gpus_simulated
             )
-        except DeviceRefused as error:
-            raise JobValidationError({error.field: str(error)}) from None
+        except FieldErrors as error:
+            raise JobValidationError(error.errors) from None
         self.quota.check_queue()  # before anything is written: a full queue costs a refused request nothing
         self.quota.check_storage(len(request.net) + len(request.solver))  # likewise for the stored jobs and bytes
         job, definition = write_job(request, device, self.definitions)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..core.fields import is_whole
 from .errors import JobPageError
 from .events.reporter import Reporter
 from .store.database import JobStore
@@ -36,7 +37,7 @@ class JobPage:
 
 def check_page(limit: object, before: object) -> None:
     """JobPageError for a `limit` or a `before` no page can have (a request's, unchecked)."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+    if not is_whole(limit) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise JobPageError(f"limit must be a whole number from 1 to {MAX_PAGE_SIZE}")
     if before is not None and not isinstance(before, str):
         raise JobPageError("before must be a job id")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..fields import is_whole
 from .base import (
     DATA_PREFETCH,
     Buffer,
@@ -69,22 +70,18 @@ def _spec(
     shape = _as_shape(ctx, spec.shape, top)
     if any(d <= 0 for d in shape):
         raise ctx.error(f"the item shape {list(shape)} given for {top!r} must be positive", field="top")
-    if spec.rows is not None and (not _is_int(spec.rows) or spec.rows <= 0):
+    if spec.rows is not None and (not is_whole(spec.rows) or spec.rows <= 0):
         raise ctx.error(f"the number of rows given for {top!r} must be a positive integer, got {spec.rows!r}",
                         field="top")
-    if not _is_int(spec.stored_itemsize) or spec.stored_itemsize not in (1, 2, 4, 8):
+    if not is_whole(spec.stored_itemsize) or spec.stored_itemsize not in (1, 2, 4, 8):
         raise ctx.error(f"the stored item size given for {top!r} must be 1, 2, 4 or 8 bytes, got "
                         f"{spec.stored_itemsize!r}", field="top")
     return dataclasses.replace(spec, shape=shape)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _as_shape(ctx: LayerContext, value: object, top: str) -> Shape:
     """A caller's shape as a tuple of ints; anything else (a string, a float, True) is refused, not guessed."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not all(_is_int(d) for d in value):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not all(is_whole(d) for d in value):
         raise ctx.error(f"the item shape given for {top!r} must be a list of integers, got {value!r}", field="top")
     return tuple(value)
 

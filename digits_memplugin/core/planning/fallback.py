@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..fields import is_whole
 from .fit import (
     DEFAULT_SAFETY_MARGIN,
     Bounds,
@@ -64,7 +65,7 @@ class Policy:
             raise ValueError(f"safety_margin must be in [0, 1), got {self.safety_margin!r}")
         if not 0.0 <= self.growth <= 1.0:
             raise ValueError(f"growth must be in [0, 1], got {self.growth!r}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+        if not is_whole(self.max_attempts) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
 
     def to_dict(self) -> dict[str, Any]:

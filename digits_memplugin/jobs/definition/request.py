@@ -23,11 +23,14 @@ answers 400 with all of them at once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
+from ...core import fields
 from ...core.divergence import DEFAULT_POLICY, POLICIES
 from ...core.epochs import EVERY_EPOCH, ONE_PASS
+from ...core.fields import INT32_MAX
 from ...core.inputs import capped, not_text, surrogate_in
 from ...core.planning.fallback import DEFAULT_GROWTH, Policy
 from ...core.sizes import byte_count
@@ -40,10 +43,6 @@ MAX_EPOCHS = 1_000_000
 FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
 STARTS = ("plan", "wanted")
 MAX_NAME = 200
-MAX_DIMS = 8
-INT32_MAX = 2**31 - 1
-"""Caffe's batch sizes, dimensions, max_iter and class counts are 32-bit; larger values are refused here, with the
-field named, before they reach a prototxt or the database (SQLite's integers are 64-bit)."""
 MAX_MEMORY_CAP = 1 << 60
 MEMORY_CAP_RANGE = 'must be a number of bytes from 1 MiB to 1 EiB, or a size such as "2GiB"'
 
@@ -95,8 +94,67 @@ class JobRequest:
         }
 
 
-def _positive_int(value: Any, limit: int = INT32_MAX) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit
+POSITIVE = f"must be a positive integer up to {INT32_MAX}"
+
+
+def _count(field: str, value: Any, *, word: str | None = None, must: str = POSITIVE) -> int | str:
+    """A positive 32-bit count, or `word` ("auto", "epoch", "pass") as it is."""
+    return value if word is not None and value == word else fields.integer(field, value, low=1, high=INT32_MAX, must=must)
+
+
+def _text(field: str, value: Any) -> str:
+    return fields.string(field, value, nonblank=True, must=f"give the {field} prototxt text")
+
+
+def _name(field: str, value: Any) -> str | None:
+    return fields.string(field, value, max_length=MAX_NAME, must=f"must be text of at most {MAX_NAME} characters").strip() or None
+
+
+def _device(field: str, value: Any) -> str | int:
+    if isinstance(value, str):
+        return value.strip()
+    return fields.integer(field, value, low=0, must='must be "auto", "cpu", a GPU UUID or a GPU index')
+
+
+def _data(field: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()):
+        fields.refuse(field, 'must map layer names (or "train"/"test") to data sources (paths)')
+    return dict(value)
+
+
+def _memory_cap(field: str, value: Any) -> int:
+    try:
+        return memory_cap(value)
+    except ValueError as error:
+        fields.refuse(field, str(error))
+
+
+DIVERGENCE = (
+    f'must be "{POLICIES[0]}" (end the job when a net output becomes NaN or infinite, as DIGITS does) or '
+    f'"{POLICIES[1]}" (train on regardless)'
+)
+CHECKS: dict[str, Callable[..., Any]] = {
+    "net": _text,
+    "solver": _text,
+    "name": _name,
+    "device": _device,
+    "batch": partial(_count, word="auto", must=f'{POSITIVE} or "auto"'),
+    "data": _data,
+    "data_shapes": fields.shapes,
+    "classes": _count,
+    "max_iter": _count,
+    "epochs": partial(fields.integer, low=1, high=MAX_EPOCHS,
+                      must=f"must be a whole number of passes over the training set, from 1 to {MAX_EPOCHS}"),
+    "test_interval": partial(_count, word=EVERY_EPOCH, must=f'{POSITIVE}, or "{EVERY_EPOCH}" (once per epoch)'),
+    "test_iter": partial(_count, word=ONE_PASS, must=f'{POSITIVE}, or "{ONE_PASS}" (one pass over the validation set)'),
+    "memory_cap": _memory_cap,
+    "divergence": partial(fields.choice, options=POLICIES, must=DIVERGENCE),
+}
+"""Each field's check, in the order the errors are listed; fallback is checked apart (its errors are nested)."""
+ENTRIES = {"data_shapes": "data_shapes entries that are not shapes"}
+"""Fields refused entry by entry (`data_shapes.<top>`), and what their entries are when a list is cut short."""
+REQUIRED = {"net": None, "solver": None, "device": "auto"}
+"""Fields checked even when left out or null, with the value they then have (None: refused as missing)."""
 
 
 def parse_job_request(
@@ -105,110 +163,32 @@ def parse_job_request(
     """The request, or None with {field: message} for everything wrong with it."""
     if not isinstance(body, Mapping):
         return None, {"body": "expected a JSON object"}
-    errors: dict[str, Any] = {}
+    refusals = fields.Refusals()
+    body = _screened(body, refusals.errors)
+    values: dict[str, Any] = {}
+    for key, check in CHECKS.items():
+        value = body.get(key)
+        if key in refusals.errors or (value is None and key not in REQUIRED):
+            continue
+        refusals.take(values, key, check, REQUIRED.get(key) if value is None else value, many=ENTRIES.get(key))
+        if key == "epochs" and "epochs" in values and "max_iter" in values:
+            del values["epochs"]
+            refusals.errors[key] = "give the length once: epochs or max_iter, not both"
+    policy, margin, start = _fallback(body.get("fallback"), refusals.errors, default_margin, default_attempts)
+    if refusals.errors:
+        return None, refusals.errors
+    return JobRequest(**values, policy=policy, safety_margin=margin, start=start), {}
+
+
+def _screened(body: Mapping[str, Any], errors: dict[str, Any]) -> dict[str, Any]:
+    """The body's known fields whose text any file, database or socket can hold; the others refused in `errors`
+    (unknown fields, and lone surrogates before any other check)."""
     capped(errors, (key for key in body if key not in FIELDS), f"unknown field (known: {', '.join(FIELDS)})")
     for key in FIELDS:
         where = surrogate_in(body.get(key))
-        if where is not None:  # text no file, database or socket can hold: refused before any other check
+        if where is not None:
             errors[key] = not_text(where)
-    body = {key: value for key, value in body.items() if key in FIELDS and key not in errors}
-    values: dict[str, Any] = {}
-    for key in ("net", "solver"):
-        value = body.get(key)
-        if key in errors:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            errors[key] = f"give the {key} prototxt text"
-        else:
-            values[key] = value
-    name = body.get("name")
-    if name is not None:
-        if not isinstance(name, str) or len(name) > MAX_NAME:
-            errors["name"] = f"must be text of at most {MAX_NAME} characters"
-        else:
-            values["name"] = name.strip() or None
-    device = body.get("device", "auto")
-    if device is None:
-        device = "auto"
-    if isinstance(device, bool) or not isinstance(device, (str, int)) or (isinstance(device, int) and device < 0):
-        errors["device"] = 'must be "auto", "cpu", a GPU UUID or a GPU index'
-    else:
-        values["device"] = device.strip() if isinstance(device, str) else device
-    batch = body.get("batch")
-    if batch is not None:
-        if batch == "auto" or _positive_int(batch):
-            values["batch"] = batch
-        else:
-            errors["batch"] = f'must be a positive integer up to {INT32_MAX} or "auto"'
-    data = body.get("data")
-    if data is not None:
-        if not isinstance(data, Mapping) or not all(
-            isinstance(k, str) and k and isinstance(v, str) and v for k, v in data.items()
-        ):
-            errors["data"] = 'must map layer names (or "train"/"test") to data sources (paths)'
-        else:
-            values["data"] = dict(data)
-    shapes = body.get("data_shapes")
-    if shapes is not None:
-        if not isinstance(shapes, Mapping):
-            errors["data_shapes"] = "must map data tops to item shapes"
-        else:
-            parsed = {}
-            wrong = []
-            for top, shape in shapes.items():
-                if (
-                    not isinstance(shape, list)
-                    or not 0 < len(shape) <= MAX_DIMS
-                    or not all(_positive_int(d) for d in shape)
-                ):
-                    wrong.append(f"data_shapes.{top}")
-                else:
-                    parsed[str(top)] = tuple(shape)
-            capped(errors, wrong, f"must be a list of 1 to {MAX_DIMS} positive integers up to {INT32_MAX}",
-                   "data_shapes entries that are not shapes")
-            values["data_shapes"] = parsed
-    for key in ("classes", "max_iter"):
-        value = body.get(key)
-        if value is not None:
-            if _positive_int(value):
-                values[key] = value
-            else:
-                errors[key] = f"must be a positive integer up to {INT32_MAX}"
-    epochs = body.get("epochs")
-    if epochs is not None:
-        if not _positive_int(epochs, MAX_EPOCHS):
-            errors["epochs"] = f"must be a whole number of passes over the training set, from 1 to {MAX_EPOCHS}"
-        elif "max_iter" in values:
-            errors["epochs"] = "give the length once: epochs or max_iter, not both"
-        else:
-            values["epochs"] = epochs
-    for key, word, meaning in (("test_interval", EVERY_EPOCH, "once per epoch"),
-                               ("test_iter", ONE_PASS, "one pass over the validation set")):
-        value = body.get(key)
-        if value is not None:
-            if value == word or _positive_int(value):
-                values[key] = value
-            else:
-                errors[key] = f'must be a positive integer up to {INT32_MAX}, or "{word}" ({meaning})'
-    cap = body.get("memory_cap")
-    if cap is not None:
-        try:
-            values["memory_cap"] = memory_cap(cap)
-        except ValueError as error:
-            errors["memory_cap"] = str(error)
-    divergence = body.get("divergence")
-    if divergence is not None:
-        if isinstance(divergence, str) and divergence in POLICIES:
-            values["divergence"] = divergence
-        else:
-            errors["divergence"] = (
-                f'must be "{POLICIES[0]}" (end the job when a net output becomes NaN or infinite, as DIGITS does) or '
-                f'"{POLICIES[1]}" (train on regardless)'
-            )
-    policy, margin, start = _fallback(body.get("fallback"), errors, default_margin, default_attempts)
-    if errors:
-        return None, errors
-    return JobRequest(**values, policy=policy, safety_margin=margin, start=start), {}
+    return {key: value for key, value in body.items() if key in FIELDS and key not in errors}
 
 
 def memory_cap(value: Any) -> int:
@@ -218,45 +198,37 @@ def memory_cap(value: Any) -> int:
         cap = byte_count(value)
     except ValueError as error:
         raise ValueError(str(error) if isinstance(value, str) else MEMORY_CAP_RANGE) from None
-    if not (_positive_int(cap, MAX_MEMORY_CAP) and cap >= 1 << 20):
+    if not (fields.is_whole(cap) and 1 << 20 <= cap <= MAX_MEMORY_CAP):
         raise ValueError(MEMORY_CAP_RANGE)
     return cap
+
+
+FALLBACK_CHECKS: dict[str, Callable[..., Any]] = {
+    "max_attempts": partial(fields.integer, low=1, high=100, must="must be a whole number from 1 to 100"),
+    "safety_margin": partial(fields.number, low=0, below=1, must="must be a fraction in [0, 1)"),
+    "growth": partial(fields.number, low=0, below=1, must="must be a fraction in [0, 1)"),
+    "start": partial(fields.choice, options=STARTS, must=f"must be one of {', '.join(STARTS)}"),
+}
 
 
 def _fallback(
     value: Any, errors: dict[str, Any], margin: float | None, attempts: int
 ) -> tuple[Policy, float | None, str]:
-    fields: dict[str, Any] = {"max_attempts": attempts, "growth": DEFAULT_GROWTH}
-    start = "plan"
+    """The fallback's policy, safety margin and start; its problems nested under errors["fallback"]."""
+    policy: dict[str, Any] = {"max_attempts": attempts, "growth": DEFAULT_GROWTH}
     if value is None:
-        return Policy(**fields), margin, start
+        return Policy(**policy), margin, "plan"
     if not isinstance(value, Mapping):
         errors["fallback"] = "must be an object"
-        return Policy(**fields), margin, start
-    problems: dict[str, str] = {}
-    capped(problems, (key for key in value if key not in (*FALLBACK_FIELDS,)),
+        return Policy(**policy), margin, "plan"
+    refusals = fields.Refusals()
+    capped(refusals.errors, (key for key in value if key not in FALLBACK_CHECKS),
            f"unknown field (known: {', '.join(FALLBACK_FIELDS)})")
     for key, item in value.items():
-        if key not in FALLBACK_FIELDS:
-            continue
-        if key == "start":
-            if item in STARTS:
-                start = item
-            else:
-                problems[key] = f"must be one of {', '.join(STARTS)}"
-        elif key == "max_attempts":
-            if _positive_int(item) and item <= 100:
-                fields[key] = item
-            else:
-                problems[key] = "must be a whole number from 1 to 100"
-        elif key in ("safety_margin", "growth"):
-            if not isinstance(item, bool) and isinstance(item, (int, float)) and 0 <= item < 1:
-                if key == "safety_margin":
-                    margin = float(item)
-                else:
-                    fields[key] = float(item)
-            else:
-                problems[key] = "must be a fraction in [0, 1)"
-    if problems:
-        errors["fallback"] = problems
-    return Policy(**fields), margin, start
+        if key in FALLBACK_CHECKS:
+            refusals.take(policy, key, FALLBACK_CHECKS[key], item)
+    if refusals.errors:
+        errors["fallback"] = refusals.errors
+    margin = policy.pop("safety_margin", margin)
+    start = policy.pop("start", "plan")
+    return Policy(**policy), margin, start

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from ...core.device_kinds import AUTO
+from ...core.errors import FieldErrors
 from ...core.planning.fit import Decision
 from ...devices.reader import CPU, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
 
@@ -115,30 +116,23 @@ def limit_for(device: Device, *, reserved: int = 0, cap: int | None = None, cap_
     return Limit(device, available, device.memory_total, None)
 
 
-class DeviceRefused(ValueError):
-    """A submission's device (or memory cap) that no job can use: `field` is the request's field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 MEMORY_CAP_ON_GPU = 'a memory cap applies to CPU jobs only (device "cpu")'
 """A memory cap is enforced on a CPU attempt's process (RLIMIT_DATA); GPU memory has no such limit."""
 
 
 def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpus_simulated: bool) -> str:
-    """The device a submission asks for, normalised ("auto", "cpu" or a GPU's UUID); DeviceRefused when it names
-    no device, gives a memory cap for a job that may run on a GPU, or may run only on simulated GPUs."""
+    """The device a submission asks for, normalised ("auto", "cpu" or a GPU's UUID); FieldErrors naming the
+    request's field at fault when it names no device, gives a memory cap for a job that may run on a GPU, or may
+    run only on simulated GPUs."""
     try:
         device = normalise_device(choice, devices)
     except ValueError as error:
-        raise DeviceRefused("device", str(error)) from None
+        raise FieldErrors.one("device", str(error)) from None
     on_cpu = device == CPU or device.startswith(CPU + "@")
     if memory_cap is not None and not on_cpu and not (device == AUTO and not devices.gpus):
-        raise DeviceRefused("memory_cap", MEMORY_CAP_ON_GPU)
+        raise FieldErrors.one("memory_cap", MEMORY_CAP_ON_GPU)
     if gpus_simulated and not on_cpu and devices.gpus:
-        raise DeviceRefused("device", SIMULATED_GPUS)
+        raise FieldErrors.one("device", SIMULATED_GPUS)
     return device
 
 

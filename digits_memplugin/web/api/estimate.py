@@ -23,7 +23,8 @@ from typing import Any
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
-from ...core.errors import NetError
+from ...core import fields
+from ...core.errors import FieldErrors, NetError
 from ...core.estimate import EstimateRequest
 from ...core.inputs import capped, not_text, surrogate_in, type_name
 from ...core.layers.data import DataSpec
@@ -52,23 +53,15 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 SIZE_FIELDS = ("free_bytes",)
 """Byte counts, taken as a number of bytes or as a size with its unit ("8GiB"), as jobs and the command line do."""
-MAX_DIMS = 8
 
 
-class Invalid(Exception):
-    """The request cannot be estimated as sent: {field: message}, the API's 400 and the page's `{"errors"}`."""
-
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors
-
-
-def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request's fields, type-checked; unknown fields are errors so that typos do not pass silently."""
     if not isinstance(body, dict):
         return {}, {"body": "expected a JSON object"}
-    errors: dict[str, str] = {}
-    capped(errors, (key for key in body if key not in FIELDS), f"unknown field (known: {', '.join(sorted(FIELDS))})")
+    refusals = fields.Refusals()
+    capped(refusals.errors, (key for key in body if key not in FIELDS),
+           f"unknown field (known: {', '.join(sorted(FIELDS))})")
     values: dict[str, Any] = {}
     for key, kind in FIELDS.items():
         if key not in body or body[key] is None:
@@ -76,35 +69,25 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, str]]:
         value = body[key]
         where = surrogate_in(value)
         if where is not None:
-            errors[key] = not_text(where)
-            continue
-        if key in SIZE_FIELDS:
-            try:
-                values[key] = byte_count(value)
-            except ValueError as error:
-                errors[key] = str(error) if isinstance(value, str) else f"{error}, got {type_name(value)}"
-            continue
-        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            errors[key] = f"must be {names}, got {type_name(value)}"
-            continue
-        values[key] = value
-    if "net" not in values and "solver" not in values and "net" not in errors:
-        errors["net"] = "give the net prototxt text (or a solver with net_param)"
-    shapes: dict[str, DataSpec] = {}
-    wrong = []
-    for top, shape in values.get("data_shapes", {}).items():
-        if (
-            not isinstance(shape, list)
-            or not 0 < len(shape) <= MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
-        ):
-            wrong.append(f"data_shapes.{top}")
+            refusals.errors[key] = not_text(where)
+        elif key in SIZE_FIELDS:
+            refusals.take(values, key, _size, value)
         else:
-            shapes[str(top)] = DataSpec(tuple(shape))
-    capped(errors, wrong, f"must be a list of 1 to {MAX_DIMS} positive integers", "data_shapes entries that are not shapes")
-    values["data_shapes"] = shapes
-    return values, errors
+            refusals.take(values, key, fields.of_type, value, kind=kind)
+    if "net" not in values and "solver" not in values and "net" not in refusals.errors:
+        refusals.errors["net"] = "give the net prototxt text (or a solver with net_param)"
+    # The one check of data_shapes, with the jobs' bounds (a dict by now: its type is checked above).
+    refusals.take(values, "data_shapes", fields.shapes, values.pop("data_shapes", {}),
+                  many="data_shapes entries that are not shapes")
+    values["data_shapes"] = {top: DataSpec(shape) for top, shape in values.get("data_shapes", {}).items()}
+    return values, refusals.errors
+
+
+def _size(field: str, value: Any) -> int:
+    try:
+        return byte_count(value)
+    except ValueError as error:
+        fields.refuse(field, str(error) if isinstance(value, str) else f"{error}, got {type_name(value)}")
 
 
 def post_estimate() -> ResponseReturnValue:
@@ -113,17 +96,17 @@ def post_estimate() -> ResponseReturnValue:
     body = read_json(current_plugin().settings.max_request_bytes)
     try:
         return jsonify(estimate_document(body))
-    except Invalid as invalid:
+    except FieldErrors as invalid:
         return jsonify(errors=invalid.errors), 400
 
 
 def estimate_document(body: Any) -> dict[str, Any]:
-    """The estimate document for a request body already read; raises `Invalid` with {field: message} when the
+    """The estimate document for a request body already read; raises `FieldErrors` with {field: message} when the
     request cannot be estimated (the New model page answers the same with 200: model_page.estimate_for_page)."""
     plugin = current_plugin()
     values, errors = parse_request(body)
     if errors:
-        raise Invalid(errors)
+        raise FieldErrors(errors)
 
     policy = plugin.jobs.config.policy
     values["policy"] = policy
@@ -134,12 +117,12 @@ def estimate_document(body: Any) -> dict[str, Any]:
         listed = plugin.devices.read()
     if device_key is not None:
         if "free_bytes" in values:
-            raise Invalid({"device": "give either device or free_bytes, not both"})
+            raise FieldErrors({"device": "give either device or free_bytes, not both"})
         device = listed.get(device_key)
         if device is None:
-            raise Invalid({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
+            raise FieldErrors({"device": f"no device {device_key!r} (see {API_PATH}/devices)"})
         if device.error or device.memory_free is None:
-            raise Invalid({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
+            raise FieldErrors({"device": f"the free memory of {device_key!r} is unknown: {device.error or 'n/a'}"})
         values["free_bytes"] = device.memory_free
         # The engine that trains there, as jobs plan (one policy for the form, this API and the job manager).
         values.setdefault("engine", policy.engine(device.kind))
@@ -147,12 +130,12 @@ def estimate_document(body: Any) -> dict[str, Any]:
         if device_keys == "all":
             device_keys = [device.key for device in listed.devices]
         elif not isinstance(device_keys, list) or not all(isinstance(key, str) for key in device_keys):
-            raise Invalid({"devices": 'must be a list of device keys or "all"'})
+            raise FieldErrors({"devices": 'must be a list of device keys or "all"'})
         budgets: dict[str, int] = {}
         for key in device_keys:
             device = listed.get(key)
             if device is None:
-                raise Invalid({"devices": f"no device {key!r} (see {API_PATH}/devices)"})
+                raise FieldErrors({"devices": f"no device {key!r} (see {API_PATH}/devices)"})
             if device.error or device.memory_free is None:
                 device_errors[key] = f"free memory unknown: {device.error or 'n/a'}"
             else:
@@ -168,12 +151,12 @@ def estimate_document(body: Any) -> dict[str, Any]:
         # Large texts go to a worker process (estimate_pool.py): a full queue is a 503 with Retry-After.
         document = plugin.estimates.estimate(estimate_request, dataset_roots=roots)
     except DatasetsFailed as failed:
-        raise Invalid({"read_datasets": failed.error.to_dict()}) from None
+        raise FieldErrors({"read_datasets": failed.error.to_dict()}) from None
     except NetError as error:
         key = error.field if error.source is None and error.layer is None and error.field in FIELDS else "net"
         if error.source is not None and "solver" in str(error.source):
             key = "solver"
-        raise Invalid({key: error.to_dict()}) from None
+        raise FieldErrors({key: error.to_dict()}) from None
     if device_key is not None:
         document["device"] = device_key
     if device_keys is not None:

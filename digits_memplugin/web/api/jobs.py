@@ -27,8 +27,9 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from ...core import inputs
+from ...core.errors import FieldErrors
 from ...jobs.definition.request import parse_job_request
-from ...jobs.errors import JobNotFound, JobPageError, JobStateError, JobValidationError
+from ...jobs.errors import JobNotFound, JobPageError, JobStateError
 from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
 from ...jobs.store.records import Job
 from ...jobs.turns import Turns
@@ -95,42 +96,26 @@ def _form_body() -> dict[str, Any]:
         if key not in ("net", "solver"):
             errors[key] = "only the net and solver prototxts may be uploaded as files"
     if errors:
-        raise _Invalid(errors)
+        raise FieldErrors(errors)
     return body
-
-
-class _Invalid(Exception):
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("invalid")
-        self.errors = errors
-
-
-class SubmissionRefused(Exception):
-    """A submission that did not become a job: `errors` maps the request's fields to messages (the 400 body)."""
-
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors
 
 
 def submit(body: Any) -> Job:
     """The one way a job is created over the web: the request checked by `parse_job_request`, then by the manager
-    (devices, confinement, the definition). The REST API and the New model form both call it."""
+    (devices, confinement, the definition). FieldErrors (the manager's JobValidationError is one) maps the
+    request's fields to messages: the 400 body."""
     manager = _manager()
     settings = current_plugin().settings
     job_request, errors = parse_job_request(body, default_attempts=settings.job_max_attempts)
     if job_request is None:
-        raise SubmissionRefused(errors)
-    try:
-        return manager.submit(job_request)
-    except JobValidationError as error:
-        raise SubmissionRefused(error.errors) from None
+        raise FieldErrors(errors)
+    return manager.submit(job_request)
 
 
 def create_job() -> ResponseReturnValue:
     try:
         job = submit(_body())
-    except (_Invalid, SubmissionRefused) as refused:
+    except FieldErrors as refused:
         return jsonify(errors=refused.errors), 400
     response = jsonify(job.to_json())
     response.status_code = 201

@@ -23,7 +23,9 @@ from wtforms.validators import InputRequired, Length, NumberRange, Optional
 from ...core.device_kinds import AUTO
 from ...core.divergence import CONTINUE, DEFAULT_POLICY, STOP
 from ...core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
+from ...core.errors import FieldErrors
 from ...core.estimate import EstimateRequest
+from ...core.fields import INT32_MAX, is_whole, refuse
 from ...core.inputs import ascii_int, not_text, shown, surrogate_in, type_name
 from ...core.layers.base import INT_MAX
 from ...core.planning.job_plan import PlanningPolicy
@@ -41,9 +43,6 @@ LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 NEEDS_GAMMA = frozenset({"step", "exp", "inv", "multistep", "sigmoid"})
 NEEDS_POWER = frozenset({"inv", "poly"})
 DEVICE_NEXT = "next"
-"""Caffe keeps blob dimensions in an int."""
-INT32_MAX = 2**31 - 1
-"""The solver's iteration counts and intervals are int32 fields of caffe.proto."""
 DATA_TOP = "data"
 """The top of the data layers that gets the dataset's item shape (DIGITS names it so in every standard network)."""
 
@@ -256,7 +255,7 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             try:
                 return raw.decode("utf-8"), storage.filename
             except UnicodeDecodeError:
-                raise FormError(upload.name, f"{storage.filename} is not UTF-8 text") from None
+                raise FieldErrors.one(upload.name, f"{storage.filename} is not UTF-8 text") from None
         return pasted.data or "", default_name
 
     def _solver_settings(self) -> dict[str, Any]:
@@ -290,15 +289,6 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     def errors_by_field(self) -> dict[str, str]:
         """One message per field (WTForms keeps lists), the shape of DIGITS' JSON errors."""
         return {name: "; ".join(str(m) for m in messages) for name, messages in self.errors.items() if messages}
-
-
-class FormError(ValueError):
-    """A field's value that only turns out wrong after validation (an upload that is not text)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 BATCH_LIMIT = f"a batch size is at most {INT_MAX} (Caffe keeps it in a 32-bit int)"
@@ -430,25 +420,25 @@ class ModelSpec:
 def formdata_from_json(body: Any) -> MultiDict[str, str]:
     """The JSON twin's body as form data: numbers as text, a shape list as "3,256,256"; anything else is refused."""
     if not isinstance(body, dict):
-        raise FormError("body", "expected a JSON object with the form's fields")
+        refuse("body", "expected a JSON object with the form's fields")
     known = {name for name, value in vars(NewModelForm).items() if isinstance(value, UnboundField)}
     data: MultiDict[str, str] = MultiDict()
     for key, value in body.items():
         if key not in known or key.endswith("_file"):
-            raise FormError(shown(key), "unknown field (uploads go in a multipart form post)")
+            refuse(shown(key), "unknown field (uploads go in a multipart form post)")
         if value is None:
             continue
         where = surrogate_in(value)
         if where is not None:
-            raise FormError(key, not_text(where))
+            refuse(key, not_text(where))
         if isinstance(value, bool):
-            raise FormError(key, f"must be text or a number, got {value!r}")
+            refuse(key, f"must be text or a number, got {value!r}")
         if key == "memory_cap" and isinstance(value, int):
             data.add(key, f"{value}B")  # bytes, as the REST API reads a number; the form's text needs a unit
         elif isinstance(value, (int, float, str)):
             data.add(key, str(value))
-        elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        elif isinstance(value, list) and all(is_whole(v) for v in value):
             data.add(key, ",".join(str(v) for v in value))
         else:
-            raise FormError(key, f"must be text or a number, got {type_name(value)}")
+            refuse(key, f"must be text or a number, got {type_name(value)}")
     return data

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from ...core.device_kinds import AUTO, CPU
+from ...core.errors import FieldErrors
 from ...jobs.definition import digits_data
 from ...jobs.definition.digits_data import DataLayerError
 from ...jobs.definition.request import JobRequest, parse_job_request
@@ -34,15 +35,6 @@ SIMULATED_GPU = (
     "{label} is simulated (--simulate-gpus): its memory is made up and no CUDA device is behind it, so a job there "
     "cannot train. The plan against it stands; choose the CPU to train."
 )
-
-
-class MappingError(ValueError):
-    """The form's choices do not fit the network (a dataset format its data layers cannot read)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +75,12 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
     return JobBody(body, sources)
 
 
-def job_request(spec: ModelSpec, estimate: dict[str, Any], device: str | int, default_attempts: int) -> TypedJob:
-    """The typed job request for the form's `spec` (checked by the same parser as the REST API's), with the form
-    field of each data layer's source. Refused: {form field: message}."""
-    mapped = job_body(spec, estimate, device)
+def job_request(spec: ModelSpec, mapped: JobBody, default_attempts: int) -> TypedJob:
+    """The typed job request for the form's `spec` and its `job_body` (checked by the same parser as the REST
+    API's), with the form field of each data layer's source. Refused: FieldErrors, {form field: message}."""
     request, errors = parse_job_request(mapped.body, default_attempts=default_attempts)
     if request is None:
-        raise RequestRefused(form_errors(errors, spec, mapped.sources))
+        raise FieldErrors(form_errors(errors, spec, mapped.sources))
     return TypedJob(request, mapped.sources)
 
 
@@ -99,14 +90,6 @@ class TypedJob:
 
     request: JobRequest
     sources: dict[str, str]
-
-
-class RequestRefused(ValueError):
-    """The job request the form makes is refused: {form field: message}."""
-
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors
 
 
 def manager_device(choice: str, gpu_index: int | None) -> str | int:
@@ -134,7 +117,7 @@ def _data_layers(estimate: dict[str, Any], spec: ModelSpec) -> dict[str, str]:
             digits_data.data_layer_phases(estimate["layers"]), validation=bool(spec.val_source),
             two_sets=spec.val_source != spec.train_source)
     except DataLayerError as error:
-        raise MappingError(PARTS[error.part], error.message) from None
+        raise FieldErrors.one(PARTS[error.part], error.message) from None
     return {name: PARTS[part] for name, part in parts.items()}
 
 
@@ -143,7 +126,7 @@ def _net_for_backend(spec: ModelSpec, sources: dict[str, str]) -> str:
     try:
         return digits_data.net_for_format(spec.net_text, spec.net_source, sources, spec.data_backend)
     except DataLayerError as error:
-        raise MappingError(PARTS[error.part], error.message) from None
+        raise FieldErrors.one(PARTS[error.part], error.message) from None
 
 
 def form_errors(errors: dict[str, Any], spec: ModelSpec, sources: dict[str, str]) -> dict[str, Any]:

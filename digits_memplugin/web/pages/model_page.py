@@ -23,6 +23,7 @@ from wtforms.fields.choices import SelectChoice
 
 from ... import __version__
 from ...core.device_kinds import AUTO, CPU
+from ...core.errors import FieldErrors
 from ...core.planning.planner import MAX_BATCH
 from ...core.sizes import format_size
 from ...devices.reader import DeviceList, is_simulated
@@ -34,10 +35,10 @@ from ..api import estimate as api_estimate
 from ..api.envelope import json_error, read_form, read_json
 from ..plugin_state import current_plugin
 from . import panel_words
-from .forms import DEVICE_NEXT, FormError, NewModelForm, formdata_from_json
+from .forms import DEVICE_NEXT, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
 from .model_job import SIMULATED_GPU, form_errors
-from .model_plan import Asked, PlanError, PlannedJob, Refused, asked_of, device_label, plan_model
+from .model_plan import Asked, PlannedJob, asked_of, device_label, plan_model
 
 
 def _read_devices() -> DeviceList:
@@ -145,18 +146,15 @@ def models_address() -> ResponseReturnValue:
 def submit_model(asked: Asked, devices: DeviceList) -> tuple[Job, PlannedJob]:
     """Plan the job (a definition error comes back beside its field, with its line), refuse a simulated GPU, then
     create the job through the REST API's own path."""
-    try:
-        planned = plan_model(asked, devices)
-    except PlanError as error:
-        raise Refused({error.field: error.detail}) from None
+    planned = plan_model(asked, devices)
     if planned.device.kind == "gpu" and is_simulated():
         label = planned.device_label if asked.spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
-        raise Refused({"device": SIMULATED_GPU.format(label=label)})
+        raise FieldErrors.one("device", SIMULATED_GPU.format(label=label))
     assert planned.typed is not None  # strict planning previews the typed request
     try:
         job = current_plugin().started_jobs().submit(planned.typed.request)
     except JobValidationError as error:
-        raise Refused(form_errors(error.errors, asked.spec, planned.typed.sources)) from None
+        raise FieldErrors(form_errors(error.errors, asked.spec, planned.typed.sources)) from None
     return job, planned
 
 
@@ -177,11 +175,7 @@ def create_model() -> ResponseReturnValue:
             form.batch_size.data = str(planned.plan["batch_size"])
             return _render_form(form, devices, planned=planned)
         job, _ = submit_model(asked, devices)
-    except FormError as error:
-        return _refuse(form, devices, {error.field: error.message})
-    except PlanError as error:
-        return _refuse(form, devices, {error.field: error.detail})
-    except Refused as refused:
+    except FieldErrors as refused:
         return _refuse(form, devices, refused.errors)
     return redirect(url_for(".job_page", job_id=job.id), code=303)
 
@@ -212,8 +206,8 @@ def _json_form(devices: DeviceList) -> NewModelForm | ResponseReturnValue:
         body = read_json(current_plugin().settings.max_request_bytes)
         try:
             formdata = formdata_from_json(body)
-        except FormError as error:
-            return jsonify(errors={error.field: error.message}), 400
+        except FieldErrors as refused:
+            return jsonify(errors=refused.errors), 400
         form = _form(devices, formdata=formdata, meta={"csrf": False})
     else:
         form = _form(devices)
@@ -229,9 +223,7 @@ def _create_model_json() -> ResponseReturnValue:
         return form
     try:
         job, _ = submit_model(asked_of(form), devices)
-    except FormError as error:
-        return jsonify(errors={error.field: error.message}), 400
-    except Refused as refused:
+    except FieldErrors as refused:
         return jsonify(errors=refused.errors), 400
     response = jsonify(job.to_json())
     response.status_code = 201
@@ -249,11 +241,7 @@ def preview_model_json() -> ResponseReturnValue:
             return form
         try:
             planned = plan_model(asked_of(form), devices)
-        except FormError as error:
-            return jsonify(errors={error.field: error.message}), 400
-        except PlanError as error:
-            return jsonify(errors={error.field: error.detail}), 400
-        except Refused as refused:
+        except FieldErrors as refused:
             return jsonify(errors=refused.errors), 400
         return jsonify(planned.preview_document())
     except Exception as error:  # noqa: BLE001 - json_error logs what was not expected and answers 500
@@ -272,7 +260,7 @@ def estimate_for_page() -> ResponseReturnValue:
         body = read_json(current_plugin().settings.max_request_bytes)
         try:
             return jsonify(api_estimate.estimate_document(body))
-        except api_estimate.Invalid as invalid:
+        except FieldErrors as invalid:
             return jsonify(errors=invalid.errors)
     except Exception as error:  # noqa: BLE001 - json_error logs what was not expected and answers 500
         return json_error(error)

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from ...core.device_kinds import AUTO, CPU
-from ...core.errors import NetError
+from ...core.errors import FieldErrors, NetError
 from ...core.planning.fit import LIMITED_BY_MAX_BATCH, Decision
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.sizes import format_size
@@ -28,19 +28,10 @@ from ...networks import standard_network
 from ..plugin_state import current_plugin
 from . import panel_words
 from .forms import DEVICE_NEXT, ModelSpec, NewModelForm
-from .model_job import MappingError, RequestRefused, TypedJob, form_errors, job_request, manager_device
+from .model_job import TypedJob, form_errors, job_body, job_request, manager_device
 
 DATA_LAYER_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData"})
 TOP_LAYERS = 10
-
-
-class PlanError(Exception):
-    """The form is valid but the job cannot be planned: a definition error (with its line) or a device problem."""
-
-    def __init__(self, field: str, detail: str | dict[str, Any]) -> None:
-        super().__init__(detail if isinstance(detail, str) else detail["message"])
-        self.field = field
-        self.detail = detail
 
 
 PLANNED_BY_JOB = "job"
@@ -180,9 +171,9 @@ def target_device(choice: str, devices: DeviceList) -> Device:
         return max(usable, key=lambda gpu: gpu.memory_free or 0) if usable else devices.cpu
     device = devices.get(choice)
     if device is None:
-        raise PlanError("device", f"the device {choice!r} is gone; choose another")
+        raise FieldErrors.one("device", f"the device {choice!r} is gone; choose another")
     if device.error is not None or device.memory_free is None:
-        raise PlanError("device", f"{device_label(device)} cannot be planned on: {device.error or 'free memory unknown'}")
+        raise FieldErrors.one("device", f"{device_label(device)} cannot be planned on: {device.error or 'free memory unknown'}")
     return device
 
 
@@ -197,35 +188,34 @@ def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> Pla
     spec, dataset = asked.spec, asked.dataset
     device = target_device(spec.device, devices)
     if spec.memory_cap is not None and device.kind != CPU:
-        raise PlanError("memory_cap", MEMORY_CAP_ON_GPU)  # before anything else the GPU would say
+        raise FieldErrors.one("memory_cap", MEMORY_CAP_ON_GPU)  # before anything else the GPU would say
     engine = policy.engine(device.kind)
     batch = spec.batch if isinstance(spec.batch, int) else None
     cap = Cap(spec.batch == AUTO, dataset.entries if dataset else None)
     document = _estimate(spec, engine, device, batch, cap, policy)
     if document["plan"] is None:
-        raise PlanError("custom_network" if spec.network_key is None else "standard_network",
+        raise FieldErrors.one("custom_network" if spec.network_key is None else "standard_network",
                         "the network has no data layer whose batch could be planned")
     if not document["plan"]["fits"]:  # not even batch 1 on the form's item shape: said before the data's errors
-        raise PlanError(
+        raise FieldErrors.one(
             "device",
             f"does not fit on {device_label(device)}: even batch 1 needs more than the "
             f"{format_size(document['usable_bytes'])} usable there; choose another device",
         )
+    mapped = job_body(spec, document, manager_device(spec.device, device.index))  # the form's choices that the net cannot take
     try:
-        typed = job_request(spec, document, manager_device(spec.device, device.index), plugin.settings.job_max_attempts)
+        typed = job_request(spec, mapped, plugin.settings.job_max_attempts)
         preview = plugin.started_jobs().preview(typed.request, device.key)
-    except MappingError as error:
-        raise PlanError(error.field, error.message) from None
-    except (RequestRefused, JobValidationError) as refused:
-        errors = refused.errors if isinstance(refused, RequestRefused) else form_errors(
-            refused.errors, spec, typed.sources
+    except FieldErrors as refused:  # the request's fields, or (JobValidationError) the manager's, named as its own
+        errors = form_errors(refused.errors, spec, mapped.sources) if isinstance(refused, JobValidationError) else (
+            refused.errors
         )
         if strict or not set(errors) <= DATA_FIELDS:
-            raise Refused(errors) from None
+            raise FieldErrors(errors) from None
         return _planned_by_form(spec, device, engine, document, cap, policy, dataset)
     decision = preview.decision
     if decision.plan is None:
-        raise PlanError("device", f"does not fit on {device_label(device)}: {decision.message}; choose another device")
+        raise FieldErrors.one("device", f"does not fit on {device_label(device)}: {decision.message}; choose another device")
     if decision.plan.batch_size != document["batch_size"]:
         # The panel's report at the planned batch: the plan is the preview's, so the core is not asked to plan again.
         document = _estimate(spec, engine, None, decision.plan.batch_size, cap, policy)
@@ -291,7 +281,7 @@ def _estimate(
         return plugin.estimates.estimate(request)
     except NetError as error:
         field = _error_field(error, spec)
-        raise PlanError(field, _error_detail(error, field, spec)) from None
+        raise FieldErrors.one(field, _error_detail(error, field, spec)) from None
 
 
 TYPED_TEXT_FIELDS = frozenset({"custom_network", "solver_text"})
@@ -330,11 +320,3 @@ def _error_detail(error: NetError, field: str, spec: ModelSpec) -> dict[str, Any
         detail["network"] = standard_network(spec.network_key).title
     return detail
 
-
-
-class Refused(Exception):
-    """The form is valid but no job came of it: {form field: message} to show beside the fields."""
-
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors

@@ -48,6 +48,7 @@ from socketio.exceptions import ConnectionRefusedError as SocketRefused
 
 from ... import __version__
 from ...core.errors import MemPluginError
+from ...core.fields import is_whole
 from ...core.inputs import shown
 from ...jobs.events.reporter import PACE_FIELDS
 from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -171,7 +172,7 @@ def event_cost(event: str, data: Any) -> int:
     if event != "subscribe_jobs":
         return 1
     limit = _page_of(data)[0]
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+    if not is_whole(limit) or not 1 <= limit <= MAX_PAGE_SIZE:
         return 1
     return listing_cost(limit)
 
