@@ -1,5 +1,5 @@
-"""jobs.definition.definition: nothing a job reads is outside the dataset folders, nothing it writes is outside its folder,
-and the generated prototxts carry the attempt's batch, iter_size and test plan."""
+"""jobs.definition (loading, confiner, recheck, attempt_files): nothing a job reads is outside the dataset folders,
+nothing it writes is outside its folder, and the generated prototxts carry the attempt's batch, iter_size and test plan."""
 
 from __future__ import annotations
 

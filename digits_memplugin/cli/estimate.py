@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_items(net: Any) -> int | None:
     """Items of the training set the net's TRAIN data layers name, when one is here (relative to the current folder):
-    the smallest, as a job counts them (jobs.definition.definition.phase_items)."""
+    the smallest, as a job counts them (jobs.definition.loading.phase_items)."""
     from ..jobs.definition.loading import phase_items
 
     return phase_items([net], [Path.cwd()], "train", base=Path.cwd())

@@ -24,7 +24,7 @@ The child stays what the manager supervises, and caffe runs inside it:
 * a caffe killed by a signal (SIGABRT after glog's F line) ends the child with the same signal, an exit status is
   passed on: the manager classifies the attempt as it would a pycaffe one.
 
-The generated solver has Caffe's own testing, snapshots and `display: 1` on (jobs/definition/definition.py), so that the log
+The generated solver has Caffe's own testing, snapshots and `display: 1` on (jobs/definition/attempt_files.py), so that the log
 says everything the records need.
 """
 

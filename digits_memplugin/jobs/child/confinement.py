@@ -1,7 +1,7 @@
 """What a training attempt may open, enforced by the kernel: `confine_attempt(job_folder, read_roots, write_roots)`.
 
-The server checks every path a job names when it is submitted and again when each attempt starts (jobs.definition.definition),
-but Caffe opens files all through training: HDF5Data opens each file of its list again whenever it moves on to it,
+The server checks every path a job names when it is submitted and again when each attempt starts
+(jobs.definition.confiner, jobs.definition.recheck), but Caffe opens files all through training: HDF5Data opens each file of its list again whenever it moves on to it,
 ImageData opens every image, the HDF5 library follows a dataset's external storage and external links, and
 HDF5Output creates its file by name, following any link on the way. A check made before cannot hold for an open
 made later. So the training child confines itself with Landlock (digits_memplugin.confine.landlock) before it loads Caffe:

@@ -1,5 +1,5 @@
 """A submission made a job: its folder written (the net and solver as submitted), its definition loaded and checked
-against the dataset folders (jobs.definition.definition), and the definitions of the data folder's jobs kept once loaded."""
+against the dataset folders (jobs.definition.loading), and the definitions of the data folder's jobs kept once loaded."""
 
 from __future__ import annotations
 
