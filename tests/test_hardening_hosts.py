@@ -565,6 +565,90 @@ def test_chunked_in_any_case_or_with_spaces_after_it_is_read_as_chunked(served: 
     assert statuses(received) == [200, 200] and closed, received[:500]
 
 
+ESTIMATE = json.dumps({"net": LENET, "data_shapes": {"*": [1, 28, 28]}}).encode()
+
+
+def chunked_estimate(served: Served, body: bytes) -> bytes:
+    """A chunked POST of an estimate, its chunked body as given."""
+    return (f"POST {API}/estimate HTTP/1.1\r\nHost: {served.good_host}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode() + body
+
+
+def proxy_smuggling_body(hidden: bytes) -> bytes:
+    """Red team problem 3 (p8): a chunked body that a proxy ending lines at a bare LF (RFC 9112 section 2.2) reads
+    as one request whose second chunk holds `hidden`, while gevent skipped the first chunk's extension up to the CR
+    and found `hidden` after the body's end, so it ran as a next request."""
+    after_lf = b"x" * 40  # gevent: the extension's rest; the proxy: the first chunk's data begins here
+    first = 60
+    for second in range(1, 1 << 20):
+        second_line = b"%x\r\n" % second
+        pad = b"p" * (len(after_lf) - len(second_line))
+        if second == len(pad) + len(b"\r\n0\r\n\r\n") + len(hidden):
+            break
+    return (b"%x;\n" % first + after_lf + b"\r\n" + b"d" * (first - len(after_lf) - 2) + b"\r\n" + second_line + pad
+            + b"\r\n0\r\n\r\n" + hidden + b"\r\n0\r\n\r\n")
+
+
+# Each chunked body below breaks RFC 9112 section 7.1 in a line gevent read on: a chunk extension skipped up to the
+# first CR (so a bare LF, NUL or control byte in it was taken), a trailer line read up to its CR without a colon.
+# gevent answered the estimate 200 and ran the job submission after the body as the next request.
+MALFORMED_CHUNK_LINES = [
+    pytest.param(b"%x;a\nGET /x HTTP/1.1\r\n%s\r\n0\r\n\r\n", id="extension-bare-lf"),
+    pytest.param(b"%x;\x00 \x01=\x7f\r\n%s\r\n0\r\n\r\n", id="extension-nul-ctl"),
+    pytest.param(b"%x;name=va\x1blue\r\n%s\r\n0\r\n\r\n", id="extension-ctl-in-value"),
+    pytest.param(b"%x;name=\"open\r\n%s\r\n0\r\n\r\n", id="extension-unclosed-quote"),
+    pytest.param(b"%x\r\n%s\r\n0\r\nX-T: a\nGET /y HTTP/1.1\r\n\r\n", id="trailer-bare-lf"),
+    pytest.param(b"%x\r\n%s\r\n0\r\nXNoColon\r\n\r\n", id="trailer-no-colon"),
+    pytest.param(b"%x\r\n%s\r\n0\r\nX-T: a\x00b\r\n\r\n", id="trailer-nul"),
+    pytest.param(None, id="proxy-smuggling-layout"),
+]
+
+
+@pytest.mark.parametrize("layout", MALFORMED_CHUNK_LINES)
+def test_a_malformed_chunk_line_or_trailer_is_refused_and_the_request_after_it_never_runs(
+    served: Served, layout: bytes | None, request: pytest.FixtureRequest
+) -> None:
+    """Red team problem 3: each body here was taken by gevent, which then ran the job submission after it (a proxy
+    ending lines at the bare LF forwards it as part of the body). Now the body's read fails: the 400 says
+    Connection: close, the connection is closed at once and the submission never creates its job."""
+    name = f"smuggled chunk {request.node.callspec.id}"
+    hidden = job_submission(served, name)
+    body = proxy_smuggling_body(hidden) if layout is None else layout % (len(ESTIMATE), ESTIMATE) + hidden
+    with served.connect() as connection:
+        connection.sendall(chunked_estimate(served, body))
+        started = time.monotonic()
+        received, closed = read_all(connection, READ_TIMEOUT * 3)
+        elapsed = time.monotonic() - started
+    assert statuses(received) == [400], received[:500]
+    assert closed and elapsed < READ_TIMEOUT, (closed, elapsed)
+    assert b"connection: close" in received.lower()
+    assert "error" in body_of(received)
+    assert jobs_named(served, name) == []
+    assert health_answered(served)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        b"%x;name=value\r\n%s\r\n0\r\n\r\n",
+        b'%x;name="quoted \\"value\\"";flag\r\n%s\r\n0;last=1\r\n\r\n',
+        b'%x \t; name = "v" ;other=t\r\n%s\r\n0\r\n\r\n',
+        b"%x\r\n%s\r\n0\r\nX-Checksum: abc def\r\nX-Empty:\r\nX-Tab:\tv\xe9\r\n\r\n",
+    ],
+    ids=["extension-token", "extension-quoted", "extension-spaces", "trailers"],
+)
+def test_well_formed_chunk_extensions_and_trailers_are_still_taken(served: Served, layout: bytes) -> None:
+    """The harness of the refusals above: extensions and trailers RFC 9112 section 7.1 allows are read as before,
+    and the connection kept for the next request."""
+    with served.connect() as connection:
+        connection.sendall(
+            chunked_estimate(served, layout % (len(ESTIMATE), ESTIMATE))
+            + f"GET {API}/health HTTP/1.1\r\nHost: {served.good_host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        received, closed = read_all(connection, 30)
+    assert statuses(received) == [200, 200] and closed, received[:500]
+
+
 @pytest.mark.parametrize(
     ("head", "status", "word"),
     [

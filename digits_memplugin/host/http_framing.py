@@ -11,6 +11,10 @@ every field line is checked before it is parsed, and a request whose framing is 
 single Content-Length of digits, or Transfer-Encoding: chunked alone) is refused: the server answers 400 (501 for a
 transfer coding it does not implement) and closes the connection, as RFC 9112 section 6.3 requires, so nothing
 after the head is read as a request.
+
+A chunked body's own lines are read as strictly (`read_chunk_size`): gevent skipped a chunk extension up to the
+first CR, so a bare LF in it (where a proxy may end the line, RFC 9112 section 2.2) or in a trailer line let a request
+hidden in the body run here.
 """
 
 from __future__ import annotations
@@ -26,12 +30,23 @@ MAX_FIELD_LINES = 100
 """Header lines in one request at most (what Python's http.client takes)."""
 MAX_LENGTH_DIGITS = 18
 """A Content-Length of more significant digits than this is refused (no body that long is taken anyway)."""
+MAX_CHUNK_LINE = 8192
+"""Bytes in one chunk-size line (extensions included) or trailer line at most (what gevent took for either)."""
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOKEN_TEXT = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_TOKEN = re.compile(_TOKEN_TEXT)
 """A field name (RFC 9110 section 5.1: a token, so no space before the colon)."""
 _GOOD_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\0]*\r?\n")
 """A field line with nothing to refuse: checked at once, the reasons looked for only when it does not match."""
 _DIGITS = re.compile(r"[0-9]+")
+_QUOTED_TEXT = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_EXTENSION_TEXT = rb"[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?" % (_TOKEN_TEXT, _TOKEN_TEXT, _QUOTED_TEXT)
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:%s)*\r\n" % _EXTENSION_TEXT)
+"""A chunk-size line as RFC 9112 section 7.1 has it: at most 16 hex digits (gevent's bound), then extensions
+`;name`, `;name=token` or `;name="quoted"` (spaces or tabs around `;` and `=`), then CRLF: no bare LF, no NUL or
+other control byte anywhere."""
+_TRAILER_LINE = re.compile(rb"%s:[\t\x20-\x7e\x80-\xff]*\r\n" % _TOKEN_TEXT)
+"""A trailer field line: `name: value` with no control byte but HTAB in the value, ended by CRLF."""
 _SHOWN = 80
 
 
@@ -138,3 +153,39 @@ def framing(fields: Message, version: str) -> Framing:
     if len(value.lstrip("0")) > MAX_LENGTH_DIGITS:
         raise BadHead(400, f"Content-Length has {len(value.lstrip('0'))} digits; no body that long is taken")
     return Framing(chunked=False, length=int(value))
+
+
+class BadChunk(ValueError):
+    """A chunk-size line or trailer section of a chunked body this server refuses, and why."""
+
+
+def _chunk_line(rfile: BinaryIO, what: str) -> bytes:
+    """The next line of the body, CRLF-ended and at most MAX_CHUNK_LINE bytes; BadChunk otherwise."""
+    line = rfile.readline(MAX_CHUNK_LINE + 1)
+    if len(line) > MAX_CHUNK_LINE:
+        raise BadChunk(f"a {what} is over {MAX_CHUNK_LINE} bytes")
+    if not line.endswith(b"\r\n"):
+        why = "ends with a bare LF" if line.endswith(b"\n") else "is cut short"
+        raise BadChunk(f"the {what} {_shown(line)} {why}: lines of a chunked body end with CRLF")
+    return line
+
+
+def read_chunk_size(rfile: BinaryIO) -> int:
+    """The size on the chunk-size line `rfile` is at, read as RFC 9112 section 7.1 has it; for the last chunk (size
+    0) its trailer section is read too, up to the empty line that ends the body. BadChunk for a line that is not one
+    (`_CHUNK_LINE`), a trailer line that is not a field line (`_TRAILER_LINE`) or more than MAX_FIELD_LINES of
+    them: the caller then closes the connection, so nothing after the bad line is read as a request."""
+    line = _chunk_line(rfile, "chunk-size line")
+    match = _CHUNK_LINE.fullmatch(line)
+    if match is None:
+        raise BadChunk(f"the chunk-size line {_shown(line)} is not a size in hex with well-formed extensions")
+    size = int(match.group(1), 16)
+    if size == 0:
+        for _ in range(MAX_FIELD_LINES + 1):
+            trailer = _chunk_line(rfile, "trailer line")
+            if trailer == b"\r\n":
+                return 0
+            if not _TRAILER_LINE.fullmatch(trailer):
+                raise BadChunk(f"the trailer line {_shown(trailer)} is not 'Name: value' without control bytes")
+        raise BadChunk(f"the chunked body has more than {MAX_FIELD_LINES} trailer lines")
+    return size

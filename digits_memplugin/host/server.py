@@ -23,9 +23,9 @@ from typing import Any
 
 import gevent
 from flask import Flask
-from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer, headers_factory
+from gevent.pywsgi import MAX_REQUEST_LINE, Input, WSGIHandler, WSGIServer, _InvalidClientInput, headers_factory
 
-from .http_framing import BadHead, framing, read_field_lines
+from .http_framing import BadChunk, BadHead, framing, read_chunk_size, read_field_lines
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,25 @@ class GuardedInput:
         return iter(self.readline, b"")
 
 
+class StrictChunkedInput(Input):  # type: ignore[misc]
+    """gevent's request body, its chunk-size lines and trailers read as RFC 9112 asks (`read_chunk_size`).
+
+    gevent skipped a chunk extension up to the first CR and took a bare LF, a NUL or any control byte in it, and a
+    bare LF in a trailer line: a proxy that ends a line at the LF forwarded one request whose body held a second one,
+    which ran here. A line refused raises what gevent raises for a malformed chunk (so the application's read
+    fails, GuardedInput notes it and the connection is closed after the 400). The method replaced is gevent's
+    private `__read_chunk_length`, under its mangled name; the chunk data and the CRLF after it are still gevent's.
+    """
+
+    def _Input__read_chunk_length(self, rfile: Any) -> int:
+        try:
+            return read_chunk_size(rfile)
+        except BadChunk as bad:
+            self._chunked_input_error = True
+            log.info("refused a chunked body: %s", bad)
+            raise _InvalidClientInput(str(bad)) from None
+
+
 class _Drained:
     """Stands in for gevent's input once the connection is to be closed: nothing more of the body is read."""
 
@@ -106,6 +125,8 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
       Transfer-Encoding and ran the rest (Content-Length's count of bytes, to a proxy) as the next request. Such
       a head gets a JSON 400 (501 for a coding not implemented, 431 for too many or too long lines) and the
       connection is closed before any body is read; so do the heads gevent itself refuses (a bad request line).
+    - A chunked body's chunk-size lines and trailers are read strictly too (StrictChunkedInput): gevent took a bare
+      LF or a control byte in a chunk extension or trailer, where a proxy may end the line and read on.
     - Read timeout (the server's `read_timeout`): the request line and headers must arrive within it from the
       moment the handler waits for them (a connection without a whole request line by then, idle kept-alive ones
       included, is closed; one with headers still missing gets 408 first), and a body may pause at most that long
@@ -144,6 +165,16 @@ class ConnectionHandler(WSGIHandler):  # type: ignore[misc]
         if framing(fields, self.request_version).chunked:
             fields.replace_header("Transfer-Encoding", "chunked")
         return fields
+
+    def get_environ(self) -> dict[str, Any]:
+        """gevent's environment, with a chunked body read through StrictChunkedInput."""
+        environ: dict[str, Any] = super().get_environ()
+        plain = self.wsgi_input
+        if isinstance(plain, Input) and plain.chunked_input:
+            self.wsgi_input = StrictChunkedInput(self.rfile, self.content_length, plain.socket, chunked_input=True)
+            if environ.get("wsgi.input") is plain:
+                environ["wsgi.input"] = self.wsgi_input
+        return environ
 
     def handle_one_request(self) -> Any:
         result = super().handle_one_request()
