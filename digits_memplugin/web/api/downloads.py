@@ -45,11 +45,10 @@ from ...jobs.definition.model_files import (
     tar_gz,
     written_snapshots,
 )
-from ...jobs.errors import JobNotFound
 from ...jobs.manager import JobManager
 from ...jobs.store.records import Attempt, Job
 from ..plugin_state import current_plugin
-from .envelope import API_PATH
+from .envelope import API_PATH, job_or_404
 
 MAX_DEFINITION_BYTES = 4 * 1024 * 1024
 """The job's net and solver as submitted are at most this (MEMPLUGIN_MAX_REQUEST_BYTES' default)."""
@@ -58,12 +57,6 @@ MAX_DEFINITION_BYTES = 4 * 1024 * 1024
 def _manager() -> JobManager:
     return current_plugin().started_jobs()
 
-
-def _job(manager: JobManager, job_id: str) -> Job:
-    try:
-        return manager.get(job_id)
-    except JobNotFound as error:
-        raise NotFound(str(error)) from None
 
 
 def refused(error: DownloadError) -> HTTPException:
@@ -124,7 +117,7 @@ def list_snapshots(job_id: str) -> ResponseReturnValue:
         raise BadRequest(f"limit must be a whole number from 1 to {MAX_LISTED_SNAPSHOTS}")
     before = _number_arg("before", 10)
     manager = _manager()
-    job = _job(manager, job_id)
+    job = job_or_404(manager, job_id)
     page = snapshot_documents(manager, job, limit or MAX_LISTED_SNAPSHOTS, before)
     model_url = url_for("memplugin.api_job_model", job_id=job.id) if page.total else None
     return jsonify(job_id=job.id, snapshots=page.documents, model_url=model_url, total=page.total, older=page.older)
@@ -160,7 +153,7 @@ def snapshot_file(job_id: str, iteration: int, kind: str) -> ResponseReturnValue
     if kind not in KINDS:
         raise NotFound(f"a snapshot holds {' and '.join(KINDS)} files, not {inputs.shown(kind)!r}")
     manager = _manager()
-    job = _job(manager, job_id)
+    job = job_or_404(manager, job_id)
     snapshot = _snapshot(manager, job, iteration)
     relative = snapshot.files.get(kind)
     if relative is None:
@@ -181,7 +174,7 @@ def model_archive(job_id: str) -> ResponseReturnValue:
     file that run it, as one tar.gz, written while it is sent."""
     iteration = _iteration_arg()
     manager = _manager()
-    job = _job(manager, job_id)
+    job = job_or_404(manager, job_id)
     snapshot = _snapshot(manager, job, iteration)
     attempt = next((a for a in manager.attempts(job.id) if a.number == snapshot.attempt), None)
     members = _members(manager, job, snapshot, attempt)

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import (
@@ -29,14 +29,32 @@ from werkzeug.wsgi import LimitedStream
 from ... import __version__
 from ...core import inputs
 from ...estimate.pool import PoolBusy, PoolError
-from ...jobs.errors import DataFolderInUse, DiskFull
+from ...jobs.errors import DataFolderInUse, DiskFull, JobNotFound
+from ...jobs.manager import JobManager
 from ...jobs.store.database import StoreError, StoreFull
+from ...jobs.store.records import Job
 from ..error_pages import error_page
 from ..plugin_state import current_plugin
 
 API_PATH = "/api"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 T = TypeVar("T")
+
+
+def job_or_404(manager: JobManager, job_id: str) -> Job:
+    """The job by its id; a job that is not there is the 404 every view answers for it."""
+    try:
+        return manager.get(job_id)
+    except JobNotFound as error:
+        raise NotFound(str(error)) from None
+
+
+def created(job: Job) -> Response:
+    """The 201 a submission answers: the job's document, and its address in Location."""
+    response = jsonify(job.to_json())
+    response.status_code = 201
+    response.headers["Location"] = url_for(".api_job", job_id=job.id)
+    return response
 
 
 def health() -> dict[str, Any]:

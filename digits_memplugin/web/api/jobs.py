@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request, url_for
+from flask import Blueprint, Response, jsonify, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
@@ -34,7 +34,7 @@ from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
 from ...jobs.store.records import Job
 from ...jobs.turns import Turns
 from ..plugin_state import current_plugin
-from .envelope import API_PATH, JSON_CONTENT_TYPE, read_form, read_json, wrong_content_type
+from .envelope import API_PATH, JSON_CONTENT_TYPE, created, job_or_404, read_form, read_json, wrong_content_type
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 """A submission may be a form: multipart when the prototxts are uploaded as files."""
@@ -51,12 +51,6 @@ def _manager() -> JobManager:
     """The started job manager; another server holding the data folder is a 503 (web/api/envelope.py as_http_error)."""
     return current_plugin().started_jobs()
 
-
-def _job_or_404(manager: JobManager, job_id: str) -> Any:
-    try:
-        return manager.get(job_id)
-    except JobNotFound as error:
-        raise NotFound(str(error)) from None
 
 
 def _body() -> dict[str, Any]:
@@ -117,10 +111,7 @@ def create_job() -> ResponseReturnValue:
         job = submit(_body())
     except FieldErrors as refused:
         return jsonify(errors=refused.errors), 400
-    response = jsonify(job.to_json())
-    response.status_code = 201
-    response.headers["Location"] = url_for(".api_job", job_id=job.id)
-    return response
+    return created(job)
 
 
 def list_jobs() -> ResponseReturnValue:
@@ -143,13 +134,13 @@ def page_limit(text: str | None) -> int:
 
 def show_job(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     return jsonify(manager.document(job_id))
 
 
 def cancel_job(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     try:
         return jsonify(manager.cancel(job_id).to_json())
     except JobStateError as error:
@@ -158,7 +149,7 @@ def cancel_job(job_id: str) -> ResponseReturnValue:
 
 def resume_job(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     try:
         return jsonify(manager.resume(job_id).to_json())
     except JobStateError as error:
@@ -167,7 +158,7 @@ def resume_job(job_id: str) -> ResponseReturnValue:
 
 def delete_job(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     try:
         manager.delete(job_id)
     except JobStateError as error:
@@ -177,7 +168,7 @@ def delete_job(job_id: str) -> ResponseReturnValue:
 
 def job_log(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     attempt = _positive_arg("attempt")
     tail = _positive_arg("tail")
     try:
@@ -198,7 +189,7 @@ def job_progress(job_id: str) -> ResponseReturnValue:
     whether a later attempt trains its iteration again (`superseded`: that attempt restarted before it): what a
     page draws its chart from on first paint and after a reconnection (the events carry only what is new)."""
     manager = _manager()
-    _job_or_404(manager, job_id)
+    job_or_404(manager, job_id)
     folder = manager.folder(job_id)
     records: list[dict[str, Any]] = []
     attempts = manager.attempts(job_id)

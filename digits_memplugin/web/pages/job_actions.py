@@ -21,6 +21,7 @@ from ... import __version__
 from ...jobs.errors import JobNotFound, JobStateError
 from ...jobs.manager import JobManager
 from ...jobs.store.records import ACTIVE_STATES, RUNNING, Job
+from ..api.envelope import job_or_404
 from ..plugin_state import current_plugin
 
 CONFIRMATIONS = {
@@ -64,10 +65,7 @@ def confirm_action(job_id: str, action: str) -> ResponseReturnValue:
     if action not in CONFIRMATIONS:
         raise NotFound(f"a job can be cancelled or deleted from the list, not {action[:40]!r}")
     manager = _manager()
-    try:
-        job = manager.get(job_id)
-    except JobNotFound as missing:
-        raise NotFound(str(missing)) from None
+    job = job_or_404(manager, job_id)
     try:
         validate_csrf(request.form.get("csrf_token"))
     except ValidationError as problem:

@@ -37,7 +37,7 @@ from ...jobs.errors import JobNotFound
 from ...jobs.manager import JobManager
 from ...jobs.store.records import Job
 from ...networks import STANDARD_NETWORKS
-from ..api.envelope import API_PATH
+from ..api.envelope import API_PATH, job_or_404
 from ..plugin_state import current_plugin
 from .forms import (
     DATA_TOP,
@@ -83,10 +83,7 @@ def request_document(manager: JobManager, job: Job) -> dict[str, Any]:
 
 def job_request(job_id: str) -> ResponseReturnValue:
     manager = _manager()
-    try:
-        job = manager.get(job_id)
-    except JobNotFound as error:
-        raise NotFound(str(error)) from None
+    job = job_or_404(manager, job_id)
     try:
         return jsonify(request_document(manager, job))
     except DownloadError as error:

@@ -32,7 +32,7 @@ from ...jobs.errors import JobValidationError
 from ...jobs.store.records import Job
 from ...networks import STANDARD_NETWORKS
 from ..api import estimate as api_estimate
-from ..api.envelope import json_error, read_form, read_json
+from ..api.envelope import created, json_error, read_form, read_json
 from ..plugin_state import current_plugin
 from . import panel_words
 from .forms import DEVICE_NEXT, NewModelForm, formdata_from_json
@@ -225,10 +225,7 @@ def _create_model_json() -> ResponseReturnValue:
         job, _ = submit_model(asked_of(form), devices)
     except FieldErrors as refused:
         return jsonify(errors=refused.errors), 400
-    response = jsonify(job.to_json())
-    response.status_code = 201
-    response.headers["Location"] = url_for(".api_job", job_id=job.id)
-    return response
+    return created(job)
 
 
 def preview_model_json() -> ResponseReturnValue:
