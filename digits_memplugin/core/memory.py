@@ -393,43 +393,11 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
     # What the rules took as given for want of a shape (a DetectNet label LMDB's layout...), once each.
     assumed = (note for net in (train, *tests) for layer in net.layers for note in layer.ctx.assumed)
     assumptions = list(dict.fromkeys(assumed))
-    context = 0
-    if options.engine == ENGINE_CPU:
-        nets = (train, *tests)
-        threads = sum(
-            2 if layer.type == "Data" else 1
-            for net in nets
-            for layer in net.layers
-            if layer.type in ("Data", "ImageData", "WindowData")
-        )
-        layer_count = sum(len(net.layers) for net in nets)
-        context = CPU_RUNTIME_BYTES + threads * CPU_THREAD_BYTES + sum(
-            cpu_bookkeeping_bytes(net, net_layers, net is train) for net, net_layers in zip(nets, per_net)
-        )
-        assumptions.append(
-            f"Caffe's own bookkeeping in the training process: {format_size(context)} "
-            f"(protobuf descriptors, {threads} data threads, {layer_count} layers)"
-        )
-    if options.on_gpu:
-        context = options.cuda_context_bytes
-        assumptions.append(
-            f"CUDA context and library handles: {format_size(options.cuda_context_bytes)} (a per-machine constant)"
-        )
-    if options.engine == ENGINE_CUDNN:
-        handles = sum(
-            layer.setup.details.get("group", 1) * 3
-            for net in (train, *tests)
-            for layer in net.layers
-            if layer.type in ("Convolution", "Deconvolution") and layer.setup.details.get("cudnn")
-        )
-        context += handles * options.cudnn_handle_bytes
-        assumptions.append(
-            "cuDNN workspace: per convolution, one group's im2col matrix capped at BVLC's 8 MiB limit, "
-            "x group x 3 streams (the algorithm cuDNN picks is only known on the GPU)"
-        )
+    context, notes = process_context((train, *tests), per_net, options, train)
+    assumptions.extend(notes)
     nvcaffe_nets = any(flavour_of(net.param) == NVCAFFE for net in (train, *tests) if net.param is not None)
     if options.flavour == NVCAFFE or nvcaffe_nets:  # an NVcaffe solver trains BVLC-schema nets with NVcaffe too
-        assumptions.extend(_nvcaffe_semantics(layers, options))
+        assumptions.extend(nvcaffe_semantics(layers, options))
     if any(layer.from_oracle for net in (train, *tests) for layer in net.layers):
         names = sorted({layer.name for net in (train, *tests) for layer in net.layers if layer.from_oracle})
         assumptions.append(f"shapes of {', '.join(names)} came from pycaffe; their internal buffers are not counted")
@@ -454,7 +422,50 @@ def job_memory(train: Net, tests: Sequence[Net], options: MemoryOptions) -> Memo
     )
 
 
-def _nvcaffe_semantics(layers: Sequence[LayerMemory], options: MemoryOptions) -> list[str]:
+def process_context(
+    nets: Sequence[Net], per_net: Sequence[Sequence[LayerMemory]], options: MemoryOptions, learnable: Net | None,
+    process: str = "the training process",
+) -> tuple[int, list[str]]:
+    """What one Caffe process holding `nets` costs beyond their blobs, and the notes that say so: on the CPU its
+    runtime, data threads and bookkeeping (`learnable`: the net whose params have solver state, None in a process
+    without a solver), on GPU engines the CUDA context and the cuDNN handles."""
+    context, notes = 0, []
+    if options.engine == ENGINE_CPU:
+        threads = sum(
+            2 if layer.type == "Data" else 1
+            for net in nets
+            for layer in net.layers
+            if layer.type in ("Data", "ImageData", "WindowData")
+        )
+        layer_count = sum(len(net.layers) for net in nets)
+        context = CPU_RUNTIME_BYTES + threads * CPU_THREAD_BYTES + sum(
+            cpu_bookkeeping_bytes(net, net_layers, net is learnable) for net, net_layers in zip(nets, per_net)
+        )
+        notes.append(
+            f"Caffe's own bookkeeping in {process}: {format_size(context)} "
+            f"(protobuf descriptors, {threads} data threads, {layer_count} layers)"
+        )
+    if options.on_gpu:
+        context = options.cuda_context_bytes
+        notes.append(
+            f"CUDA context and library handles: {format_size(options.cuda_context_bytes)} (a per-machine constant)"
+        )
+    if options.engine == ENGINE_CUDNN:
+        handles = sum(
+            layer.setup.details.get("group", 1) * 3
+            for net in nets
+            for layer in net.layers
+            if layer.type in ("Convolution", "Deconvolution") and layer.setup.details.get("cudnn")
+        )
+        context += handles * options.cudnn_handle_bytes
+        notes.append(
+            "cuDNN workspace: per convolution, one group's im2col matrix capped at BVLC's 8 MiB limit, "
+            "x group x 3 streams (the algorithm cuDNN picks is only known on the GPU)"
+        )
+    return context, notes
+
+
+def nvcaffe_semantics(layers: Sequence[LayerMemory], options: MemoryOptions) -> list[str]:
     """NVcaffe's one cuDNN workspace per device (GPUMemory::workspace_, shared by every convolution of every net of
     the solver, cudnn_conv_layer.cpp) instead of BVLC's per layer: only the largest layer's figure stays. Says what
     the NVcaffe model assumes."""
