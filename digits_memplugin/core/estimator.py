@@ -1,6 +1,7 @@
 """One training definition estimated at any batch (`Estimator`), memoised: a planner's search costs one build per
 batch, and what it learns is kept on the definition for the next estimator of the same net (another wanted batch,
-another device, another estimate of the form), within bounds.
+another device, another estimate of the form), within bounds. With the test nets apart (core.test_nets), the
+trainer's and the tester's footprints are estimated apart too (`ApartFootprints`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .cost import Meter, layers_in
 from .memory import MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
 from .planning.planner import MemoryCurve
+from .test_nets import apart_tester_memory, apart_trainer_memory
 from .training import TrainingDefinition
 
 MAX_REMEMBERED_TOTALS = 512
@@ -168,3 +170,38 @@ def net_batch(net: Net) -> int | None:
             if shape:
                 return shape[0]
     return None
+
+
+@dataclasses.dataclass
+class ApartFootprints:
+    """One definition's two footprints under `apart`, on the estimator's builds: the trainer's at any train batch
+    (memoised, for the planner's search) and the tester's at the test nets' own batch (built once)."""
+
+    estimator: Estimator
+    tester_options: MemoryOptions | None = None
+    """How the tester's device counts (another device may be another engine); None: the estimator's options."""
+    _trainer: dict[int, int] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _tester: int | None = dataclasses.field(default=None, init=False, repr=False)
+    _tests: list[Net] | None = dataclasses.field(default=None, init=False, repr=False)
+    """The test nets, built once (the train batch does not change them)."""
+
+    def trainer(self, batch: int) -> int:
+        """The trainer's peak at train batch `batch`."""
+        if batch not in self._trainer:
+            train, _ = self._build(batch)
+            self._trainer[batch] = apart_trainer_memory(train, self.estimator.options).total_bytes
+        return self._trainer[batch]
+
+    def tester(self) -> int:
+        """The tester's peak, its test nets at their own batch (never shrunk)."""
+        if self._tester is None:
+            train, tests = self._build(None)
+            self._tester = apart_tester_memory(train, tests, self.tester_options or self.estimator.options).total_bytes
+        return self._tester
+
+    def _build(self, batch: int | None) -> tuple[Net, list[Net]]:
+        estimator = self.estimator
+        train, self._tests = estimator.definition.build(
+            batch, None, estimator.data_shapes, estimator.oracle, self._tests, meter=estimator.meter
+        )
+        return train, self._tests
