@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import BlobLimitError
 from ..sizes import format_size
+from ..test_nets import TEST_NET_SHARED
 from .planner import MAX_BATCH, BatchPlan, MemoryCurve, max_batch, plan_batch, usable_bytes
 
 Footprint = Callable[[int, int | None], int]
@@ -58,6 +59,12 @@ class Decision:
     auto_cap: str | None = None
     """Why an "auto" plan stops where it does when the cap of "auto" chose it (planner.AutoCap.note): "capped at 71
     so that an epoch of the 1438 training items has 21 iterations ..."; None otherwise."""
+    test_net: str = TEST_NET_SHARED
+    """Where the test nets are planned (core.test_nets): TEST_NET_SHARED beside the train net, or TEST_NET_APART."""
+    test_net_note: str | None = None
+    """Why that placement, when the planner chose it (core.planning.apart); None for a plan made as `shared` only."""
+    tester_bytes: int | None = None
+    """Under TEST_NET_APART, the tester's estimated peak (the test nets alone at their own batch)."""
 
     @property
     def stop(self) -> bool:
@@ -75,6 +82,9 @@ class Decision:
             "limited_by": self.limited_by,
             "safety_margin": self.safety_margin,
             "auto_cap": self.auto_cap,
+            "test_net": self.test_net,
+            "test_net_note": self.test_net_note,
+            "tester_bytes": self.tester_bytes,
         }
 
 
