@@ -29,8 +29,8 @@ from digits_memplugin.core.memory import MemoryOptions, MemoryReport, cpu_bookke
 from digits_memplugin.core.net import Net
 from digits_memplugin.core.planning.apart import (
     STOP_COST_LIMIT,
-    StopCost,
     ApartTester,
+    StopCost,
     choose_test_net,
     fit_apart,
     pays,
@@ -43,10 +43,10 @@ from digits_memplugin.core.test_nets import (
     TEST_NET_APART,
     TEST_NET_AUTO,
     TEST_NET_SHARED,
-    share_of_test_nets,
-    snapshot_bytes,
     apart_tester_memory,
     apart_trainer_memory,
+    share_of_test_nets,
+    snapshot_bytes,
 )
 from digits_memplugin.core.training import TrainingDefinition, fill_num_classes, training_definition
 
@@ -195,7 +195,7 @@ def test_shared_plans_are_fit_s_unchanged() -> None:
 
 
 def test_the_tester_at_its_own_batch_must_fit_its_device_or_the_plan_says_which_does_not() -> None:
-    estimator, apart = _footprints("caffe_googlenet", ENGINE_CUDNN)
+    _, apart = _footprints("caffe_googlenet", ENGINE_CUDNN)
     tester = apart.tester()
     # Another device too small for the test nets at batch 50: refused, never shrunk.
     refused = fit_apart(apart.trainer, ApartTester(tester, limit_bytes=tester), None, 6 * GIB, 0.05, test_batch=50)
@@ -271,6 +271,14 @@ def test_auto_picks_apart_where_shared_cannot_train_at_all() -> None:
     limit = FIXED + TEST_NETS  # not even batch 1 beside the test nets, whatever their batch here
     decision = auto(None, limit, cost=StopCost(setup_seconds=90.0, interval_seconds=100.0))
     assert decision.test_net == TEST_NET_APART and "shared does not fit at all" in decision.test_net_note
+
+
+def test_a_cost_half_measured_is_not_measured_yet() -> None:
+    shared = fit(shared_footprint, 256, 500 * MIB, 0.0)
+    apart = fit_apart(trainer_footprint, ApartTester(150 * MIB), 256, 500 * MIB, 0.0)
+    for cost in (StopCost(setup_seconds=3.0), StopCost(interval_seconds=100.0), StopCost(3.0, 0.0)):
+        chosen = choose_test_net(shared, apart, cost, same_device=True)
+        assert chosen.test_net == TEST_NET_APART and "not measured yet" in chosen.test_net_note
 
 
 def test_pays_compares_passes_first_then_the_batch() -> None:
