@@ -170,6 +170,7 @@ def test_apart_gives_googlenet_a_larger_train_batch_where_its_test_net_holds_sha
     planned = fit_apart(apart.trainer, ApartTester(apart.tester()), None, limit, margin, test_batch=50)
     assert shared.plan is not None and planned.plan is not None
     assert planned.plan.batch_size > shared.plan.batch_size
+    assert (shared.plan.batch_size, planned.plan.batch_size) == (46, 70)
     # The largest exactly: it fits on the trainer's budget alone, the next does not.
     assert apart.trainer(planned.plan.batch_size) <= planned.budget < apart.trainer(planned.plan.batch_size + 1)
     assert planned.test_net == TEST_NET_APART and planned.tester_bytes == apart.tester()
@@ -180,18 +181,24 @@ def test_apart_gives_googlenet_a_larger_train_batch_where_its_test_net_holds_sha
     wanted_apart = fit_apart(apart.trainer, ApartTester(apart.tester()), 256, limit, margin, test_batch=50)
     assert wanted_shared.plan is not None and wanted_apart.plan is not None
     assert wanted_apart.plan.iter_size < wanted_shared.plan.iter_size
+    assert (wanted_shared.plan.batch_size, wanted_shared.plan.iter_size) == (43, 6)
+    assert (wanted_apart.plan.batch_size, wanted_apart.plan.iter_size) == (64, 4)
     assert wanted_apart.plan.batch_size * wanted_apart.plan.iter_size >= 256
 
 
 def test_shared_plans_are_fit_s_unchanged() -> None:
-    estimator, apart = _footprints("caffe_googlenet", ENGINE_CUDNN)
+    estimator, _ = _footprints("caffe_googlenet", ENGINE_CUDNN)
     for wanted in (None, 64, 256):
         for limit in (2 * GIB, 6 * GIB, 40 * GIB):
-            expected = fit(estimator.total, wanted, limit, 0.05, test_batch=50, test_iter=1000, max_batch=256)
-            got = plan_test_net(TEST_NET_SHARED, estimator.total, apart.trainer, ApartTester(apart.tester()), wanted,
-                                limit, 0.05, test_batch=50, test_iter=1000, max_batch=256)
-            assert got == expected
+            def shared(wanted: int | None = wanted, limit: int = limit) -> Decision:
+                return fit(estimator.total, wanted, limit, 0.05, test_batch=50, test_iter=1000, max_batch=256)
+
+            got = plan_test_net(TEST_NET_SHARED, shared, lambda: pytest.fail("shared plans nothing apart"))
+            assert got == shared()
             assert got.test_net == TEST_NET_SHARED and got.test_net_note is None and got.tester_bytes is None
+    # Today's figures for GoogLeNet on 6 GiB (its test net at 50 beside the train net): 46 a pass, 256 as 43 x 6.
+    assert (shared_plan := fit(estimator.total, None, 6 * GIB, 0.05, test_batch=50).plan) is not None
+    assert (shared_plan.batch_size, shared_plan.iter_size) == (46, 1)
 
 
 def test_the_tester_at_its_own_batch_must_fit_its_device_or_the_plan_says_which_does_not() -> None:
@@ -226,8 +233,13 @@ def trainer_footprint(batch: int) -> int:
 
 def auto(wanted: int | None, limit: int = GIB, *, tester: ApartTester | None = None,
          cost: StopCost | None = None, max_batch: int | None = 256) -> Decision:
-    return plan_test_net(TEST_NET_AUTO, shared_footprint, trainer_footprint, tester or ApartTester(150 * MIB), wanted,
-                         limit, 0.0, test_batch=50, max_batch=max_batch, cost=cost)
+    tester = tester or ApartTester(150 * MIB)
+    return plan_test_net(
+        TEST_NET_AUTO,
+        lambda: fit(shared_footprint, wanted, limit, 0.0, test_batch=50, max_batch=max_batch),
+        lambda: fit_apart(trainer_footprint, tester, wanted, limit, 0.0, test_batch=50, max_batch=max_batch),
+        cost, same_device=tester.same_device,
+    )
 
 
 def test_auto_picks_apart_where_it_grows_the_batch_and_the_cost_is_not_measured_yet() -> None:
@@ -293,7 +305,7 @@ def test_pays_compares_passes_first_then_the_batch() -> None:
 def test_the_three_modes_are_one_constant_each() -> None:
     assert (TEST_NET_SHARED, TEST_NET_APART, TEST_NET_AUTO) == ("shared", "apart", "auto")
     with pytest.raises(ValueError, match="test_net must be one of shared, apart, auto"):
-        plan_test_net("both", shared_footprint, trainer_footprint, ApartTester(0), None, GIB, 0.0)
+        plan_test_net("both", lambda: fit(shared_footprint, None, GIB, 0.0), lambda: pytest.fail("not planned"))
     assert fit(shared_footprint, None, GIB, 0.0).test_net == TEST_NET_SHARED  # a plan made as today's says so
 
 

@@ -82,14 +82,8 @@ def apart_tester_memory(
         )
         if binary_snapshot:
             construction += snapshot_bytes(train, options)
-    return MemoryReport(
-        construction_bytes=construction,
-        engine=options.engine,
-        layers=layers,
-        context_bytes=context,
-        assumptions=assumptions,
-        memory_required_for_data=[net.memory_required_for_data for net in tests],
-    )
+    data = [net.memory_required_for_data for net in tests]
+    return MemoryReport(options.engine, layers, context, assumptions, data, construction)
 
 
 def snapshot_bytes(train: Net, options: MemoryOptions) -> int:

@@ -6,7 +6,7 @@ footprint alone, and refuses when the tester does not fit on its device: the tra
 each test interval, so the two never hold it at once: the same budget) or another one. `choose_test_net` is
 `auto`: `apart` only where it pays in memory (a larger train batch, or fewer iter_size passes, than `shared`), and
 on the same device only while stopping and resuming costs under STOP_COST_LIMIT of an interval's training.
-`plan_test_net` plans a job in any of the three modes; `shared` is `fit` unchanged.
+`plan_test_net` plans a job in any of the three modes; `shared` is `fit`'s plan unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from ..test_nets import TEST_NET_APART, TEST_NET_AUTO, TEST_NET_MODES, TEST_NET_SHARED
-from .fit import Decision, Footprint, _size, check_wanted, fit
+from .fit import Decision, _size, check_wanted, fit
 from .planner import BatchPlan, usable_bytes
 
 STOP_COST_LIMIT = 0.05
@@ -141,32 +141,18 @@ def _chosen(decision: Decision, test_net: str, note: str) -> Decision:
 
 
 def plan_test_net(
-    mode: str,
-    footprint: Footprint,
-    trainer: Callable[[int], int],
-    tester: ApartTester,
-    wanted: int | None,
-    limit_bytes: int,
-    safety_margin: float,
-    *,
-    test_batch: int | None = None,
-    test_iter: int = 1,
-    max_batch: int | None = None,
-    known: Mapping[int, int] | None = None,
-    cost: StopCost | None = None,
+    mode: str, shared: Callable[[], Decision], apart: Callable[[], Decision], cost: StopCost | None = None, *,
+    same_device: bool = True,
 ) -> Decision:
-    """The first plan of a job whose test nets are `mode` (TEST_NET_SHARED, _APART or _AUTO): `shared` is `fit`
-    on the job's footprint as it always was; `apart` is `fit_apart`; `auto` plans both and `choose_test_net`s.
-    `known` seeds the shared search (footprints at `test_batch`)."""
+    """The first plan of a job whose test nets are `mode` (TEST_NET_SHARED, _APART or _AUTO), from the plan of
+    each placement, made only when needed: `shared` is `fit` on the job's footprint exactly as it always was,
+    `apart` is `fit_apart`'s; `auto` makes both and `choose_test_net`s (`same_device`: the tester's device is the
+    trainer's, where `cost` counts)."""
     if mode not in TEST_NET_MODES:
         raise ValueError(f"test_net must be one of {', '.join(TEST_NET_MODES)}, got {mode!r}")
     if mode == TEST_NET_SHARED:
-        return fit(footprint, wanted, limit_bytes, safety_margin, test_batch=test_batch, test_iter=test_iter,
-                   max_batch=max_batch, known=known)
-    apart = fit_apart(trainer, tester, wanted, limit_bytes, safety_margin, test_batch=test_batch, max_batch=max_batch)
+        return shared()
     if mode == TEST_NET_APART:
-        return apart
+        return apart()
     assert mode == TEST_NET_AUTO
-    shared = fit(footprint, wanted, limit_bytes, safety_margin, test_batch=test_batch, test_iter=test_iter,
-                 max_batch=max_batch, known=known)
-    return choose_test_net(shared, apart, cost or StopCost(), same_device=tester.same_device)
+    return choose_test_net(shared(), apart(), cost or StopCost(), same_device=same_device)
