@@ -153,13 +153,16 @@ def test_a_stop_ends_the_tester_with_no_result(make_manager: ManagerFactory) -> 
     assert "Test interrupted." in (folder / own / "caffe.log").read_text()
 
 
+A_SPEC = specs.TesterSpec(
+    weights="snapshots/s_iter_4.caffemodel.h5", iteration=4, nets=(specs.TestNet("attempts/1/test0.prototxt", 2),),
+    device=AttemptDevice("cpu"), memory_cap=None, log="caffe.log", progress="progress.jsonl",
+    read_paths=(), write_paths=("attempts/1",),
+)
+"""A spec that needs no job: for what the tester refuses before it loads Caffe."""
+
+
 def test_a_missing_snapshot_is_an_error_record(tmp_path: Path) -> None:
-    spec = specs.TesterSpec(
-        weights="snapshots/none_iter_4.caffemodel", iteration=4,
-        nets=(specs.TestNet("attempts/1/test0.prototxt", 2),),
-        device=AttemptDevice("cpu"), memory_cap=None, log="caffe.log", progress="progress.jsonl",
-        read_paths=(), write_paths=("attempts",),
-    )
+    spec = dataclasses.replace(A_SPEC, weights="snapshots/none_iter_4.caffemodel")
     status, stdout = run_child(tmp_path, spec, timeout=60)
     assert status == 3
     (error,) = [json.loads(line) for line in stdout.splitlines()]
@@ -169,12 +172,7 @@ def test_a_missing_snapshot_is_an_error_record(tmp_path: Path) -> None:
 
 
 def test_a_spec_that_is_not_one_is_refused_naming_the_field(tmp_path: Path) -> None:
-    good = specs.TesterSpec(
-        weights="snapshots/s_iter_4.caffemodel.h5", iteration=4,
-        nets=(specs.TestNet("attempts/1/test0.prototxt", 2),),
-        device=AttemptDevice("cpu"), memory_cap=None, log="caffe.log", progress="progress.jsonl",
-        read_paths=(), write_paths=("attempts/1",),
-    ).to_json()
+    good = A_SPEC.to_json()
     assert specs.TesterSpec.from_json(good).to_json() == good
     wrong: list[tuple[dict[str, Any], str]] = [
         ({k: v for k, v in good.items() if k != "weights"}, "weights is missing"),
