@@ -116,11 +116,7 @@ class AttemptSpec:
     def from_json(cls, data: Any) -> AttemptSpec:
         """The spec in `data` (json.loads of attempt.json); AttemptSpecError naming the first field that is missing
         or of the wrong type."""
-        if not isinstance(data, Mapping):
-            raise AttemptSpecError(f"an attempt spec must be a JSON object, not {_kind(data)}")
-        unknown = sorted(set(data) - {field.name for field in dataclasses.fields(cls)})
-        if unknown:
-            raise AttemptSpecError(f"unknown field(s): {', '.join(map(repr, unknown))}")
+        known_object(data, "an attempt spec", {field.name for field in dataclasses.fields(cls)})
         test_iter = _field(data, "test_iter", list)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in test_iter):
             raise AttemptSpecError(f"test_iter must be a list of positive whole numbers, not {test_iter!r}")
@@ -168,11 +164,26 @@ class AttemptSpec:
     @classmethod
     def read(cls, path: Path) -> AttemptSpec:
         """The spec in the file; AttemptSpecError when it is not JSON or not a spec."""
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise AttemptSpecError(f"cannot read {path}: {error}") from None
-        return cls.from_json(data)
+        return cls.from_json(read_json(path, AttemptSpecError))
+
+
+def read_json(path: Path, error: type[AttemptSpecError]) -> Any:
+    """The JSON document of a child's spec file; `error` when it cannot be read or is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as reason:
+        raise error(f"cannot read {path}: {reason}") from None
+
+
+def known_object(data: Any, what: str, fields: set[str], label: str = "") -> Mapping[str, Any]:
+    """`data` as a JSON object with none but `fields`; AttemptSpecError saying `what` it must be, or which field
+    (after `label`) is unknown."""
+    if not isinstance(data, Mapping):
+        raise AttemptSpecError(f"{what} must be a JSON object, not {_kind(data)}")
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise AttemptSpecError(f"{label}unknown field(s): {', '.join(map(repr, unknown))}")
+    return data
 
 
 def _field(data: Mapping[str, Any], name: str, kind: type, label: str | None = None, nullable: bool = False) -> Any:

@@ -50,70 +50,32 @@ needs no disk) rather than training on with no log, no progress file and snapsho
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import io
 import os
-import resource
 import select
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ...core import nonfinite
 from ...core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
-from ...measure.process_memory import data_bytes, heap_bytes
 from .attempt_spec import BINARY_RUNNER, AttemptSpec, AttemptSpecError
-from .blas_warmup import warm_up
-from .confinement import confine_attempt, describe
+from .child_process import OPEN_APPEND, STOP, THREAD_STACK_BYTES, Growth, become_child, log_line, start_caffe
 
 if TYPE_CHECKING:
     from ...core.schedule import LearningRate
 
-THREAD_STACK_BYTES = 512 * 1024
-"""Stack of the threads Caffe starts (data prefetch, DB readers). glibc gives each one RLIMIT_STACK (8 MiB) of
-address space by default, which RLIMIT_DATA counts; Caffe's threads need a few KiB."""
+SpecT = TypeVar("SpecT")
 MAX_LISTED_VALUES = 16
 """Outputs with more elements are reported by their mean, not element by element."""
 ALIVE_SECONDS = 10.0
 """At most one "testing" record this often during a test pass (the watchdog's sign of life)."""
-PR_SET_PDEATHSIG = 1
-PR_SET_PTRACER = 0x59616D61
 DISK_FULL = "DiskFull"
 """The type of the error record of an attempt stopped by a full disk."""
-_OPEN_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-"""The attempt's own files are appended to, never through a symlink (one would lead outside the job's folder)."""
-
-
-class StopRequest:
-    """SIGINT's request to stop at the next step with a snapshot (`caffe train --sigint_effect=stop`). The handler
-    only sets a flag: Caffe's step in C++ is never interrupted, and Python runs the handler once it returns."""
-
-    def __init__(self) -> None:
-        self.asked = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self._note)
-
-    def _note(self, number: int, frame: Any) -> None:
-        self.asked = True
-
-
-STOP = StopRequest()
-"""The runner's one stop request (installed by `main` before anything is loaded)."""
-
-
-def log_line(text: str) -> None:
-    """One INFO line in Caffe's log, in glog's format (the classifier reads INFO lines as nothing but progress), so
-    that the log ends with how training ended, as `caffe train`'s does ("Optimization Done.")."""
-    now = time.time()
-    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-    with contextlib.suppress(OSError, ValueError):
-        print(f"I{stamp} {os.getpid():>5} runner.py] {text}", file=sys.stderr, flush=True)
 
 
 class ReportDiskFull(Exception):
@@ -140,7 +102,7 @@ class Reporter:
         self._stream = stream
         self.divergence = DivergenceWatch(divergence)
         self._progress = progress
-        self._file: int | None = os.open(progress, _OPEN_APPEND, 0o644)
+        self._file: int | None = os.open(progress, OPEN_APPEND, 0o644)
         self._started = self._last = time.monotonic()
         self._held: str | None = None
         self.held_back = 0
@@ -202,57 +164,6 @@ def _number(value: Any) -> Any:
     return float(value)
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to kill this process when the server that started it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getppid()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
-
-
-def let_parent_trace() -> None:
-    """Where Yama restricts ptrace to ancestors, let the server (and the gdb its watchdog starts) read this
-    process's stack if it ever stops making progress (jobs.backends.watchdog). Without Yama there is nothing to do."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PTRACER, os.getppid(), 0, 0, 0)
-
-
-def redirect_stderr(log: Path) -> None:
-    """fd 2 (glog, C++ terminate messages, Python tracebacks) appends to the attempt's caffe.log."""
-    fd = os.open(log, _OPEN_APPEND, 0o644)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-
-
-def small_thread_stacks(size: int = THREAD_STACK_BYTES) -> None:
-    """Make threads started from now on (Caffe's) reserve `size` bytes of stack instead of RLIMIT_STACK."""
-    libc = ctypes.CDLL(None)
-    attr = ctypes.create_string_buffer(256)  # larger than pthread_attr_t on every glibc target
-    if libc.pthread_attr_init(attr) == 0 and libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) == 0:
-        libc.pthread_setattr_default_np(attr)
-        libc.pthread_attr_destroy(attr)
-
-
-class Growth:
-    """The attempt's memory since the baseline (pycaffe and the BLAS loaded and warmed up, before the solver):
-    `memory_bytes`, the data segment's growth, is what the cap limits (Caffe's buffers, and whatever else the
-    process maps meanwhile); `allocated_bytes`, malloc's growth, is Caffe's own allocation in CPU mode, the figure
-    the estimator predicts. On a GPU, Caffe's buffers are in neither: NVML's figure for the process is."""
-
-    def __init__(self, on_cpu: bool) -> None:
-        self.baseline = data_bytes()
-        self.heap = heap_bytes() if on_cpu else None
-
-    def fields(self) -> dict[str, int]:
-        fields = {"memory_bytes": data_bytes() - self.baseline}
-        heap = heap_bytes()
-        if heap is not None and self.heap is not None:
-            fields["allocated_bytes"] = heap - self.heap
-        return fields
-
-
 def output_value(values: Any) -> Any:
     """A blob's values for a record: a number, a short list, or the mean of a long one."""
     flat = values.ravel()
@@ -274,29 +185,37 @@ def weighted_loss(sums: Mapping[str, Any], weights: Mapping[str, float]) -> floa
     return total if any_loss else None
 
 
+def averaged_test(
+    net: Any, index: int, iterations: int, report: Reporter, source: str = "runner.py"
+) -> dict[str, Any] | None:
+    """Solver::Test on test net `index`: `iterations` forward passes, its outputs averaged over them. The test
+    record's outputs and loss, or None when a stop was asked during the pass (Solver::Test then ends it, with no
+    result)."""
+    sums: dict[str, Any] = {}
+    for done in range(iterations):
+        if STOP.asked:
+            log_line("Test interrupted.", source)
+            return None
+        report.alive("testing", net=index, done=done, of=iterations)
+        outputs = net.forward()
+        for name, values in outputs.items():
+            sums[name] = values.astype("float64") if name not in sums else sums[name] + values
+    means = {name: total / iterations for name, total in sums.items()}
+    return {
+        "outputs": {name: output_value(values) for name, values in means.items()},
+        "loss": weighted_loss(means, net.blob_loss_weights),
+    }
+
+
 def run_tests(solver: Any, test_iters: list[int], report: Reporter) -> None:
     """Solver::TestAll: each test net shares the train net's weights, runs test_iter forward passes, and its
     outputs are averaged over them."""
     for index, net in enumerate(solver.test_nets):
         net.share_with(solver.net)
-        sums: dict[str, Any] = {}
-        iterations = test_iters[index]
-        for done in range(iterations):
-            if STOP.asked:  # Solver::Test: a stop asked during a test pass ends it, with no result
-                log_line("Test interrupted.")
-                return
-            report.alive("testing", net=index, done=done, of=iterations)
-            outputs = net.forward()
-            for name, values in outputs.items():
-                sums[name] = values.astype("float64") if name not in sums else sums[name] + values
-        means = {name: total / iterations for name, total in sums.items()}
-        report(
-            "test",
-            iteration=solver.iter,
-            net=index,
-            outputs={name: output_value(values) for name, values in means.items()},
-            loss=weighted_loss(means, net.blob_loss_weights),
-        )
+        result = averaged_test(net, index, test_iters[index], report)
+        if result is None:
+            return
+        report("test", iteration=solver.iter, net=index, **result)
 
 
 def snapshot(solver: Any, spec: AttemptSpec, report: Reporter) -> dict[str, Any]:
@@ -317,34 +236,17 @@ def train(spec: AttemptSpec, report: Reporter) -> Any:
     """Confine this process to the job's files (before Caffe is loaded, while it has one thread), construct the
     solver, resume, and train to max_iter, testing and snapshotting as Solver::Solve would. The solver is
     returned: when it is freed is the caller's decision (see `_end`)."""
-    confinement = confine_attempt(
-        Path.cwd(), spec.read_paths, spec.write_paths, gpu=spec.device.kind == "gpu"
-    )
-    print(f"memplugin: this attempt is {describe(confinement)}", file=sys.stderr, flush=True)
     from ...core.schedule import LearningRate
 
     schedule = LearningRate(**{**spec.schedule, "stepvalues": tuple(spec.schedule["stepvalues"])})
-    import caffe
-
-    device = spec.device
-    if device.kind == "gpu":
-        caffe.set_device(int(device.cuda_index or 0))
-        caffe.set_mode_gpu()
-    else:
-        caffe.set_mode_cpu()
-    blas = warm_up(caffe._caffe.__file__)
-    small_thread_stacks()
-    memory = Growth(on_cpu=device.kind != "gpu")
-    cap = spec.memory_cap
-    if cap:
-        limit = memory.baseline + int(cap)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    started = start_caffe(spec.device, spec.memory_cap, spec.read_paths, spec.write_paths)
+    memory = started.memory
     report(
-        "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=cap, resumed_from=spec.resume,
-        blas=blas.to_dict(), confinement=confinement.to_dict(),
+        "started", pid=os.getpid(), baseline_bytes=memory.baseline, memory_cap=spec.memory_cap,
+        resumed_from=spec.resume, blas=started.blas, confinement=started.confinement,
     )
 
-    solver = caffe.get_solver(spec.solver)
+    solver = started.caffe.get_solver(spec.solver)
     if spec.resume:
         solver.restore(spec.resume)
     report("constructed", iteration=solver.iter, **memory.fields())
@@ -409,26 +311,40 @@ def stopped(
 
 def main(argv: list[str]) -> int:
     STOP.install()  # first: a cancel that comes while pycaffe loads is honoured once training can stop
-    if len(argv) != 1:
-        print("usage: python -m digits_memplugin.jobs.child.runner ATTEMPT_JSON", file=sys.stderr)
-        return 2
-    try:
-        spec = AttemptSpec.read(Path(argv[0]))
-    except AttemptSpecError as error:
-        return _refuse_spec(argv[0], error)
-    if spec.nice:
-        os.nice(spec.nice)
-    die_with_parent()
-    let_parent_trace()
-    redirect_stderr(Path(spec.log))
+    spec = read_spec(argv, "runner ATTEMPT_JSON", AttemptSpec.read, "attempt spec")
+    if isinstance(spec, int):
+        return spec
+    become_child(spec.nice, Path(spec.log))
     report = Reporter(sys.stdout, Path(spec.progress), spec.divergence)
-    # Every way out goes through _end while the solver is still referenced (here, or by the traceback being handled).
-    try:
+
+    def work() -> tuple[int, Any]:
         if spec.runner == BINARY_RUNNER:
             from .binary_runner import train_with_binary
 
-            return _end(report, train_with_binary(spec, report, stack_bytes=THREAD_STACK_BYTES))
-        solver = train(spec, report)
+            return train_with_binary(spec, report, stack_bytes=THREAD_STACK_BYTES), None
+        return 0, train(spec, report)
+
+    return run_reported(report, work)
+
+
+def read_spec(argv: list[str], usage: str, read: Callable[[Path], SpecT], what: str) -> SpecT | int:
+    """The spec the child's one argument names, or the exit status of a refusal: 2 for no single argument (`usage`
+    said), 3 for a file that is not a spec (`_refuse_spec`)."""
+    if len(argv) != 1:
+        print(f"usage: python -m digits_memplugin.jobs.child.{usage}", file=sys.stderr)
+        return 2
+    try:
+        return read(Path(argv[0]))
+    except AttemptSpecError as error:
+        return _refuse_spec(argv[0], what, error)
+
+
+def run_reported(report: Reporter, work: Callable[[], tuple[int, Any]]) -> int:
+    """Run the child's `work` (its exit status, and what must stay referenced until the end: the solver or nets),
+    every failure an error record. Every way out goes through _end while what `work` made is still referenced
+    (here, or by the traceback being handled)."""
+    try:
+        status, held = work()
     except MemoryError as error:
         # pycaffe turns std::bad_alloc into MemoryError; the manager classifies this record as out-of-memory.
         return _end(report, _report_error(report, "MemoryError", str(error) or "out of memory"))
@@ -447,8 +363,8 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):  # caffe.log may be on a full disk
             traceback.print_exc()
         return _end(report, _report_error(report, type(error).__name__, str(error)))
-    status = _end(report, 0)
-    del solver
+    status = _end(report, status)
+    del held
     return status
 
 
@@ -467,12 +383,12 @@ def _end(report: Reporter, status: int) -> int:
     os._exit(status)
 
 
-def _refuse_spec(path: str, error: AttemptSpecError) -> int:
-    """A spec this runner cannot follow: said on stderr (the attempt's caffe.log when the manager started it) and as
-    an error record on stdout, before anything is trained; exit status 3, as after any error record."""
-    message = f"{path} is not a valid attempt spec: {error}"
+def _refuse_spec(path: str, what: str, error: AttemptSpecError) -> int:
+    """A spec this child cannot follow: said on stderr (the attempt's caffe.log when the manager started it) and as
+    an error record on stdout, before anything is run; exit status 3, as after any error record."""
+    message = f"{path} is not a valid {what}: {error}"
     print(message, file=sys.stderr)
-    print(nonfinite.dumps({"event": "error", "type": "AttemptSpecError", "message": message}), flush=True)
+    print(nonfinite.dumps({"event": "error", "type": type(error).__name__, "message": message}), flush=True)
     return 3
 
 
