@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from browser_fixtures import TRAIN_DB, VAL_DB, Server, screenshot, watch
 from playwright.sync_api import Browser, Page, ViewportSize, expect
+from playwright.sync_api import Error as PlaywrightError
 from test_browser_jobs import TRAINING, cancel, twin
 
 pytestmark = pytest.mark.slow
@@ -37,12 +38,25 @@ def screen(request: pytest.FixtureRequest, browser: Browser) -> Iterator[tuple[P
     assert not errors, errors
 
 
+ATTEMPTS = 5
+"""Looks at an element the page may redraw meanwhile, before the test fails."""
+
+
 def in_sight_across(page: Page, selector: str, width: int) -> None:
     """The element is shown, not cut off sideways: on the screen, or reachable in its table's own scroll box."""
     element = page.locator(selector)
-    expect(element).to_be_visible()
-    element.scroll_into_view_if_needed()
-    box = element.bounding_box()
+    box = None
+    for _ in range(ATTEMPTS):  # a progress event may redraw the row between finding the element and scrolling to it
+        expect(element).to_be_visible()
+        try:
+            element.scroll_into_view_if_needed()
+            box = element.bounding_box()
+        except PlaywrightError as error:
+            if "not attached" not in str(error):
+                raise
+            continue
+        if box is not None:
+            break
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5, (selector, box)
 
 
