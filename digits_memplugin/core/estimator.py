@@ -47,6 +47,10 @@ class Remembered:
     )
     layers: dict[tuple[int | None, int | None], int] = dataclasses.field(default_factory=dict)
     """Layers each kept report's nets hold."""
+    trainer: dict[int, int] = dataclasses.field(default_factory=dict)
+    """The trainer's footprints with the test nets apart, by train batch (ApartFootprints)."""
+    tester: int | None = None
+    """The tester's footprint with the test nets apart (ApartFootprints)."""
 
 
 def remembered(definition: TrainingDefinition) -> dict[Any, Remembered]:
@@ -175,29 +179,36 @@ def net_batch(net: Net) -> int | None:
 @dataclasses.dataclass
 class ApartFootprints:
     """One definition's two footprints under `apart`, on the estimator's builds: the trainer's at any train batch
-    (memoised, for the planner's search) and the tester's at the test nets' own batch (built once)."""
+    and the tester's at the test nets' own batch, both kept on the definition with the estimator's totals (a waiting
+    job is planned again at every poll, and builds nothing it built before). The tester on a device of another engine
+    is that engine's estimator's `tester()`."""
 
     estimator: Estimator
     tester_options: MemoryOptions | None = None
-    """How the tester's device counts (another device may be another engine); None: the estimator's options."""
-    _trainer: dict[int, int] = dataclasses.field(default_factory=dict, init=False, repr=False)
-    _tester: int | None = dataclasses.field(default=None, init=False, repr=False)
+    """How the tester's device counts, when not as the estimator does; its footprint is then not kept."""
     _tests: list[Net] | None = dataclasses.field(default=None, init=False, repr=False)
     """The test nets, built once (the train batch does not change them)."""
 
     def trainer(self, batch: int) -> int:
         """The trainer's peak at train batch `batch`."""
-        if batch not in self._trainer:
+        kept = self.estimator._way.trainer
+        if batch not in kept:
+            if len(kept) > MAX_REMEMBERED_TOTALS:
+                kept.clear()
             train, _ = self._build(batch)
-            self._trainer[batch] = apart_trainer_memory(train, self.estimator.options).total_bytes
-        return self._trainer[batch]
+            kept[batch] = apart_trainer_memory(train, self.estimator.options).total_bytes
+        return kept[batch]
 
     def tester(self) -> int:
         """The tester's peak, its test nets at their own batch (never shrunk)."""
-        if self._tester is None:
+        if self.tester_options is not None:
             train, tests = self._build(None)
-            self._tester = apart_tester_memory(train, tests, self.tester_options or self.estimator.options).total_bytes
-        return self._tester
+            return apart_tester_memory(train, tests, self.tester_options).total_bytes
+        way = self.estimator._way
+        if way.tester is None:
+            train, tests = self._build(None)
+            way.tester = apart_tester_memory(train, tests, self.estimator.options).total_bytes
+        return way.tester
 
     def _build(self, batch: int | None) -> tuple[Net, list[Net]]:
         estimator = self.estimator

@@ -35,7 +35,12 @@ OUTCOME_INTERRUPTED: Final = "interrupted"
 OUTCOME_DIVERGED: Final = "diverged"
 """An attempt stopped because a net output became NaN or infinite (core.divergence): not retried, and not a crash."""
 
-OutcomeStatus = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted", "diverged"]
+OUTCOME_REPLANNED: Final = "replanned"
+"""An attempt stopped after a snapshot so that the next one trains with another plan (the test nets apart, under
+`auto`, shared from there when stopping for the tester costs too much: jobs.scheduling.apart_run): neither a
+failure nor the job's end."""
+
+OutcomeStatus = Literal["success", "cancelled", "out_of_memory", "failed", "interrupted", "diverged", "replanned"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,9 @@
 Net::ShareTrainedLayersWith) and the solver's state; core.memory.job_memory counts it. `apart`: the trainer builds
 its solver without test nets, so its device holds the train net and the solver's state alone
 (`apart_trainer_memory`), and a tester process builds only the test nets from a snapshot's weights
-(`apart_tester_memory`): forward only, with their own copy of the weights, no gradients, no solver state. `auto` leaves the choice to the planner
-(core.planning.apart.choose_test_net).
+(`apart_tester_memory`): forward only, with their own copy of the weights, no gradients, no solver state. `auto`
+leaves the choice to the planner (core.planning.apart.choose_test_net). The words themselves are
+core.test_net_modes's, handed on here.
 """
 
 from __future__ import annotations
@@ -25,19 +26,19 @@ from .memory import (
     share_trained_layers,
 )
 from .net import Net
-
-TEST_NET_SHARED = "shared"
-"""The test nets beside the train net in the trainer's process, sharing its weights (Caffe's own way)."""
-TEST_NET_APART = "apart"
-"""The test nets in a tester process of their own, on a snapshot's weights: the trainer's device holds no test net."""
-TEST_NET_AUTO = "auto"
-"""`apart` only where it pays (core.planning.apart.choose_test_net), else `shared`."""
-TEST_NET_MODES = (TEST_NET_SHARED, TEST_NET_APART, TEST_NET_AUTO)
+from .test_net_modes import (  # noqa: F401 - the words, handed on with the memory they count
+    TEST_NET_APART,
+    TEST_NET_AUTO,
+    TEST_NET_MODES,
+    TEST_NET_SHARED,
+    TESTER,
+    TRAINER,
+)
 
 TRAINER_NOTE = "test nets apart: the trainer's process holds the train net and the solver's state only"
 TESTER_NOTE = (
-    "test nets apart: a tester process holds the test nets alone at their own test batch, forward only, with their "
-    "own copy of the weights loaded from the snapshot (no gradients, no solver state)"
+    "test nets apart: a tester process holds the test nets alone at their own test batch, one at a time, forward "
+    "only, with their own copy of the weights loaded from the snapshot (no gradients, no solver state)"
 )
 
 
@@ -53,8 +54,21 @@ def apart_trainer_memory(train: Net, options: MemoryOptions) -> MemoryReport:
 def apart_tester_memory(
     train: Net, tests: Sequence[Net], options: MemoryOptions, *, binary_snapshot: bool = True
 ) -> MemoryReport:
-    """The tester's footprint under `apart`: the test nets alone, each built in TEST phase (`caffe.Net(proto,
-    weights, TEST)`) and run forward.
+    """The tester's footprint under `apart`: its largest test net's (`tester_net_memory`). The tester builds,
+    tests and frees its test nets one at a time: two nets reading one LMDB cannot be open in one process (LMDB
+    refuses a second environment on one database in a process), and one at a time the peak is the largest net's."""
+    reports = [tester_net_memory(train, test, index, options, binary_snapshot=binary_snapshot)
+               for index, test in enumerate(tests, start=1)]
+    if not reports:
+        raise ValueError("a tester needs at least one test net")
+    return max(reports, key=lambda report: report.total_bytes)
+
+
+def tester_net_memory(
+    train: Net, test: Net, index: int, options: MemoryOptions, *, binary_snapshot: bool = True
+) -> MemoryReport:
+    """One test net in the tester's process (`index`: its place among the solver's nets, 1 for the first test
+    net), built in TEST phase (`caffe.Net(proto, TEST, weights=...)`) and run forward.
 
     What differs from the same nets under `shared`, from Caffe's source: each test net owns its params' data
     (Net::CopyTrainedLayersFrom writes the snapshot into the blobs the fillers allocated at set-up, where `shared`
@@ -65,14 +79,13 @@ def apart_tester_memory(
     GPU forwards' scratch diffs). On the CPU engine, loading a `.caffemodel` (`binary_snapshot`) parses the whole
     NetParameter first (CopyTrainedLayersFromBinaryProto): the train net's weights once more, for a moment, beside
     the test nets' own, before any activation exists; an HDF5 snapshot is read blob by blob into place."""
-    for test in tests:
-        share_trained_layers(train, test)  # CopyTrainedLayersFrom CHECKs the same shapes, layer by layer
-    per_net = [net_memory(test, options, index) for index, test in enumerate(tests, start=1)]
-    layers = [layer for net_layers in per_net for layer in net_layers]
-    assumptions = list(dict.fromkeys(note for net in tests for layer in net.layers for note in layer.ctx.assumed))
-    context, notes = process_context(tests, per_net, options, None, "the tester process")
+    share_trained_layers(train, test)  # CopyTrainedLayersFrom CHECKs the same shapes, layer by layer
+    per_net = [net_memory(test, options, index)]
+    layers = per_net[0]
+    assumptions = list(dict.fromkeys(note for layer in test.layers for note in layer.ctx.assumed))
+    context, notes = process_context([test], per_net, options, None, "the tester process")
     assumptions.extend(notes)
-    if options.flavour == NVCAFFE or any(flavour_of(net.param) == NVCAFFE for net in tests if net.param is not None):
+    if options.flavour == NVCAFFE or (test.param is not None and flavour_of(test.param) == NVCAFFE):
         assumptions.extend(nvcaffe_semantics(layers, options))
     assumptions.append(TESTER_NOTE)
     construction = 0
@@ -82,7 +95,7 @@ def apart_tester_memory(
         )
         if binary_snapshot:
             construction += snapshot_bytes(train, options)
-    data = [net.memory_required_for_data for net in tests]
+    data = [test.memory_required_for_data]
     return MemoryReport(options.engine, layers, context, assumptions, data, construction)
 
 

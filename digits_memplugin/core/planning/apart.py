@@ -33,10 +33,24 @@ class ApartTester:
     """Memory for it on another device (a second GPU, the CPU); None: the trainer's device, whose limit it shares."""
     safety_margin: float | None = None
     """The margin kept back on that device; None: the trainer's."""
+    device: str | None = None
+    """That other device's key; None: the trainer's device."""
 
     @property
     def same_device(self) -> bool:
         return self.limit_bytes is None
+
+
+@dataclasses.dataclass(frozen=True)
+class TesterDevice:
+    """A device other than the trainer's where a tester may run (a second GPU, the CPU), as the devices were read."""
+
+    key: str
+    engine: str
+    """The engine the tester's footprint is counted with there."""
+    limit_bytes: int
+    """Memory for it there (free, less what our own attempts have been planned to take)."""
+    safety_margin: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +70,17 @@ class StopCost:
         return self.setup_seconds / self.interval_seconds
 
 
+@dataclasses.dataclass(frozen=True)
+class Apart:
+    """What a job's plan with its test nets apart needs besides the job's own footprint (core.planning.job_plan)."""
+
+    trainer: Callable[[int], int]
+    """The trainer's footprint at a train batch (core.test_nets.apart_trainer_memory's total)."""
+    tester: ApartTester
+    cost: StopCost = StopCost()
+    """Stopping and resuming at each interval, as measured on the job's own first interval (same device only)."""
+
+
 def fit_apart(
     trainer: Callable[[int], int],
     tester: ApartTester,
@@ -73,6 +98,15 @@ def fit_apart(
     check_wanted(wanted)
     decision = fit(lambda batch, _test_batch: trainer(batch), wanted, limit_bytes, safety_margin,
                    max_batch=max_batch, known=known)
+    return with_tester(decision, tester, limit_bytes, safety_margin, test_batch=test_batch)
+
+
+def with_tester(
+    decision: Decision, tester: ApartTester, limit_bytes: int, safety_margin: float, *, test_batch: int | None = None
+) -> Decision:
+    """The trainer's `decision` (planned on its footprint alone, first plan or fallback's) completed with the tester:
+    its bytes, and a refusal naming what does not fit when the tester does not fit its device's budget (the trainer's
+    `limit_bytes` on the same device, where the two never run at once; its own limit on another)."""
     same = tester.same_device
     margin = safety_margin if tester.safety_margin is None else tester.safety_margin
     tester_budget = usable_bytes(max(0, limit_bytes if same else tester.limit_bytes or 0), margin)
@@ -87,10 +121,11 @@ def fit_apart(
     if refusals:
         return dataclasses.replace(
             decision, plan=None, message="; ".join(refusals), test_net=TEST_NET_APART, tester_bytes=tester.bytes,
+            tester_device=tester.device,
         )
     return dataclasses.replace(
         decision, message=f"{decision.message} for the train net alone; {tester_says}",
-        test_net=TEST_NET_APART, tester_bytes=tester.bytes,
+        test_net=TEST_NET_APART, tester_bytes=tester.bytes, tester_device=tester.device,
     )
 
 
@@ -116,6 +151,8 @@ def choose_test_net(shared: Decision, apart: Decision, cost: StopCost, *, same_d
     to be measured on the first interval; another device stops nothing); else the `shared` one. The decision says
     which, and why, in `test_net_note` (and its message)."""
     compared = f"apart trains {_plan_words(apart.plan)}, shared {_plan_words(shared.plan)}"
+    if shared.plan is None and apart.plan is None:
+        return shared  # neither trains: shared's own message says why, as it did before there was a choice
     if not pays(shared.plan, apart.plan):
         why = apart.message if apart.plan is None else "no larger batch and no fewer passes"
         return _chosen(shared, TEST_NET_SHARED, f"test nets shared: apart does not pay ({compared}; {why})")

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..fields import is_whole
+from ..test_nets import TEST_NET_SHARED
 from .fit import (
     DEFAULT_SAFETY_MARGIN,
     Bounds,
@@ -88,6 +89,9 @@ class Failure:
     """Free memory on the device when it failed, from the message."""
     used_bytes: int | None = None
     """The attempt's own memory in use, last seen before the failure."""
+    test_net: str = TEST_NET_SHARED
+    """Where the attempt's test nets were (core.test_nets): a failure tells only about plans of the same placement
+    (a trainer with its test nets apart holds less than one with them beside it at the same batch)."""
 
     def floor(self) -> int:
         """Bytes the attempt's footprint is proven to exceed."""

@@ -65,6 +65,8 @@ class Decision:
     """Why that placement, when the planner chose it (core.planning.apart); None for a plan made as `shared` only."""
     tester_bytes: int | None = None
     """Under TEST_NET_APART, the tester's estimated peak (the test nets alone at their own batch)."""
+    tester_device: str | None = None
+    """Under TEST_NET_APART, the device the tester runs on when it is not the trainer's (None: the trainer's)."""
 
     @property
     def stop(self) -> bool:
@@ -85,6 +87,7 @@ class Decision:
             "test_net": self.test_net,
             "test_net_note": self.test_net_note,
             "tester_bytes": self.tester_bytes,
+            "tester_device": self.tester_device,
         }
 
 

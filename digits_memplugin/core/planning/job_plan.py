@@ -16,6 +16,7 @@ its first attempt. Only after out-of-memory failures does the plan go through th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from ..device_kinds import AUTO, CPU
@@ -23,7 +24,9 @@ from ..errors import BatchLimitError, NetError
 from ..flavour import BVLC, FLAVOURS, NVCAFFE, NVCAFFE_SAFETY_MARGIN, solver_storage
 from ..layers.base import ENGINE_CPU, ENGINE_CUDNN, ENGINES
 from ..memory import DEFAULT_CUDA_CONTEXT_BYTES, SOLVER_STATE_BLOBS, MemoryOptions
+from ..test_nets import TEST_NET_APART, TEST_NET_SHARED
 from ..training import TrainingDefinition
+from .apart import Apart, plan_test_net, with_tester
 from .fallback import DEFAULT_GROWTH, DEFAULT_MAX_ATTEMPTS, Failure, Policy, decide
 from .fit import DEFAULT_SAFETY_MARGIN, Decision, Footprint, fit
 from .planner import BatchPlan, auto_cap, usable_bytes
@@ -50,6 +53,9 @@ class PlanningPolicy:
     flavour: str = BVLC
     """The flavour of the Caffe that trains: a net both schemas read is estimated as that Caffe trains it (a net
     only NVcaffe's schema reads is NVcaffe's whatever trains)."""
+    apart_refused: str | None = None
+    """Why this server's jobs cannot keep their test nets apart (the Caffe that trains, the backend that runs
+    them), in words; None: they can (core.test_nets)."""
 
     def __post_init__(self) -> None:
         if self.gpu_engine not in ENGINES or self.gpu_engine == ENGINE_CPU:
@@ -130,6 +136,9 @@ class JobAsk:
     effective_batch: int | None = None
     """The effective batch a started job keeps (with `iteration` > 0)."""
     iteration: int = 0
+    test_net: str = TEST_NET_SHARED
+    """Where the test nets are to be (core.test_nets): TEST_NET_SHARED, _APART or _AUTO; planned apart only where
+    `plan_job` is given what that needs (`apart`) and the job has test nets."""
 
     def wanted(self) -> int | None:
         """The effective batch to reach: fixed once training has started; else as asked (None: auto)."""
@@ -151,13 +160,58 @@ def plan_job(
     attempts_made: int = 0,
     placing: bool = False,
     known: Mapping[int, int] | None = None,
+    apart: Apart | None = None,
 ) -> Decision:
     """The plan of a job on a device trained with `engine` that has `limit_bytes` for it.
 
     `footprint(batch, test_batch)`: the job's estimate in bytes; `failures` and `attempts_made`: the job's
     out-of-memory attempts so far on this device; `placing`: the plan that decides where the job fits, which the
     "wanted" start does not change; `known`: footprints already computed at the net's test batch (the search
-    starts from them)."""
+    starts from them). `apart`: the trainer's footprint and the tester's, for a job whose test nets may be apart
+    (`ask.test_net`): each placement is planned the same way on its own footprint, with the failures of its own
+    placement, and core.planning.apart decides between them (`plan_test_net`)."""
+    mode = ask.test_net if apart is not None and ask.test_batch is not None else TEST_NET_SHARED
+    if mode == TEST_NET_SHARED or apart is None:
+        mine = [failure for failure in failures if failure.test_net == TEST_NET_SHARED]
+        return _plan(footprint, ask, engine, limit_bytes, policy, mine, attempts_made, placing, known)
+    tester = apart.tester
+
+    def trainer(batch: int, _test_batch: int | None) -> int:
+        return apart.trainer(batch)
+
+    def shared() -> Decision:
+        mine = [translated(failure, footprint, trainer) for failure in failures]
+        return _plan(footprint, ask, engine, limit_bytes, policy, mine, attempts_made, placing, known)
+
+    def trainer_alone() -> Decision:
+        mine = [translated(failure, footprint, trainer, to=TEST_NET_APART) for failure in failures]
+        alone = dataclasses.replace(ask, test_batch=None, test_iter=1)  # no test net beside it to shrink
+        decision = _plan(trainer, alone, engine, limit_bytes, policy, mine, attempts_made, placing, None)
+        margin = (policy or PlanningPolicy()).fallback(engine, ask).safety_margin
+        return with_tester(decision, tester, limit_bytes, margin, test_batch=ask.test_batch)
+
+    return plan_test_net(mode, shared, trainer_alone, apart.cost, same_device=tester.same_device)
+
+
+def translated(failure: Failure, shared: Footprint, trainer: Footprint, *, to: str = TEST_NET_SHARED) -> Failure:
+    """A failure of either placement as the planning of placement `to` reads it: what it proved of its own footprint
+    at its batch, scaled to the other's (an estimate that was 20% low for the job with its test nets shared is taken
+    as 20% low for its trainer alone, and the other way round), and its batch among those that failed."""
+    if failure.test_net == to:
+        return failure
+    batch, test_batch = failure.batch_size, failure.test_batch_size
+    own, other = (trainer, shared) if to == TEST_NET_SHARED else (shared, trainer)
+    before, after = own(batch, test_batch), other(batch, None if to == TEST_NET_APART else test_batch)
+    scale = after / before if before > 0 else 1.0
+    return Failure(batch, None if to == TEST_NET_APART else test_batch, math.ceil(failure.floor() * scale),
+                   test_net=to)
+
+
+def _plan(
+    footprint: Footprint, ask: JobAsk, engine: str, limit_bytes: int, policy: PlanningPolicy | None,
+    failures: Sequence[Failure], attempts_made: int, placing: bool, known: Mapping[int, int] | None,
+) -> Decision:
+    """One placement's plan (see `plan_job`): the first plan, or the fallback's after failures."""
     policy = policy or PlanningPolicy()
     fallback = policy.fallback(engine, ask)
     margin = fallback.safety_margin
