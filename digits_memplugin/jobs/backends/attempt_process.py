@@ -53,6 +53,9 @@ VMSTAT = Path("/proc/vmstat")
 MAX_LINE = 4096
 """A log line longer than this is cut in the events (the file keeps it whole)."""
 
+ENDED_WELL = ("finished", "paused", "tested")
+"""The records of a child whose work is done: the runner's end of training, or of a stretch of it before its tester
+runs on the same device (the test nets apart), and the tester's end."""
 RecordCallback = Callable[[dict[str, Any]], None]
 LogCallback = Callable[[list[str]], None]
 
@@ -290,7 +293,7 @@ class AttemptProcess:
         event = record.get("event")
         if event == "started" and isinstance(record.get("pid"), int) and record["pid"] != process_pid(self):
             self._trainer = record["pid"]
-        if event == "finished":
+        if event in ENDED_WELL:
             self._finished = True
         elif event == "stopped":
             self._stopped = record

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...core.device_kinds import CPU, GPU
 from ...core.divergence import DEFAULT_POLICY, POLICIES
+from ...core.test_net_modes import TEST_NET_APART, TEST_NET_SHARED
 
 SNAPSHOT_FORMATS = ("HDF5", "BINARYPROTO")
 PYCAFFE_RUNNER, BINARY_RUNNER = "pycaffe", "binary"
@@ -103,6 +104,23 @@ class AttemptSpec:
     write_paths: tuple[str, ...] = ()
     """The folders, relative to the job's folder, the attempt may write beneath (its outputs, snapshots, its own
     folder, its LMDB lock folders); nothing else is writable."""
+    test_net: str = TEST_NET_SHARED
+    """Where the test nets are (core.test_nets): "shared", the runner tests them beside the train net; "apart",
+    the generated solver has none, and at each test interval the runner snapshots and says the snapshot is due a
+    test ("test_due"), for a tester child (jobs.child.tester) to test it."""
+    pause_at_tests: bool = False
+    """With "apart" on the trainer's own device: after a test_due the runner stops ("paused") and the manager
+    starts it again from that snapshot once the tester has ended, so that the two never hold the device at once."""
+    tests_from: int = 0
+    """The first iteration a test may be due at: a trainer started again after a pause at iteration N is given N + 1
+    (N's test is the tester's)."""
+    skip_forwards: int = 0
+    """Forward passes of the train net's data layers alone after the restore: a trainer started again after a pause
+    reads its training data where the one before it stopped (Caffe's data layers start over at their first item when
+    a solver is restored), so that the test nets apart change nothing of what training sees."""
+    seconds_before: float = 0.0
+    """Seconds of the attempt before this process started (a trainer started again after a pause): its records'
+    "seconds" go on from there, so that one attempt's speed is measured across its pauses."""
 
     def to_json(self) -> dict[str, Any]:
         document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -129,6 +147,16 @@ class AttemptSpec:
         caffe = _field(data, "caffe", str, nullable=True) if "caffe" in data else None
         if runner == BINARY_RUNNER and not caffe:
             raise AttemptSpecError("caffe is missing: the binary runner needs the caffe binary to run")
+        test_net = _field(data, "test_net", str) if "test_net" in data else TEST_NET_SHARED
+        if test_net not in (TEST_NET_SHARED, TEST_NET_APART):
+            raise AttemptSpecError(f"test_net must be {TEST_NET_SHARED!r} or {TEST_NET_APART!r}, not {test_net!r:.80}")
+        if test_net == TEST_NET_APART and runner == BINARY_RUNNER:
+            raise AttemptSpecError("test_net 'apart' needs the pycaffe runner (the binary runner tests as caffe does)")
+        seconds_before = data.get("seconds_before", 0.0)
+        if isinstance(seconds_before, bool) or not isinstance(seconds_before, (int, float)) or not (
+            0 <= seconds_before < float("inf")
+        ):
+            raise AttemptSpecError(f"seconds_before must be a number of seconds, not {seconds_before!r:.80}")
         return cls(
             job_id=_field(data, "job_id", str),
             attempt=_field(data, "attempt", int),
@@ -156,6 +184,11 @@ class AttemptSpec:
             preload=_field(data, "preload", str, nullable=True) if "preload" in data else None,
             read_paths=_paths(data, "read_paths"),
             write_paths=_paths(data, "write_paths"),
+            test_net=test_net,
+            pause_at_tests=_field(data, "pause_at_tests", bool) if "pause_at_tests" in data else False,
+            tests_from=_count(data, "tests_from"),
+            skip_forwards=_count(data, "skip_forwards"),
+            seconds_before=float(seconds_before),
         )
 
     def write(self, path: Path) -> None:
@@ -208,6 +241,14 @@ def _divergence(data: Mapping[str, Any]) -> str:
     if value not in POLICIES:
         raise AttemptSpecError(f"divergence must be one of {POLICIES}, not {value!r:.80}")
     return str(value)
+
+
+def _count(data: Mapping[str, Any], name: str) -> int:
+    """A whole number, not negative, 0 when left out."""
+    value = _field(data, name, int) if name in data else 0
+    if value < 0:
+        raise AttemptSpecError(f"{name} must not be negative, not {value}")
+    return int(value)
 
 
 def _paths(data: Mapping[str, Any], name: str) -> tuple[str, ...]:

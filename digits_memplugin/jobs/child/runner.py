@@ -28,8 +28,13 @@ The server never runs Caffe itself: Caffe aborts the whole process on out-of-mem
 
 Records on stdout (and appended to the attempt's progress.jsonl), one JSON object per line, with an "event":
 started, constructed, testing (during a long test pass, at most one every ALIVE_SECONDS), test, iteration,
-snapshot, finished, stopped, diverged, error. Exit status 0 after "finished", "stopped" or "diverged", 3 after
-"error".
+snapshot, test_due, paused, finished, stopped, diverged, error. Exit status 0 after "finished", "paused",
+"stopped" or "diverged", 3 after "error".
+
+With the test nets apart (the spec's test_net "apart", issue 28) the generated solver has no test net: at each test
+interval the runner writes a snapshot (or names the one of that iteration) in a "test_due" record, which the
+manager hands to a tester child (jobs.child.tester); on a device the two share (`pause_at_tests`) it then stops
+with a "paused" record, and the manager starts it again from that snapshot once the tester has ended.
 
 SIGINT asks the runner to stop, as `caffe train`'s default `--sigint_effect=stop` does (Solver::Step breaks out,
 Solver::Solve snapshots): the handler only notes the request, and the runner honours it between two steps (or two
@@ -63,6 +68,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ...core import nonfinite
 from ...core.divergence import DEFAULT_POLICY, Divergence, DivergenceWatch
+from ...core.test_net_modes import TEST_NET_APART
 from .attempt_spec import BINARY_RUNNER, AttemptSpec, AttemptSpecError
 from .child_process import OPEN_APPEND, STOP, THREAD_STACK_BYTES, Growth, become_child, log_line, start_caffe
 
@@ -98,12 +104,15 @@ class Reporter:
     The one held back is sent before any other record, so the server sees every test, snapshot and the end, in
     order, after the latest iteration before them."""
 
-    def __init__(self, stream: TextIO, progress: Path, divergence: str = DEFAULT_POLICY) -> None:
+    def __init__(
+        self, stream: TextIO, progress: Path, divergence: str = DEFAULT_POLICY, seconds_before: float = 0.0
+    ) -> None:
         self._stream = stream
         self.divergence = DivergenceWatch(divergence)
         self._progress = progress
         self._file: int | None = os.open(progress, OPEN_APPEND, 0o644)
-        self._started = self._last = time.monotonic()
+        self._last = time.monotonic()
+        self._started = self._last - seconds_before  # a trainer started again goes on counting its attempt's seconds
         self._held: str | None = None
         self.held_back = 0
         """Iteration records not sent live because the server was not reading (they are in the progress file)."""
@@ -249,13 +258,34 @@ def train(spec: AttemptSpec, report: Reporter) -> Any:
     solver = started.caffe.get_solver(spec.solver)
     if spec.resume:
         solver.restore(spec.resume)
-    report("constructed", iteration=solver.iter, **memory.fields())
+    skipped = skip_training_data(solver.net, spec.skip_forwards)
+    report("constructed", iteration=solver.iter, **skipped, **memory.fields())
 
     try:
         _solve(solver, spec, schedule, memory, report)
     except Diverged as stop:
         report("diverged", **stop.divergence.to_dict(), message=stop.divergence.stopped_message)
     return solver
+
+
+DATA_LAYERS = frozenset({"Data", "ImageData", "HDF5Data", "WindowData", "AnnotatedData", "Python"})
+"""Layers that read a dataset in order and start over at its first item when a net is built."""
+
+
+def skip_training_data(net: Any, forwards: int) -> dict[str, Any]:
+    """`forwards` forward passes of the net's data layers alone (those with no bottom), as many as training made
+    before a pause (jobs.scheduling.apart_run): each takes its next batch, so the next step reads what it would have
+    read had training not stopped. What it cost, for the "constructed" record ({} when there was nothing to skip)."""
+    if forwards <= 0:
+        return {}
+    began = time.monotonic()
+    names = list(net._layer_names)
+    readers = [index for index, layer in enumerate(net.layers)
+               if layer.type in DATA_LAYERS and not net.bottom_names[names[index]]]
+    for _ in range(forwards):
+        for index in readers:
+            net._forward(index, index)
+    return {"skipped_forwards": forwards, "skip_seconds": round(time.monotonic() - began, 3)}
 
 
 def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growth, report: Reporter) -> None:
@@ -267,12 +297,18 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
     outputs = list(solver.net.outputs)
     # The snapshot that holds the weights as they are: the state resumed from, or the latest written.
     saved = {"iteration": solver.iter, "state": spec.resume} if spec.resume else None
+    apart = spec.test_net == TEST_NET_APART
     while solver.iter < max_iter:
         if STOP.asked:
             return stopped(solver, spec, memory, report, saved)
         iteration = solver.iter
         if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec.test_initialization):
-            run_tests(solver, test_iters, report)
+            if not apart:
+                run_tests(solver, test_iters, report)
+            elif iteration >= spec.tests_from:
+                due = saved = test_due(solver, spec, report, saved)
+                if spec.pause_at_tests:
+                    return paused(solver, memory, report, due)
             if STOP.asked:
                 return stopped(solver, spec, memory, report, saved)
         rate = schedule.rate(iteration)
@@ -289,11 +325,42 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
         if every and solver.iter % every == 0:
             saved = snapshot(solver, spec, report)
     if spec.snapshot_after_train and (not every or solver.iter % every != 0):
-        snapshot(solver, spec, report)
+        saved = snapshot(solver, spec, report)
     if test_interval and solver.iter % test_interval == 0:
-        run_tests(solver, test_iters, report)
+        if not apart:
+            run_tests(solver, test_iters, report)
+        elif solver.iter >= spec.tests_from:
+            test_due(solver, spec, report, saved)
     report("finished", iteration=solver.iter, **memory.fields())
     log_line("Optimization Done.")
+
+
+def test_due(
+    solver: Any, spec: AttemptSpec, report: Reporter, saved: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The test nets apart: the weights as they are at a test interval, in a snapshot (the one of this iteration
+    when there is one already), and a "test_due" record naming it, for a tester (jobs.child.tester). The snapshot
+    that holds the weights now."""
+    if saved is None or saved["iteration"] != solver.iter:
+        saved = snapshot(solver, spec, report)
+    model = saved.get("model") or weights_of(saved["state"])
+    report("test_due", iteration=solver.iter, model=model, state=saved["state"])
+    return saved
+
+
+def weights_of(state: str) -> str:
+    """The weights Solver::Snapshot wrote beside a solver state (`<prefix>_iter_N.caffemodel[.h5]`)."""
+    for suffix, weights in ((".solverstate.h5", ".caffemodel.h5"), (".solverstate", ".caffemodel")):
+        if state.endswith(suffix):
+            return state[: -len(suffix)] + weights
+    raise ValueError(f"{state} is not a solver state Caffe names")
+
+
+def paused(solver: Any, memory: Growth, report: Reporter, saved: Mapping[str, Any]) -> None:
+    """The trainer's end at a test interval on a device it shares with its tester: the snapshot of this iteration
+    is written (`test_due`), and the manager starts the trainer again from it once the tester has ended."""
+    report("paused", iteration=solver.iter, snapshot=saved["state"], **memory.fields())
+    log_line(f"Paused at iteration {solver.iter} for the tester; snapshot {saved['state']}.")
 
 
 def stopped(
@@ -315,7 +382,7 @@ def main(argv: list[str]) -> int:
     if isinstance(spec, int):
         return spec
     become_child(spec.nice, Path(spec.log))
-    report = Reporter(sys.stdout, Path(spec.progress), spec.divergence)
+    report = Reporter(sys.stdout, Path(spec.progress), spec.divergence, spec.seconds_before)
 
     def work() -> tuple[int, Any]:
         if spec.runner == BINARY_RUNNER:
