@@ -53,6 +53,8 @@ def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> No
     path = tmp_path / "jobs.sqlite"
     JobStore(path).close()
     with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN test_net")
+        db.execute("ALTER TABLE attempts DROP COLUMN tester")
         db.execute("ALTER TABLE attempts DROP COLUMN allocated_bytes")
         db.execute("ALTER TABLE attempts DROP COLUMN handle")
         db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
@@ -60,7 +62,7 @@ def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> No
         db.execute("UPDATE schema_version SET version = 1")
     old = JobStore(path)
     try:
-        assert old.schema_version == SCHEMA_VERSION == 4
+        assert old.schema_version == SCHEMA_VERSION == 5
         old.add_job(job())
         old.add_attempt(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=8, iter_size=1,
                                 started_at=1.0, log="attempts/1/caffe.log"))
@@ -83,6 +85,8 @@ def test_a_version_2_database_keeps_its_pids_as_handles(tmp_path: Path) -> None:
     new.add_attempt(dataclasses.replace(attempt(number=1), handle=None))
     new.close()
     with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN test_net")
+        db.execute("ALTER TABLE attempts DROP COLUMN tester")
         db.execute("ALTER TABLE attempts DROP COLUMN handle")
         db.execute("ALTER TABLE attempts ADD COLUMN pid INTEGER")
         db.execute("UPDATE attempts SET pid = 4242")
@@ -91,7 +95,7 @@ def test_a_version_2_database_keeps_its_pids_as_handles(tmp_path: Path) -> None:
     old = JobStore(path)
     try:
         (migrated,) = old.attempts("j1")
-        assert (old.schema_version, migrated.handle, migrated.pid) == (4, "pid:4242", 4242)
+        assert (old.schema_version, migrated.handle, migrated.pid) == (5, "pid:4242", 4242)
         ray = old.update_attempt("j1", 1, handle="ray:j1-1")
         assert (ray.handle, ray.pid) == ("ray:j1-1", None)
     finally:
@@ -105,14 +109,41 @@ def test_a_version_3_database_gets_cancel_requests(tmp_path: Path) -> None:
     new.add_job(job(status="running"))
     new.close()
     with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN test_net")
+        db.execute("ALTER TABLE attempts DROP COLUMN tester")
         db.execute("ALTER TABLE jobs DROP COLUMN cancel_requested_at")
         db.execute("UPDATE schema_version SET version = 3")
     old = JobStore(path)
     try:
-        assert old.schema_version == 4
+        assert old.schema_version == 5
         assert old.get_job("j1").cancel_requested_at is None and old.cancel_requests() == []
         assert old.request_cancel("j1", "cancelling") is not None
         assert old.cancel_requests() == ["j1"]
+    finally:
+        old.close()
+
+
+def test_a_version_4_database_gets_where_each_attempts_test_nets_were(tmp_path: Path) -> None:
+    """Version 4 had no test nets apart (issue 28): its attempts read as shared (None), and version 5 stores an
+    attempt's placement and what its tester did."""
+    path = tmp_path / "jobs.sqlite"
+    new = JobStore(path)
+    new.add_job(job())
+    new.add_attempt(attempt(number=1))
+    new.close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE attempts DROP COLUMN test_net")
+        db.execute("ALTER TABLE attempts DROP COLUMN tester")
+        db.execute("UPDATE schema_version SET version = 4")
+    old = JobStore(path)
+    try:
+        assert old.schema_version == 5
+        (before,) = old.attempts("j1")
+        assert (before.test_net, before.tester) == (None, None)
+        old.add_attempt(dataclasses.replace(attempt(number=2), test_net="apart", tester={"device": "cpu"}))
+        tested = old.update_attempt("j1", 2, tester={"device": "cpu", "tested": [0, 4], "stop_cost": None})
+        assert (tested.test_net, tested.tester) == ("apart", {"device": "cpu", "tested": [0, 4], "stop_cost": None})
+        assert old.attempts("j1")[1].to_json()["tester"]["tested"] == [0, 4]
     finally:
         old.close()
 

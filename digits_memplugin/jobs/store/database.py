@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ...core.errors import MemPluginError
 from .records import ACTIVE_STATES, INTERRUPTED, RUNNING, Attempt, Job, dumps, loads
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_SECONDS = 10.0
 """How long a store call waits for another process's write lock before it gives up with StoreBusy."""
 _RETRY_FIRST, _RETRY_MAX = 0.01, 0.25
@@ -89,6 +89,8 @@ CREATE TABLE attempts (
     out_of_memory TEXT,
     log TEXT NOT NULL,
     handle TEXT,
+    test_net TEXT,
+    tester TEXT,
     PRIMARY KEY (job_id, number)
 );
 CREATE INDEX jobs_by_status ON jobs (status, position);
@@ -104,11 +106,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # A follower (a second web worker on the data folder) asks the leader, which runs the job, to cancel it.
     3: ("ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL",),
+    # The test nets apart (issue 28): where an attempt's test nets were, and what its tester did.
+    4: ("ALTER TABLE attempts ADD COLUMN test_net TEXT", "ALTER TABLE attempts ADD COLUMN tester TEXT"),
 }
 """Statements that take the schema from version N to N + 1."""
 
 _JSON_JOB_FIELDS = frozenset({"spec", "snapshot", "progress"})
-_JSON_ATTEMPT_FIELDS = frozenset({"out_of_memory"})
+_JSON_ATTEMPT_FIELDS = frozenset({"out_of_memory", "tester"})
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"attempt_count"}
 _ATTEMPT_FIELDS = frozenset(f.name for f in dataclasses.fields(Attempt))
 

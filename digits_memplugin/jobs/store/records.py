@@ -152,6 +152,12 @@ class Attempt:
     """core.oom.OutOfMemory as JSON when it ran out of memory."""
     handle: str | None = None
     """Where the attempt runs, as its backend names it (jobs.backends.local): "pid:N" locally, "ray:<submission id>"."""
+    test_net: str | None = None
+    """Where its test nets were (core.test_net_modes): "shared" or "apart"; None for an attempt stored before
+    the choice existed (shared)."""
+    tester: dict[str, Any] | None = None
+    """With the test nets apart, what its tester did: its device, estimated and peak bytes, the snapshots tested,
+    the stop-and-resume cost measured on a shared device (jobs.scheduling.apart_run.TesterReport)."""
 
     @property
     def pid(self) -> int | None:
