@@ -644,7 +644,8 @@ def test_the_ray_backend_gives_the_same_attempts_and_records_as_the_local_one(
                                  backend=backend)
             manager.start()
             try:
-                job = manager.submit(lenet_request(batch=512, fallback={"start": "wanted"}))
+                # Shared on both: the Ray backend keeps the test nets beside the train net (docs/jobs.md).
+                job = manager.submit(lenet_request(batch=512, fallback={"start": "wanted"}, test_net="shared"))
                 ended = manager.wait(job.id, timeout=240)
                 assert ended.status == "done", manager.document(job.id)
                 runs[name] = (manager.store.attempts(job.id), records)

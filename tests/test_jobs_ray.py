@@ -306,7 +306,7 @@ def test_an_out_of_memory_attempt_under_a_cap_is_retried_smaller_as_the_local_ba
     try:
         for name, app, device in (("ray", ray_app, "cpu@n2"), ("local", local_app, "cpu")):
             api = app.test_client()
-            job = api.post(API, json=body(device=device, batch=512, memory_cap=64 * MIB,
+            job = api.post(API, json=body(device=device, batch=512, memory_cap=64 * MIB, test_net="shared",
                                           fallback={"start": "wanted"})).get_json()
             assert "id" in job, job
             document = ended(api, job["id"], timeout=240)

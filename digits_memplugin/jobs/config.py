@@ -9,8 +9,9 @@ from typing import Any
 from ..core.layers.base import ENGINE_CUDNN, ENGINE_GPU
 from ..core.planning.fallback import DEFAULT_MAX_ATTEMPTS
 from ..core.planning.job_plan import CPU_SAFETY_MARGIN, GPU_SAFETY_MARGIN, PlanningPolicy
+from .backends import LOCAL
 from .backends.attempt_process import CANCEL_SECONDS
-from .child.caffe_build import CaffeBuild, bundled
+from .child.caffe_build import BINARY, CaffeBuild, bundled
 from .store.database import BUSY_SECONDS
 
 MAX_QUEUED_JOBS = 100
@@ -62,6 +63,8 @@ class ManagerConfig:
     preload: str | None = None
     """The capped-start library the binary runner preloads into `caffe` (jobs/child/preload.py), built at start-up; None:
     the training child builds it if it needs it."""
+    backend: str = LOCAL
+    """Where attempts run (jobs.backends): this host's children, or a Ray cluster's nodes."""
     shared_store: bool = False
     """Several web workers share the data folder (a message queue carries their events): a manager that finds the
     folder held starts as a follower instead of failing, and the leader reads the queue and the cancel requests
@@ -73,7 +76,18 @@ class ManagerConfig:
         return PlanningPolicy(
             gpu_engine=self.gpu_engine, cpu_safety_margin=self.cpu_safety_margin,
             gpu_safety_margin=self.gpu_safety_margin, max_attempts=self.max_attempts, flavour=self.caffe.flavour,
+            apart_refused=self.apart_refused,
         )
+
+    @property
+    def apart_refused(self) -> str | None:
+        """Why this server's jobs cannot keep their test nets apart (core.test_nets); None: they can."""
+        if self.caffe.runner == BINARY:
+            return (f"the Caffe that trains ({self.caffe.root or 'its root'}) has no pycaffe here, and its `caffe "
+                    "train` runner keeps the test nets beside the train net, as caffe does")
+        if self.backend != LOCAL:
+            return f"the {self.backend} backend runs each attempt as one process on one node; the test nets stay beside the train net"
+        return None
 
     @classmethod
     def from_settings(cls, settings: Any, caffe: CaffeBuild | None = None, preload: str | None = None) -> ManagerConfig:
@@ -102,6 +116,7 @@ class ManagerConfig:
             max_stored_bytes=settings.max_stored_bytes,
             jobs_dir=None if settings.shared_dir is None else settings.shared_dir / "jobs",
             shared_store=settings.message_queue is not None,
+            backend=settings.job_backend,
         )
 
 

@@ -18,6 +18,7 @@ Events (payloads are what the REST API returns):
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from .run_state import RunState
 from .scheduling.attempt_loop import AttemptLoop
 from .scheduling.dispatcher import Dispatcher, Spawn
 from .scheduling.planning import Planner
-from .scheduling.scheduler import admit
+from .scheduling.scheduler import admit, admit_tester
 from .scheduling.submission import Definitions, JobPreview, preview, write_job
 from .store.database import JobStore, StoreError
 from .store.disk import folder_bytes, remove_folder
@@ -86,8 +87,9 @@ class JobManager:
         backend: Backend | None = None,
         offload: EstimatePool | None = None,
     ) -> None:
-        self.config = config
         self.backend: Backend = backend or LocalBackend()
+        # The backend that runs attempts decides what they can do (the test nets apart: this host's children only).
+        self.config = config = dataclasses.replace(config, backend=self.backend.name)
         self.devices = self.backend.device_reader(devices)
         self.spawn = spawn
         self.oracle = oracle
@@ -191,8 +193,11 @@ class JobManager:
             device = admit(
                 request.device, devices, memory_cap=request.memory_cap, gpus_simulated=self.config.gpus_simulated
             )
+            tester = admit_tester(request.tester_device, request.test_net, devices,
+                                  apart_refused=self.config.apart_refused, gpus_simulated=self.config.gpus_simulated)
         except FieldErrors as error:
             raise JobValidationError(error.errors) from None
+        request = dataclasses.replace(request, tester_device=tester)
         self.quota.check_queue()  # before anything is written: a full queue costs a refused request nothing
         self.quota.check_storage(len(request.net) + len(request.solver))  # likewise for the stored jobs and bytes
         job, definition = write_job(request, device, self.definitions)

@@ -41,6 +41,12 @@ class Running:
     """The current attempt's max_iter (what the time left is counted to)."""
     window: Window = dataclasses.field(default_factory=Window)
     """The current attempt's latest (iteration, seconds) points, bounded (pace.Window): its speed and time left."""
+    tester_device: str | None = None
+    """With the test nets apart on another device, that device (jobs.scheduling.apart_run); None otherwise."""
+    tester_estimated: int = 0
+    """The tester's planned peak there, held for it while the attempt runs."""
+    tester_used: int = 0
+    """What a tester running there holds now (NVML's figure for it), no longer held back for it."""
 
     def start_attempt(self, number: int, max_iter: int) -> None:
         """A new attempt: its own progress and its own speed, from its own records."""
@@ -132,12 +138,19 @@ class RunState:
 
 
 def reserved(running: list[Running], device: str, exclude: str | None = None) -> int:
-    """Memory the running attempts on the device were planned to take and have not taken yet."""
-    return sum(
+    """Memory the running attempts on the device were planned to take and have not taken yet, their testers on it
+    (the test nets apart on another device) included: a tester is held for between two snapshots too."""
+    trainers = sum(
         max(0, entry.estimated - (entry.peak or 0))
         for entry in running
         if entry.device == device and entry.job_id != exclude
     )
+    testers = sum(
+        max(0, entry.tester_estimated - entry.tester_used)
+        for entry in running
+        if entry.tester_device == device and entry.job_id != exclude
+    )
+    return trainers + testers
 
 
 __all__ = ["RunState", "Running", "reserved"]

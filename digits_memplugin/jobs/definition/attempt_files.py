@@ -23,6 +23,17 @@ from .recheck import confirm_data, confirm_outputs
 
 
 @dataclasses.dataclass(frozen=True)
+class TestNetFile:
+    """One test net written for a tester (the test nets apart): its file, test_iter, and the NetState the solver
+    would have built it with (phase TEST, its test_state's stages and level)."""
+
+    net: str
+    test_iter: int
+    stages: tuple[str, ...] = ()
+    level: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class AttemptFiles:
     """The generated files of one attempt, relative to the job's folder."""
 
@@ -33,8 +44,13 @@ class AttemptFiles:
     """The dataset paths the child may read (`ConfirmedData.reads`)."""
     writes: tuple[str, ...] = ()
     """The folders the child may write beneath, relative to the job's folder (ATTEMPT_WRITES and its own)."""
+    tests_apart: tuple[TestNetFile, ...] = ()
+    """With the test nets apart, the test nets the solver no longer has, for the tester; else none."""
 
 
+TESTER_FOLDER = "tester"
+"""With the test nets apart, the testers' files in their attempt's folder (jobs.scheduling.apart_run): a spec per
+snapshot, their log, and their progress records, whose "test" records are the attempt's own."""
 ATTEMPT_WRITES = (OUTPUTS, "snapshots", LMDB_FOLDER)
 """What every attempt's child may write beneath, besides its own attempts/N folder (its log and records): layers'
 outputs, snapshots, and the LMDB folders where Caffe's LMDB writes its lock table. Never data/ (the list files),
@@ -53,13 +69,15 @@ def write_attempt(
     caffe_runs: bool = False,
     max_iter: int | None = None,
     test_interval: int | None = None,
+    tests_apart: bool = False,
 ) -> AttemptFiles:
     """Write the attempt's nets and solver under ``<folder>/<attempt_dir>``: the train net at `batch_size`, the test
     nets at `test_batch` (None: their own), the solver with `iter_size`, the snapshot prefix in the job's folder,
     CPU or GPU `gpu` (CUDA's number in the child). Caffe's own testing and snapshots are off (the pycaffe runner
     does both), or, with `caffe_runs` (`caffe train` trains: the binary runner), on as the job's solver has them,
     with `display: 1`, so that its log says every test, update and snapshot; `max_iter` and `test_interval` are the
-    attempt's (JobDefinition.length; None: the definition's). Each message is written with its own
+    attempt's (JobDefinition.length; None: the definition's). With `tests_apart` the test nets are written for a
+    tester (at their own batch, `AttemptFiles.tests_apart`) and the solver has none. Each message is written with its own
     schema (NVcaffe's for an NVcaffe net). The job's data and outputs are checked again first (`confirm_data`,
     `confirm_outputs`): a NetError then, and nothing is written."""
     confirm_outputs(definition, folder)
@@ -68,6 +86,7 @@ def write_attempt(
     (folder / "snapshots").mkdir(exist_ok=True)
     writer = _NetWriter(folder, attempt_dir, confirmed.lmdb)
     solver = _solver_with_nets(definition, writer, batch_size, test_batch)
+    apart = _tests_apart(solver, definition) if tests_apart else ()
     solver.iter_size = iter_size
     solver.max_iter = max_iter if max_iter is not None else definition.max_iter
     _set_testing_and_snapshots(solver, definition, caffe_runs, test_interval)
@@ -76,7 +95,20 @@ def write_attempt(
     _set_device(solver, gpu)
     relative = f"{attempt_dir}/solver.prototxt"
     (folder / relative).write_text(text_format.MessageToString(solver), encoding="utf-8")
-    return AttemptFiles(relative, writer.nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir))
+    return AttemptFiles(relative, writer.nets, prefix, confirmed.reads, (*ATTEMPT_WRITES, attempt_dir), apart)
+
+
+def _tests_apart(solver: Any, definition: JobDefinition) -> tuple[TestNetFile, ...]:
+    """The solver's test nets taken out of it (Solver::InitTestNets then builds none), as a tester builds them."""
+    tests = tuple(
+        TestNetFile(net, int(test_iter), tuple(state.stage), int(state.level))
+        for net, test_iter, state in zip(solver.test_net, solver.test_iter, solver.test_state, strict=True)
+    )
+    for field in ("test_net", "test_iter", "test_state"):
+        solver.ClearField(field)
+    if not tests and definition.training.tests:
+        raise ValueError("the test nets apart need the solver's test nets written first")
+    return tests
 
 
 class _NetWriter:

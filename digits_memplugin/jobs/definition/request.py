@@ -9,12 +9,18 @@
      "test_interval": 500 | "epoch", "test_iter": 100 | "pass",  # validation: iterations, or DIGITS' by the datasets
      "memory_cap": 2147483648 | "2GiB",                       # CPU jobs only
      "fallback": {"max_attempts": 5, "safety_margin": 0.03, "growth": 0.1, "start": "plan" | "wanted"},
-     "divergence": "stop" | "continue"}                       # a NaN or infinite net output (core.divergence)
+     "divergence": "stop" | "continue",                       # a NaN or infinite net output (core.divergence)
+     "test_net": "auto" | "shared" | "apart",                 # where the test nets live (core.test_nets)
+     "tester_device": "auto" | "same" | "cpu" | "GPU-<uuid>" | 1}  # with them apart: where the tester runs
 
 `epochs` sets max_iter as DIGITS does (core.epochs: epochs x ceil(training items / batch_size x iter_size)), and with
 it `test_interval` and `test_iter` left out are DIGITS' too: validation once per epoch ("epoch"), one pass over the
 validation set ("pass"); without it they are the solver's unless given. A fallback field left out takes the server's default (a safety margin left out: the device kind's, known only
 once the job is placed).
+
+`test_net` "auto" (the default) keeps the test nets apart only where that trains a larger batch or fewer iter_size
+passes and stopping for the tester costs under 5% of an interval (core.planning.apart); `tester_device` "auto" puts
+the tester on another GPU with room for it, else on the trainer's device ("same"); the CPU only when named.
 
 Validation errors are collected per field ({"batch": "must be a positive integer or \"auto\""}), so the REST API
 answers 400 with all of them at once.
@@ -28,16 +34,18 @@ from functools import partial
 from typing import Any
 
 from ...core import fields
+from ...core.device_kinds import AUTO
 from ...core.divergence import DEFAULT_POLICY, POLICIES
 from ...core.epochs import EVERY_EPOCH, ONE_PASS
 from ...core.fields import INT32_MAX
 from ...core.inputs import capped, not_text, surrogate_in
 from ...core.planning.fallback import DEFAULT_GROWTH, Policy
 from ...core.sizes import byte_count
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_APART, TEST_NET_AUTO, TEST_NET_MODES, TEST_NET_SHARED
 
 FIELDS = (
     "net", "solver", "name", "device", "batch", "data", "data_shapes", "classes", "max_iter", "epochs", "test_interval",
-    "test_iter", "memory_cap", "fallback", "divergence",
+    "test_iter", "memory_cap", "fallback", "divergence", "test_net", "tester_device",
 )
 MAX_EPOCHS = 1_000_000
 FALLBACK_FIELDS = ("max_attempts", "safety_margin", "growth", "start")
@@ -75,6 +83,11 @@ class JobRequest:
     """"plan": the first attempt uses the planner's batch; "wanted": it tries the wanted batch as given first."""
     divergence: str = DEFAULT_POLICY
     """"stop": a net output that becomes NaN or infinite ends the job with DIGITS' advice; "continue": it trains on."""
+    test_net: str = TEST_NET_AUTO
+    """Where the test nets live (core.test_net_modes): "auto", "shared" or "apart"."""
+    tester_device: str | int = AUTO
+    """With the test nets apart, where the tester runs: "auto", "same", "cpu", a GPU's UUID or index (normalised
+    against the devices present at submission, as `device` is)."""
 
     def spec(self, device: str) -> dict[str, Any]:
         """What the job row keeps (the prototxt texts are files in the job's folder)."""
@@ -91,6 +104,8 @@ class JobRequest:
             "memory_cap": self.memory_cap,
             "fallback": {**self.policy.to_dict(), "safety_margin": self.safety_margin, "start": self.start},
             "divergence": self.divergence,
+            "test_net": self.test_net,
+            "tester_device": self.tester_device,
         }
 
 
@@ -129,6 +144,17 @@ def _memory_cap(field: str, value: Any) -> int:
         fields.refuse(field, str(error))
 
 
+def _tester_device(field: str, value: Any) -> str | int:
+    if isinstance(value, str):
+        return value.strip()
+    return fields.integer(field, value, low=0, must=TESTER_DEVICE)
+
+
+TEST_NET = (
+    f'must be "{TEST_NET_AUTO}" (apart only where it pays), "{TEST_NET_SHARED}" (beside the train net, as Caffe '
+    f'does) or "{TEST_NET_APART}" (in a tester process, on each test interval\'s snapshot)'
+)
+TESTER_DEVICE = f'must be "{AUTO}", "{SAME_DEVICE}", "cpu", a GPU UUID or a GPU index'
 DIVERGENCE = (
     f'must be "{POLICIES[0]}" (end the job when a net output becomes NaN or infinite, as DIGITS does) or '
     f'"{POLICIES[1]}" (train on regardless)'
@@ -149,6 +175,8 @@ CHECKS: dict[str, Callable[..., Any]] = {
     "test_iter": partial(_count, word=ONE_PASS, must=f'{POSITIVE}, or "{ONE_PASS}" (one pass over the validation set)'),
     "memory_cap": _memory_cap,
     "divergence": partial(fields.choice, options=POLICIES, must=DIVERGENCE),
+    "test_net": partial(fields.choice, options=TEST_NET_MODES, must=TEST_NET),
+    "tester_device": _tester_device,
 }
 """Each field's check, in the order the errors are listed; fallback is checked apart (its errors are nested)."""
 ENTRIES = {"data_shapes": "data_shapes entries that are not shapes"}

@@ -13,10 +13,12 @@ from ...core.oom import (
     OUTCOME_DIVERGED,
     OUTCOME_INTERRUPTED,
     OUTCOME_OUT_OF_MEMORY,
+    OUTCOME_REPLANNED,
     OUTCOME_SUCCESS,
     Outcome,
 )
 from ...core.planning.fallback import Failure
+from ...core.test_net_modes import TEST_NET_SHARED
 from ..backends.attempt_process import AttemptResult
 from ..child.runner import DISK_FULL
 from ..store.disk import LOW_DISK_BYTES, free_bytes, free_note
@@ -26,7 +28,8 @@ INTERRUPTED_MESSAGE = "the server stopped while the job was queued or running; r
 
 
 def job_end(result: AttemptResult, attempts: Sequence[Attempt] = ()) -> tuple[str, str] | None:
-    """The job's status and message once an attempt ended so; None when the fallback tries again (out of memory).
+    """The job's status and message once an attempt ended so; None when another attempt follows (after an out of
+    memory, the fallback's; after a replan, the new plan's).
     `attempts`: the job's attempts, the one that ended last, for the story of its out-of-memory retries."""
     outcome = result.outcome
     if outcome.status == OUTCOME_SUCCESS:
@@ -39,7 +42,7 @@ def job_end(result: AttemptResult, attempts: Sequence[Attempt] = ()) -> tuple[st
         return INTERRUPTED, INTERRUPTED_MESSAGE
     if outcome.status == OUTCOME_CANCELLED:
         return CANCELLED, outcome.message or "cancelled"
-    if outcome.status != OUTCOME_OUT_OF_MEMORY:
+    if outcome.status not in (OUTCOME_OUT_OF_MEMORY, OUTCOME_REPLANNED):
         return FAILED, outcome.message
     return None
 
@@ -76,6 +79,7 @@ def failure_of(attempt: Attempt) -> Failure:
         requested_bytes=record.get("requested_bytes"),
         free_bytes=record.get("free_bytes"),
         used_bytes=attempt.peak_bytes,
+        test_net=attempt.test_net or TEST_NET_SHARED,
     )
 
 

@@ -20,15 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core.cost import Meter
+from ...core.device_kinds import AUTO, CPU
 from ...core.divergence import DEFAULT_POLICY
+from ...core.estimator import ApartFootprints
 from ...core.flavour import NVCAFFE, NVCAFFE_SAFETY_MARGIN
 from ...core.layers.base import ENGINE_CPU
 from ...core.net import ShapeOracle
 from ...core.oom import OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_INTERRUPTED, OUTCOME_OUT_OF_MEMORY
+from ...core.planning.apart import Apart, ApartTester, StopCost, TesterDevice
 from ...core.planning.fallback import Failure
 from ...core.planning.fit import Decision
 from ...core.planning.job_plan import START_PLAN, JobAsk, PlanningPolicy, plan_job
-from ...devices.reader import GPU, DeviceReader, DeviceSelectionError, child_cuda_environment
+from ...core.planning.planner import usable_bytes
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_APART, TEST_NET_AUTO, TEST_NET_SHARED
+from ...devices.reader import GPU, DeviceReader, DeviceSelectionError, allowed_gpus, child_cuda_environment
 from ...estimate.pool import PoolBusy
 from ..backends.attempt_process import AttemptResult
 from ..backends.local import AttemptHandle, Backend, Launch, LocalBackend
@@ -36,7 +41,7 @@ from ..child.attempt_spec import BINARY_RUNNER, PYCAFFE_RUNNER, AttemptDevice, A
 from ..child.caffe_build import BINARY
 from ..child.runner import THREAD_STACK_BYTES
 from ..config import ManagerConfig
-from ..definition.attempt_files import snapshot_prefix, test_iters, write_attempt
+from ..definition.attempt_files import AttemptFiles, snapshot_prefix, test_iters, write_attempt
 from ..definition.definition import JobDefinition
 from ..definition.job_folder import check_job_folder
 from ..errors import JobError, JobNotFound
@@ -45,6 +50,7 @@ from ..run_state import Running, RunState
 from ..store.database import StoreError
 from ..store.quota import Quota
 from ..store.records import CANCELLED, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
+from .apart_run import ApartRun, TesterPlace, TesterReport, tester_nets
 from .attempt_end import INTERRUPTED_MESSAGE, failure_of, job_end, note_full_disk
 from .scheduler import Limit, limit_for, memory_cap
 
@@ -57,25 +63,38 @@ log = logging.getLogger(__name__)
 
 def job_ask(spec: Mapping[str, Any], definition: JobDefinition, *, effective_batch: int | None = None,
             iteration: int = 0) -> JobAsk:
-    """What a job (its stored request and its definition) asks of its plan."""
+    """What a job (its stored request and its definition) asks of its plan. A job stored before its test nets had a
+    placement keeps them shared, as it was planned."""
     fallback = spec.get("fallback") or {}
     return JobAsk(
         batch=spec.get("batch"), net_batch=definition.net_batch, test_batch=definition.test_batch,
         test_iter=definition.test_iter, train_items=definition.train_items,
         safety_margin=fallback.get("safety_margin"), growth=fallback.get("growth"),
         max_attempts=fallback.get("max_attempts"), start=fallback.get("start") or START_PLAN,
-        effective_batch=effective_batch, iteration=iteration,
+        effective_batch=effective_batch, iteration=iteration, test_net=spec.get("test_net") or TEST_NET_SHARED,
     )
+
+
+TESTER_OUT_OF_MEMORY = (
+    "test nets shared: a tester ran out of memory at the test nets' own batch, which a tester never shrinks; beside "
+    "the train net their batch shrinks if it must"
+)
 
 
 def plan_for(
     spec: Mapping[str, Any], definition: JobDefinition, oracle: ShapeOracle | None, *, engine: str, limit_bytes: int,
     policy: PlanningPolicy, failures: Sequence[Failure] = (), attempts_made: int = 0, placing: bool = False,
     effective_batch: int | None = None, iteration: int = 0, meter: Meter | None = None,
+    testers: Sequence[TesterDevice] = (), stop_cost: StopCost | None = None, tester_failed: bool = False,
 ) -> Decision:
     """A job's plan on a device of `engine` with `limit_bytes` for it (the manager's attempts, its preview), in
     this process (jobs.scheduling.planning decides where); `meter` may stop it (core.cost.TimeUp). Footprints come from
-    those known for the definition (`Estimator.total`: a worker's too), so a plan asked again builds nothing."""
+    those known for the definition (`Estimator.total`: a worker's too), so a plan asked again builds nothing.
+
+    With its test nets `apart` or `auto` (the job's `test_net`), the tester goes to the first of `testers` (other
+    devices, in the order the job prefers them) where it fits, else on the trainer's device; `stop_cost` is what
+    stopping and resuming was measured to cost on the job's first interval there (core.planning.apart.StopCost);
+    after a tester ran out of memory (`tester_failed`) the test nets are shared, and the plan says why."""
     estimator = definition.estimator(engine, oracle, meter)
 
     def footprint(batch: int, test_batch: int | None) -> int:
@@ -85,10 +104,61 @@ def plan_for(
     if definition.flavour == NVCAFFE and ask.safety_margin is None:
         # NVcaffe's figures are a model no GPU has checked yet: the estimate's wider margin (core.flavour).
         ask = dataclasses.replace(ask, safety_margin=max(policy.safety_margin(engine), NVCAFFE_SAFETY_MARGIN))
-    return plan_job(
+    shared_why = None
+    if ask.test_net != TEST_NET_SHARED and definition.test_batch is not None:
+        shared_why = (TESTER_OUT_OF_MEMORY if tester_failed else
+                      f"test nets shared: {policy.apart_refused}" if policy.apart_refused else None)
+    apart = None
+    if ask.test_net != TEST_NET_SHARED and shared_why is None and definition.test_batch is not None:
+        apart_footprints = ApartFootprints(estimator)
+        tester = _tester(definition, oracle, meter, testers, policy, ask) or ApartTester(apart_footprints.tester())
+        apart = Apart(apart_footprints.trainer, tester, stop_cost or StopCost())
+    if shared_why is not None:
+        ask = dataclasses.replace(ask, test_net=TEST_NET_SHARED)
+    decision = plan_job(
         footprint, ask, engine=engine,
         limit_bytes=limit_bytes, policy=policy, failures=failures, attempts_made=attempts_made, placing=placing,
+        apart=apart,
     )
+    if shared_why is None:
+        return decision
+    return dataclasses.replace(decision, test_net_note=shared_why, message=f"{decision.message}; {shared_why}")
+
+
+def _tester(
+    definition: JobDefinition, oracle: ShapeOracle | None, meter: Meter | None, testers: Sequence[TesterDevice],
+    policy: PlanningPolicy, ask: JobAsk,
+) -> ApartTester | None:
+    """The tester on the first of `testers` with room for it at the test nets' own batch, counted with that device's
+    engine and kept within its margin; None: none has room (the tester shares the trainer's device)."""
+    for device in testers:
+        needs = ApartFootprints(definition.estimator(device.engine, oracle, meter)).tester()
+        margin = policy.margin(device.engine, ask.safety_margin)
+        if needs <= usable_bytes(device.limit_bytes, margin):
+            return ApartTester(needs, device.limit_bytes, margin, device.key)
+    return None
+
+
+@dataclasses.dataclass
+class ApartSoFar:
+    """What a running job's attempts told of its test nets apart, for its next plan (`plan_for`)."""
+
+    stop_cost: StopCost = dataclasses.field(default_factory=StopCost)
+    """Stopping and resuming for the tester, as measured on the job's first interval (unmeasured until then)."""
+    tester_failed: bool = False
+    """A tester ran out of memory at the test nets' own batch: the test nets are shared from then on."""
+    testers: tuple[TesterDevice, ...] = ()
+    """The devices other than the trainer's where its tester may go now, best first."""
+
+    def plan_fields(self) -> dict[str, Any]:
+        return {"testers": self.testers, "stop_cost": self.stop_cost, "tester_failed": self.tester_failed}
+
+
+def tester_failed(attempt: Attempt) -> bool:
+    """Whether the attempt's tester (the test nets apart) ran out of memory and ended it: a tester never shrinks its
+    batch, so its job's test nets are shared from then on. (A tester that failed otherwise, killed say, tells
+    nothing of memory: its job resumes as it was.)"""
+    return attempt.status == OUTCOME_OUT_OF_MEMORY and bool(attempt.tester and attempt.tester.get("failed"))
 
 
 def stacks(definition: JobDefinition) -> int:
@@ -130,28 +200,30 @@ class AttemptLoop:
 
     def plan(
         self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure] = (),
-        made: int = 0, *, placing: bool = False,
+        made: int = 0, *, placing: bool = False, apart: ApartSoFar | None = None,
     ) -> Decision:
         """The job's plan on a device of `engine` (the scheduler's plan with `placing`): core.planning.job_plan.plan_job,
         which the form, the REST estimate and the command line plan with too; made where the planner says (a
-        costly one in an estimate worker: estimate_pool's PoolErrors then reach the caller)."""
+        costly one in an estimate worker: estimate_pool's PoolErrors then reach the caller). `apart`: what the job's
+        attempts so far tell of its test nets apart, and where its tester may go."""
+        asked = (apart or ApartSoFar()).plan_fields()
         if self.planner is None:
             return plan_for(job.spec, definition, self.oracle, engine=engine, limit_bytes=limit,
                             policy=self.config.policy, failures=failures, attempts_made=made, placing=placing,
-                            effective_batch=job.effective_batch, iteration=job.iteration)
+                            effective_batch=job.effective_batch, iteration=job.iteration, **asked)
         return self.planner.plan(job.spec, definition, engine=engine, limit_bytes=limit, policy=self.config.policy,
                                  failures=failures, attempts_made=made, placing=placing,
-                                 effective_batch=job.effective_batch, iteration=job.iteration)
+                                 effective_batch=job.effective_batch, iteration=job.iteration, **asked)
 
     def _attempt_plan(
         self, job: Job, definition: JobDefinition, engine: str, limit: int, failures: Sequence[Failure], made: int,
-        cancelled: Callable[[], bool],
+        cancelled: Callable[[], bool], apart: ApartSoFar,
     ) -> Decision | None:
         """The next attempt's plan; while every estimate worker is busy and their queue full, the job waits for
         one (its attempt is not failed for it). None when it was cancelled or the server stops meanwhile."""
         while True:
             try:
-                return self.plan(job, definition, engine, limit, failures, made)
+                return self.plan(job, definition, engine, limit, failures, made, apart=apart)
             except PoolBusy as busy:
                 log.info("job %s: its plan waits for an estimate worker (%s)", job.id, busy)
                 waited = 0.0
@@ -174,7 +246,9 @@ class AttemptLoop:
         definition = self.definitions.get(job)
         engine = self.config.gpu_engine if entry.kind == GPU else ENGINE_CPU
         earlier = [a for a in store.attempts(job_id) if a.device == entry.device]
-        failures = [failure_of(a) for a in earlier if a.status == OUTCOME_OUT_OF_MEMORY and a.limit_bytes is not None]
+        failures = [failure_of(a) for a in earlier
+                    if a.status == OUTCOME_OUT_OF_MEMORY and a.limit_bytes is not None and not tester_failed(a)]
+        apart = ApartSoFar(tester_failed=any(tester_failed(a) for a in earlier))
         made = 0
         job = store.update_job(job_id, started_at=job.started_at or time.time())
         reporter.emit_job(job)
@@ -194,24 +268,63 @@ class AttemptLoop:
                 reporter.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
                 return
             job = self._job(job_id)
+            apart.testers = self._tester_devices(job, entry, cap, definition)
             decision = self._attempt_plan(job, definition, engine, limit.limit_bytes, failures, made,
-                                          lambda: entry.cancel or state.stopping)
+                                          lambda: entry.cancel or state.stopping, apart)
             if decision is None:
                 continue  # cancelled or stopping while it waited: said at the top of the loop
             if decision.stop or decision.plan is None:
                 prefix = "out of memory: " if failures else ""
                 reporter.finish(job_id, FAILED, prefix + decision.message)
                 return
-            result, attempt = self._run_attempt(job, definition, entry, limit, decision)
+            result, attempt, report = self._run_attempt(job, definition, entry, limit, decision)
             self.quota.measure(job_id)
-            made += 1
             ending = job_end(result, store.attempts(job_id))
             if ending is not None:
                 reporter.finish(job_id, *ending)
                 return
-            failures.append(self._failure_after(attempt, limit, result))
+            if report is not None and report.cost.fraction is not None:
+                apart.stop_cost = report.cost  # measured on the job's first interval: what `auto` decides on next
+            if result.outcome.status != OUTCOME_OUT_OF_MEMORY:
+                continue  # replanned: the next plan, with what the attempt measured
+            made += 1
+            if report is not None and report.failed is not None:
+                apart.tester_failed = True  # a tester never shrinks its batch: the test nets are shared from here
+            else:
+                failures.append(self._failure_after(attempt, limit, result, decision.test_net))
 
-    def _failure_after(self, attempt: Attempt, limit: Limit, result: AttemptResult) -> Failure:
+    def _tester_devices(
+        self, job: Job, entry: Running, cap: int | None, definition: JobDefinition
+    ) -> tuple[TesterDevice, ...]:
+        """The devices other than the trainer's where the job's tester may go, best first: the one the job named
+        (`tester_device`), or with "auto" the other GPUs this server may use, most free memory first (the CPU only
+        when named: a test pass there may take longer than an interval of training on a GPU). None for a job whose
+        test nets are shared, or named to share the trainer's device."""
+        spec = job.spec
+        choice = spec.get("tester_device") or AUTO
+        if (spec.get("test_net") or TEST_NET_SHARED) == TEST_NET_SHARED or choice in (SAME_DEVICE, entry.device):
+            return ()
+        devices = self.devices.read()
+        if choice == AUTO:
+            try:
+                named = [gpu for gpu in allowed_gpus(devices.gpus) if gpu.error is None and gpu.key != entry.device]
+            except DeviceSelectionError:
+                return ()
+        else:
+            found = devices.get(choice)
+            named = [] if found is None or found.error is not None else [found]
+        policy = self.config.policy
+        testers = []
+        for device in named:
+            on_cpu = device.kind != GPU
+            limit = limit_for(device, reserved=self.state.reserved(device.key, exclude=job.id),
+                              cap=cap if on_cpu else None, cap_overhead=stacks(definition) if on_cpu else 0)
+            if limit is not None:
+                engine = policy.engine(CPU if on_cpu else GPU)
+                testers.append(TesterDevice(device.key, engine, limit.limit_bytes, policy.safety_margin(engine)))
+        return tuple(sorted(testers, key=lambda tester: -tester.limit_bytes))
+
+    def _failure_after(self, attempt: Attempt, limit: Limit, result: AttemptResult, test_net: str) -> Failure:
         """What the failed attempt tells, with its limit lowered to what the device had free once it ended
         (another process may have taken memory meanwhile); a cap stays the cap."""
         overhead = limit.overhead_bytes
@@ -228,6 +341,7 @@ class AttemptLoop:
             requested_bytes=None if record is None else record.requested_bytes,
             free_bytes=None if record is None else record.free_bytes,
             used_bytes=None if result.peak_bytes is None else max(0, result.peak_bytes - overhead),
+            test_net=test_net,
         )
         self.reporter.durable(
             attempt.job_id, f"attempt {attempt.number}'s limit",
@@ -238,37 +352,26 @@ class AttemptLoop:
 
     def _spec(
         self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision, number: int
-    ) -> tuple[AttemptSpec, dict[str, str]]:
-        """The attempt's spec, with its files written, and the child's environment (its CUDA device)."""
+    ) -> tuple[AttemptSpec, dict[str, str], AttemptFiles]:
+        """The attempt's spec, with its files written, the child's environment (its CUDA device), and the files."""
         plan = decision.plan
         if plan is None:
             raise ValueError("an attempt needs a plan")
         folder = self.jobs_root / job.folder
         attempt_dir = f"attempts/{number}"
         test_batch = decision.test_plan["batch_size"] if decision.test_plan else None
-        environment: dict[str, str] = {}
-        device = AttemptDevice("cpu")
-        if entry.kind == GPU:
-            gpus = self.devices.read().gpus
-            host = next((gpu.host for gpu in gpus if gpu.key == entry.device), None)
-            try:  # CUDA numbers the GPUs of the host the attempt runs on
-                child = child_cuda_environment([entry.device], [gpu for gpu in gpus if gpu.host == host])
-            except DeviceSelectionError as error:
-                raise JobError(str(error)) from None
-            environment.update(child.environment)
-            device = AttemptDevice("gpu", entry.device, child.cuda_index[entry.device])
-        else:
-            environment["CUDA_VISIBLE_DEVICES"] = ""
+        device, environment = self._child_device(entry.device, entry.kind)
         caffe = self.config.caffe
         binary = caffe.runner == BINARY
         if caffe.pycaffe and not binary:  # a Caffe root's own pycaffe, before this Python's
             environment["PYTHONPATH"] = os.pathsep.join(filter(None, [caffe.pycaffe, os.environ.get("PYTHONPATH")]))
         # A job by epochs trains as long as its effective batch says, the same in every attempt once it is fixed.
         length = definition.length(job.effective_batch if job.effective_batch and job.iteration else plan.effective_batch)
+        apart = decision.test_net == TEST_NET_APART
         files = write_attempt(
             definition, folder, attempt_dir, batch_size=plan.batch_size, iter_size=plan.iter_size,
             test_batch=test_batch, gpu=device.cuda_index, caffe_runs=binary, max_iter=length.max_iter,
-            test_interval=length.test_interval,
+            test_interval=length.test_interval, tests_apart=apart,
         )
         resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
         solver = definition.solver
@@ -299,30 +402,86 @@ class AttemptLoop:
             preload=self.config.preload if binary else None,
             read_paths=files.reads,
             write_paths=files.writes,
+            test_net=TEST_NET_APART if apart else TEST_NET_SHARED,
+            pause_at_tests=apart and decision.tester_device is None,
         )
         spec.write(folder / attempt_dir / "attempt.json")
-        return spec, environment
+        return spec, environment, files
+
+    def _child_device(self, key: str, kind: str) -> tuple[AttemptDevice, dict[str, str]]:
+        """A child's device (the CPU, or a GPU by CUDA's number inside the child) and its CUDA environment."""
+        if kind != GPU:
+            return AttemptDevice("cpu"), {"CUDA_VISIBLE_DEVICES": ""}
+        gpus = self.devices.read().gpus
+        host = next((gpu.host for gpu in gpus if gpu.key == key), None)
+        try:  # CUDA numbers the GPUs of the host the attempt runs on
+            child = child_cuda_environment([key], [gpu for gpu in gpus if gpu.host == host])
+        except DeviceSelectionError as error:
+            raise JobError(str(error)) from None
+        return AttemptDevice("gpu", key, child.cuda_index[key]), dict(child.environment)
 
     def _run_attempt(
         self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
-    ) -> tuple[AttemptResult, Attempt]:
-        """One attempt: its files and row written, its child launched and followed to its end, the end recorded."""
-        spec, environment = self._begin_attempt(job, definition, entry, limit, decision)
-        process = self._launch(job, entry, spec, environment, decision)
-        result = self._outcome(self.jobs_root / job.folder, entry, process.wait())
-        attempt = self._record_end(job, spec.attempt, entry, result)
-        return dataclasses.replace(result, peak_bytes=attempt.peak_bytes), attempt
+    ) -> tuple[AttemptResult, Attempt, TesterReport | None]:
+        """One attempt: its files and row written, its child (or, with the test nets apart, its trainer and testers)
+        launched and followed to its end, the end recorded; with the test nets apart, what its testers did."""
+        spec, environment, files = self._begin_attempt(job, definition, entry, limit, decision)
+        apart: ApartRun | None = None
+        if decision.test_net == TEST_NET_APART:
+            place = self._tester_place(entry, spec, environment, decision, files, job, definition.train_items)
+
+            def start(launch: Launch) -> AttemptHandle:
+                nonlocal apart
+                apart = ApartRun(self.backend, launch, place, attempt_dir=f"attempts/{spec.attempt}")
+                apart.start()
+                with self.state.lock:
+                    entry.tester_device = None if place.same_device else place.device
+                    entry.tester_estimated = 0 if place.same_device else (decision.tester_bytes or 0)
+                return apart
+
+            process = self._launch(job, entry, spec, environment, decision, start)
+        else:
+            process = self._launch(job, entry, spec, environment, decision, self.backend.launch)
+        try:
+            result = self._outcome(self.jobs_root / job.folder, entry, process.wait())
+        finally:
+            with self.state.lock:
+                entry.tester_device, entry.tester_estimated = None, 0
+        report = apart.report if apart is not None else None
+        attempt = self._record_end(job, spec.attempt, entry, result, report)
+        return dataclasses.replace(result, peak_bytes=attempt.peak_bytes), attempt, report
+
+    def _tester_place(
+        self, entry: Running, spec: AttemptSpec, environment: Mapping[str, str], decision: Decision,
+        files: AttemptFiles, job: Job, train_items: int | None,
+    ) -> TesterPlace:
+        """Where the attempt's testers run: the device the plan gave them, or the trainer's."""
+        key = decision.tester_device
+        auto = (job.spec.get("test_net") or TEST_NET_SHARED) == TEST_NET_AUTO
+        nets = tester_nets(files.tests_apart)
+        if key is None or key == entry.device:
+            return TesterPlace(entry.device, True, spec.device, environment, spec.memory_cap, decision.tester_bytes,
+                               nets, auto, train_items)
+        device = self.devices.read().get(key)
+        kind = GPU if device is not None and device.kind == GPU else CPU
+        attempt_device, tester_environment = self._child_device(key, kind)
+        if "PYTHONPATH" in environment:
+            tester_environment["PYTHONPATH"] = environment["PYTHONPATH"]
+        cap = memory_cap(job.spec.get("memory_cap"), self.config.cpu_memory_cap) if kind == CPU else None
+        return TesterPlace(key, False, attempt_device, tester_environment, cap, decision.tester_bytes, nets, auto,
+                           train_items)
 
     def _begin_attempt(
         self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
-    ) -> tuple[AttemptSpec, dict[str, str]]:
+    ) -> tuple[AttemptSpec, dict[str, str], AttemptFiles]:
         """The next attempt's files written, its row added and the job's fields set to where it starts; the
-        listeners told. Its spec and the child's environment."""
+        listeners told. Its spec, the child's environment and the attempt's files."""
         store, reporter = self.state.store, self.reporter
         check_job_folder(self.jobs_root, self.jobs_root / job.folder)
         reporter.settled(job.id)  # what earlier attempts could not write at first is written by now (the writes block)
         number = len(store.attempts(job.id)) + 1
-        spec, environment = self._spec(job, definition, entry, limit, decision, number)
+        spec, environment, files = self._spec(job, definition, entry, limit, decision, number)
+        apart = decision.test_net == TEST_NET_APART
         attempt = store.add_attempt(
             Attempt(
                 job_id=job.id, number=number, status=RUNNING, device=entry.device, batch_size=spec.batch_size,
@@ -331,7 +490,9 @@ class AttemptLoop:
                 test_iter=spec.test_iter[0] if spec.test_iter else None, resumed_from=spec.resume,
                 start_iteration=job.snapshot["iteration"] if spec.resume and job.snapshot else 0,
                 limit_bytes=limit.limit_bytes, estimated_bytes=decision.plan.bytes if decision.plan else None,
-                correction=decision.correction,
+                correction=decision.correction, test_net=decision.test_net,
+                tester={"device": decision.tester_device or entry.device, "estimated_bytes": decision.tester_bytes,
+                        "same_device": decision.tester_device is None} if apart else None,
             )
         )
         updated = store.update_job(
@@ -344,13 +505,14 @@ class AttemptLoop:
         )
         reporter.emit("job_attempt", {"job_id": job.id, **attempt.to_json()})
         reporter.emit_job(updated)
-        return spec, environment
+        return spec, environment, files
 
     def _launch(
-        self, job: Job, entry: Running, spec: AttemptSpec, environment: dict[str, str], decision: Decision
+        self, job: Job, entry: Running, spec: AttemptSpec, environment: dict[str, str], decision: Decision,
+        start: Callable[[Launch], AttemptHandle],
     ) -> AttemptHandle:
-        """The attempt's child started by the backend, its records and log lines passed on; a cancel or a stop
-        that came while it started is applied to it."""
+        """The attempt's child started by `start` (the backend's launch, or the test nets apart's), its records and
+        log lines passed on; a cancel or a stop that came while it started is applied to it."""
         reporter, state, number = self.reporter, self.state, spec.attempt
         launch = Launch(
             self.jobs_root / job.folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
@@ -363,7 +525,7 @@ class AttemptLoop:
             entry.start_attempt(number, spec.max_iter)
             entry.estimated = (decision.plan.bytes if decision.plan else None) or 0
         try:  # outside the lock: a backend may take a request's time (the Ray backend submits over HTTP)
-            process = self.backend.launch(launch)
+            process = start(launch)
         except Exception as error:
             message = f"the attempt could not be started ({self.backend.name} backend): {error}"
             state.store.update_attempt(job.id, number, status=OUTCOME_FAILED, finished_at=time.time(), message=message)
@@ -391,8 +553,11 @@ class AttemptLoop:
         peak = max(p for p in (result.peak_bytes, entry.peak, -1) if p is not None)
         return dataclasses.replace(result, outcome=outcome, peak_bytes=None if peak < 0 else peak)
 
-    def _record_end(self, job: Job, number: int, entry: Running, result: AttemptResult) -> Attempt:
-        """The attempt's end and its last progress written for sure (durable writes), the listeners told."""
+    def _record_end(
+        self, job: Job, number: int, entry: Running, result: AttemptResult, report: TesterReport | None = None
+    ) -> Attempt:
+        """The attempt's end and its last progress written for sure (durable writes), the listeners told; with the
+        test nets apart, what its testers did (`report`)."""
         store, reporter, outcome = self.state.store, self.reporter, result.outcome
         ended = {
             "status": outcome.status, "finished_at": time.time(), "exit_code": outcome.exit_code,
@@ -400,6 +565,7 @@ class AttemptLoop:
             "out_of_memory": None if outcome.out_of_memory is None else outcome.out_of_memory.to_dict(),
             "peak_bytes": result.peak_bytes, "allocated_bytes": result.allocated_bytes,
             "end_iteration": result.last_iteration,
+            **({} if report is None else {"tester": report.to_json()}),
         }
         # What the job is once this attempt has ended, shown while the writes below wait for the database.
         known = progress_fields(entry)

@@ -26,6 +26,7 @@ from ..run_state import Running, RunState, reserved
 from ..store.database import StoreError
 from ..store.disk import disk_full, free_note
 from ..store.records import FAILED, QUEUED, RUNNING, Job
+from .apart_run import ApartRun
 from .attempt_loop import AttemptLoop, stacks
 from .scheduler import Never, Place, Wait, memory_cap, place
 from .submission import Definitions
@@ -110,6 +111,11 @@ class Dispatcher:
             for process in (device.processes or ()) if device else ():
                 if process.pid == pid and process.used_memory is not None:
                     entry.peak = max(entry.peak or 0, process.used_memory)
+        for entry in self.state.entries():  # a tester on another GPU: what it holds now is held no longer for it
+            device = devices.get(entry.tester_device) if entry.tester_device else None
+            tester = entry.process.tester_pid if isinstance(entry.process, ApartRun) else None
+            used = [p.used_memory or 0 for p in (device.processes or ()) if p.pid == tester] if device and tester else []
+            entry.tester_used = max(used, default=0)
 
     def _try_place(self, job: Job, devices: DeviceList) -> None:
         """Place the job now if a device has room for its plan. A plan may be made in an estimate worker

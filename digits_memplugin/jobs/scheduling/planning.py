@@ -37,6 +37,7 @@ from typing import Any
 from ...core.cost import EstimateCost, Meter, TimeUp, estimate_cost
 from ...core.layers.base import PHASE_TEST, PHASE_TRAIN
 from ...core.net import ShapeOracle
+from ...core.planning.apart import StopCost, TesterDevice
 from ...core.planning.fallback import Failure
 from ...core.planning.fit import Decision
 from ...core.planning.job_plan import PlanningPolicy
@@ -80,13 +81,14 @@ class Planner:
     def plan(
         self, spec: Mapping[str, Any], definition: JobDefinition, *, engine: str, limit_bytes: int,
         policy: PlanningPolicy, failures: Sequence[Failure] = (), attempts_made: int = 0, placing: bool = False,
-        effective_batch: int | None = None, iteration: int = 0,
+        effective_batch: int | None = None, iteration: int = 0, testers: Sequence[TesterDevice] = (),
+        stop_cost: StopCost | None = None, tester_failed: bool = False,
     ) -> Decision:
         """`attempts.plan_for`, where its cost says."""
         ask: dict[str, Any] = {
             "engine": engine, "limit_bytes": limit_bytes, "policy": policy, "failures": tuple(failures),
             "attempts_made": attempts_made, "placing": placing, "effective_batch": effective_batch,
-            "iteration": iteration,
+            "iteration": iteration, "testers": tuple(testers), "stop_cost": stop_cost, "tester_failed": tester_failed,
         }
         if self.pool is None:
             return plan_for(spec, definition, self.oracle, **ask)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from ...core.device_kinds import AUTO
 from ...core.errors import FieldErrors
 from ...core.planning.fit import Decision
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_APART, TEST_NET_AUTO, TEST_NET_SHARED
 from ...devices.reader import CPU, GPU, Device, DeviceList, DeviceSelectionError, allowed_gpus
 
 SIMULATED_GPUS = (
@@ -134,6 +135,29 @@ def admit(choice: str | int, devices: DeviceList, *, memory_cap: int | None, gpu
     if gpus_simulated and not on_cpu and devices.gpus:
         raise FieldErrors.one("device", SIMULATED_GPUS)
     return device
+
+
+def admit_tester(
+    choice: str | int, test_net: str, devices: DeviceList, *, apart_refused: str | None, gpus_simulated: bool
+) -> str:
+    """Where a submission's tester may run (`tester_device`), normalised: "auto", "same", "cpu" or a GPU's UUID;
+    FieldErrors naming the field at fault when it names no device, names one for test nets that stay shared, or asks
+    for the test nets apart where this server cannot keep them apart (`apart_refused` says why)."""
+    if test_net == TEST_NET_APART and apart_refused:
+        raise FieldErrors.one("test_net", f"cannot be {TEST_NET_APART!r} here: {apart_refused}")
+    if isinstance(choice, str) and choice.strip().lower() == SAME_DEVICE:
+        tester = SAME_DEVICE
+    else:
+        try:
+            tester = normalise_device(choice, devices)
+        except ValueError as error:
+            raise FieldErrors.one("tester_device", str(error)) from None
+    if test_net == TEST_NET_SHARED and tester != AUTO:
+        raise FieldErrors.one("tester_device", f"names where a tester runs: give test_net {TEST_NET_APART!r} or "
+                                               f"{TEST_NET_AUTO!r} with it (the test nets are {TEST_NET_SHARED!r})")
+    if gpus_simulated and tester not in (AUTO, SAME_DEVICE, CPU) and not tester.startswith(CPU + "@"):
+        raise FieldErrors.one("tester_device", SIMULATED_GPUS)
+    return tester
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from ...core import inputs
 from ...core.errors import FieldErrors
+from ...jobs.definition.attempt_files import TESTER_FOLDER
 from ...jobs.definition.request import parse_job_request
 from ...jobs.errors import JobNotFound, JobPageError, JobStateError
 from ...jobs.manager import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobManager
@@ -197,34 +198,38 @@ def job_progress(job_id: str) -> ResponseReturnValue:
         # A later attempt that started before an iteration trains it again: this attempt's record of it is no
         # longer the job's (a restart from 0, or a resume from an earlier snapshot).
         redone = min((later.start_iteration for later in attempts[index + 1:]), default=None)
-        for record in _chart_records(folder / PurePosixPath(attempt.log).parent / PROGRESS_FILE, attempt.number):
+        own = folder / PurePosixPath(attempt.log).parent
+        for record in _chart_records([own / PROGRESS_FILE, own / TESTER_FOLDER / PROGRESS_FILE], attempt.number):
             iteration = record.get("iteration")
             record["superseded"] = redone is not None and isinstance(iteration, int) and iteration > redone
             records.append(record)
     return jsonify(job_id=job_id, records=records)
 
 
-def _chart_records(path: Path, attempt: int) -> list[dict[str, Any]]:
-    """An attempt's iteration and test records; iterations thinned to MAX_PROGRESS_POINTS (the last one kept).
-    The runner may be writing the last line: a line that is not JSON yet is left for the next read."""
+def _chart_records(paths: list[Path], attempt: int) -> list[dict[str, Any]]:
+    """An attempt's iteration and test records, from its runner's progress file and, with the test nets apart, its
+    testers' (their test records are the attempt's as the runner's would be); iterations thinned to
+    MAX_PROGRESS_POINTS (the last one kept). A child may be writing the last line: a line that is not JSON yet is
+    left for the next read."""
     iterations: list[dict[str, Any]] = []
     tests: list[dict[str, Any]] = []
-    if not path.is_file():
-        return []
     turns = Turns()  # a record an iteration: 100,000 of them held the server's thread 1.1 s a request
-    with path.open("r", encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            turns.take()
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record, dict):
-                continue
-            if record.get("event") == "iteration":
-                iterations.append({**record, "attempt": attempt})
-            elif record.get("event") == "test":
-                tests.append({**record, "attempt": attempt})
+    for path in paths:
+        if not path.is_file():
+            continue
+        with path.open("r", encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                turns.take()
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                if record.get("event") == "iteration":
+                    iterations.append({**record, "attempt": attempt})
+                elif record.get("event") == "test":
+                    tests.append({**record, "attempt": attempt})
     if len(iterations) > MAX_PROGRESS_POINTS:
         stride = -(-len(iterations) // MAX_PROGRESS_POINTS)
         iterations = iterations[::stride] + ([iterations[-1]] if (len(iterations) - 1) % stride else [])
