@@ -262,10 +262,10 @@ def test_a_tester_on_another_device_runs_while_training_goes_on_and_its_results_
     from digits_memplugin.core.planning.apart import TesterDevice
     from digits_memplugin.jobs.scheduling.attempt_loop import AttemptLoop
 
-    def beside(self: AttemptLoop, job: Job, *args: Any) -> tuple[TesterDevice, ...]:
+    def beside(self: AttemptLoop, *args: Any, **kwargs: Any) -> tuple[TesterDevice, ...]:
         return (TesterDevice(BESIDE, "cpu", 8 << 30, 0.03),)
 
-    monkeypatch.setattr(AttemptLoop, "_tester_devices", beside)
+    monkeypatch.setattr(AttemptLoop, "tester_devices", beside)
     events: list[tuple[str, dict[str, Any]]] = []
     manager = make_manager(events)
     every = 10  # intervals of about a second at batch 128: the testers start while training goes on

@@ -17,14 +17,16 @@ from .collector import paused_collector
 from .cost import EstimateCost, Meter, estimate_cost
 from .definitions import DEFINITIONS, parsed_definition
 from .errors import BatchLimitError, BlobLimitError, NetError, ShapeError
-from .estimator import Estimator, net_batch
+from .estimator import ApartFootprints, Estimator, net_batch
 from .fields import is_whole
 from .layers.base import ENGINE_CPU, ENGINES, INT_MAX, PHASE_TEST, PHASE_TRAIN
 from .memory import DEFAULT_CUDA_CONTEXT_BYTES, MemoryOptions, MemoryReport
 from .net import Net, ShapeOracle
+from .planning.apart import Apart, ApartTester
 from .planning.job_plan import JobAsk, PlanningPolicy, plan_job
 from .planning.planner import MAX_BATCH, BatchPlan, auto_cap, max_buildable, passes
 from .prototxt import DEFAULT_LIMITS, ParseLimits
+from .test_net_modes import TEST_NET_AUTO, TEST_NET_MODES, TEST_NET_SHARED
 from .training import Loader, TrainingDefinition
 
 MAX_CURVE_POINTS = 32
@@ -62,8 +64,13 @@ class EstimateRequest:
     (planner.auto_cap: a twentieth of `train_items`, at most 256); the document's `auto_cap` says why."""
     train_items: int | None = None
     """Items in the training set, for `auto`'s cap (None: unknown, the ceiling alone caps)."""
+    test_net: str = TEST_NET_AUTO
+    """Where the test nets are planned (core.test_net_modes), as a job's `test_net`: "auto" keeps them apart where
+    that pays (the tester on the same device, the stop's cost not measured yet), "shared" or "apart"."""
 
     def __post_init__(self) -> None:
+        if self.test_net not in TEST_NET_MODES:
+            raise NetError(f"test_net must be one of {', '.join(TEST_NET_MODES)}, got {self.test_net!r}", field="test_net")
         if self.engine not in ENGINES:
             raise NetError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}", field="engine")
         for name in ("batch", "test_batch", "classes"):
@@ -165,7 +172,7 @@ def _estimate(
     ask = JobAsk(
         batch=request.batch if blob_limit is not None else batch, net_batch=batch,
         test_batch=test_batch, test_iter=definition.test_iters[0] if definition.test_iters else 1,
-        max_batch=min(caps) if caps else None, safety_margin=margin,
+        max_batch=min(caps) if caps else None, safety_margin=margin, test_net=request.test_net,
     )
     if batch is not None and request.free_bytes is not None:
         document.update(_device_plan(estimator, ask, request, request.free_bytes))
@@ -280,7 +287,7 @@ def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, fr
 
     known = estimator.known_totals(None)
     decision = plan_job(footprint, ask, engine=request.engine, limit_bytes=free_bytes, policy=request.policy,
-                        known=known)
+                        known=known, apart=_apart(estimator, ask, request))
     plan = decision.plan
     if plan is None:  # not even batch 1 fits: what it would take
         wanted = ask.wanted() or 1
@@ -293,7 +300,20 @@ def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, fr
         "max_batch_limited_by": decision.limited_by,
         "plan": plan.to_dict(),
         "test_plan": decision.test_plan,
+        "test_net": decision.test_net,
+        "test_net_note": decision.test_net_note,
+        "tester_bytes": decision.tester_bytes,
     }
+
+
+def _apart(estimator: Estimator, ask: JobAsk, request: EstimateRequest) -> Apart | None:
+    """The test nets apart, as a job plans them on one device: the trainer's footprint, and the tester on the same
+    device (an estimate knows one device's memory); None where they stay shared (asked so, none, or a Caffe or
+    backend that cannot keep them apart: the policy says why, and the plan then says it)."""
+    if ask.test_net == TEST_NET_SHARED or ask.test_batch is None or request.policy.apart_refused:
+        return None
+    footprints = ApartFootprints(estimator, test_batch=request.test_batch)
+    return Apart(footprints.trainer, ApartTester(footprints.tester()))
 
 
 def _curve(estimator: Estimator, batches: tuple[int, ...], test_batch: int | None) -> list[dict[str, Any]]:

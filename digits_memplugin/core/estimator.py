@@ -186,12 +186,14 @@ class ApartFootprints:
     estimator: Estimator
     tester_options: MemoryOptions | None = None
     """How the tester's device counts, when not as the estimator does; its footprint is then not kept."""
+    test_batch: int | None = None
+    """The test nets' batch, when not their own (the estimate's `test_batch`); the footprints are then not kept."""
     _tests: list[Net] | None = dataclasses.field(default=None, init=False, repr=False)
     """The test nets, built once (the train batch does not change them)."""
 
     def trainer(self, batch: int) -> int:
         """The trainer's peak at train batch `batch`."""
-        kept = self.estimator._way.trainer
+        kept = self.estimator._way.trainer if self.test_batch is None else {}
         if batch not in kept:
             if len(kept) > MAX_REMEMBERED_TOTALS:
                 kept.clear()
@@ -201,9 +203,9 @@ class ApartFootprints:
 
     def tester(self) -> int:
         """The tester's peak, its test nets at their own batch (never shrunk)."""
-        if self.tester_options is not None:
+        if self.tester_options is not None or self.test_batch is not None:
             train, tests = self._build(None)
-            return apart_tester_memory(train, tests, self.tester_options).total_bytes
+            return apart_tester_memory(train, tests, self.tester_options or self.estimator.options).total_bytes
         way = self.estimator._way
         if way.tester is None:
             train, tests = self._build(None)
@@ -213,6 +215,6 @@ class ApartFootprints:
     def _build(self, batch: int | None) -> tuple[Net, list[Net]]:
         estimator = self.estimator
         train, self._tests = estimator.definition.build(
-            batch, None, estimator.data_shapes, estimator.oracle, self._tests, meter=estimator.meter
+            batch, self.test_batch, estimator.data_shapes, estimator.oracle, self._tests, meter=estimator.meter
         )
         return train, self._tests

@@ -42,7 +42,7 @@ from .run_state import RunState
 from .scheduling.attempt_loop import AttemptLoop
 from .scheduling.dispatcher import Dispatcher, Spawn
 from .scheduling.planning import Planner
-from .scheduling.scheduler import admit, admit_tester
+from .scheduling.scheduler import admit, admit_tester, memory_cap
 from .scheduling.submission import Definitions, JobPreview, preview, write_job
 from .store.database import JobStore, StoreError
 from .store.disk import folder_bytes, remove_folder
@@ -223,10 +223,20 @@ class JobManager:
         `submit` checks it, the memory the scheduler would give it there, and the planning function its attempts
         use (core.planning.job_plan), so the batch the New model form shows is the batch the job trains. Nothing is stored;
         JobValidationError as `submit` gives."""
-        device = self.devices.read().get(device_key)
+        devices = self.devices.read()
+        device = devices.get(device_key)
         if device is None:
             raise JobValidationError({"device": f"no device {device_key!r}"})
-        return preview(request, device, self.state.reserved(device.key), self.definitions, self.config)
+        try:
+            tester = admit_tester(request.tester_device, request.test_net, devices,
+                                  apart_refused=self.config.apart_refused, gpus_simulated=self.config.gpus_simulated)
+        except FieldErrors as error:
+            raise JobValidationError(error.errors) from None
+        request = dataclasses.replace(request, tester_device=tester)
+        cap = memory_cap(request.memory_cap, self.config.cpu_memory_cap)
+        loop = self.dispatcher.attempts
+        return preview(request, device, self.state.reserved(device.key), self.definitions, self.config,
+                       testers=lambda spec, definition: loop.tester_devices(spec, device.key, cap, definition))
 
     def stored_bytes(self) -> int:
         """What the jobs' folders hold, as last measured (all of them measured at the first call)."""

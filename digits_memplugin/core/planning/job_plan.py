@@ -170,10 +170,16 @@ def plan_job(
     starts from them). `apart`: the trainer's footprint and the tester's, for a job whose test nets may be apart
     (`ask.test_net`): each placement is planned the same way on its own footprint, with the failures of its own
     placement, and core.planning.apart decides between them (`plan_test_net`)."""
-    mode = ask.test_net if apart is not None and ask.test_batch is not None else TEST_NET_SHARED
+    refused = (policy.apart_refused if policy is not None and ask.test_net != TEST_NET_SHARED
+               and ask.test_batch is not None else None)
+    mode = ask.test_net if apart is not None and ask.test_batch is not None and not refused else TEST_NET_SHARED
     if mode == TEST_NET_SHARED or apart is None:
         mine = [failure for failure in failures if failure.test_net == TEST_NET_SHARED]
-        return _plan(footprint, ask, engine, limit_bytes, policy, mine, attempts_made, placing, known)
+        decision = _plan(footprint, ask, engine, limit_bytes, policy, mine, attempts_made, placing, known)
+        if not refused:
+            return decision
+        note = f"test nets shared: {refused}"  # asked apart or auto where they cannot be: the plan says why
+        return dataclasses.replace(decision, test_net_note=note, message=f"{decision.message}; {note}")
     tester = apart.tester
 
     def trainer(batch: int, _test_batch: int | None) -> int:

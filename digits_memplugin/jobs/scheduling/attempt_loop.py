@@ -104,12 +104,11 @@ def plan_for(
     if definition.flavour == NVCAFFE and ask.safety_margin is None:
         # NVcaffe's figures are a model no GPU has checked yet: the estimate's wider margin (core.flavour).
         ask = dataclasses.replace(ask, safety_margin=max(policy.safety_margin(engine), NVCAFFE_SAFETY_MARGIN))
-    shared_why = None
-    if ask.test_net != TEST_NET_SHARED and definition.test_batch is not None:
-        shared_why = (TESTER_OUT_OF_MEMORY if tester_failed else
-                      f"test nets shared: {policy.apart_refused}" if policy.apart_refused else None)
+    shared_why = TESTER_OUT_OF_MEMORY if tester_failed and ask.test_net != TEST_NET_SHARED else None
     apart = None
-    if ask.test_net != TEST_NET_SHARED and shared_why is None and definition.test_batch is not None:
+    if ask.test_net != TEST_NET_SHARED and shared_why is None and definition.test_batch is not None and (
+        not policy.apart_refused  # plan_job says why they stay shared
+    ):
         apart_footprints = ApartFootprints(estimator)
         tester = _tester(definition, oracle, meter, testers, policy, ask) or ApartTester(apart_footprints.tester())
         apart = Apart(apart_footprints.trainer, tester, stop_cost or StopCost())
@@ -268,7 +267,7 @@ class AttemptLoop:
                 reporter.finish(job_id, FAILED, f"device {entry.device} cannot be read any more")
                 return
             job = self._job(job_id)
-            apart.testers = self._tester_devices(job, entry, cap, definition)
+            apart.testers = self.tester_devices(job.spec, entry.device, cap, definition, job_id)
             decision = self._attempt_plan(job, definition, engine, limit.limit_bytes, failures, made,
                                           lambda: entry.cancel or state.stopping, apart)
             if decision is None:
@@ -293,21 +292,22 @@ class AttemptLoop:
             else:
                 failures.append(self._failure_after(attempt, limit, result, decision.test_net))
 
-    def _tester_devices(
-        self, job: Job, entry: Running, cap: int | None, definition: JobDefinition
+    def tester_devices(
+        self, spec: Mapping[str, Any], trainer: str, cap: int | None, definition: JobDefinition,
+        job_id: str | None = None,
     ) -> tuple[TesterDevice, ...]:
-        """The devices other than the trainer's where the job's tester may go, best first: the one the job named
-        (`tester_device`), or with "auto" the other GPUs this server may use, most free memory first (the CPU only
-        when named: a test pass there may take longer than an interval of training on a GPU). None for a job whose
-        test nets are shared, or named to share the trainer's device."""
-        spec = job.spec
+        """The devices other than the `trainer`'s where a job's tester may go (the job's stored `spec`; `job_id`'s
+        own reservations left out), best first: the one the job named (`tester_device`), or with "auto" the other
+        GPUs this server may use, most free memory first (the CPU only when named: a test pass there may take
+        longer than an interval of training on a GPU). None for a job whose test nets are shared, or named to share
+        the trainer's device."""
         choice = spec.get("tester_device") or AUTO
-        if (spec.get("test_net") or TEST_NET_SHARED) == TEST_NET_SHARED or choice in (SAME_DEVICE, entry.device):
+        if (spec.get("test_net") or TEST_NET_SHARED) == TEST_NET_SHARED or choice in (SAME_DEVICE, trainer):
             return ()
         devices = self.devices.read()
         if choice == AUTO:
             try:
-                named = [gpu for gpu in allowed_gpus(devices.gpus) if gpu.error is None and gpu.key != entry.device]
+                named = [gpu for gpu in allowed_gpus(devices.gpus) if gpu.error is None and gpu.key != trainer]
             except DeviceSelectionError:
                 return ()
         else:
@@ -317,7 +317,7 @@ class AttemptLoop:
         testers = []
         for device in named:
             on_cpu = device.kind != GPU
-            limit = limit_for(device, reserved=self.state.reserved(device.key, exclude=job.id),
+            limit = limit_for(device, reserved=self.state.reserved(device.key, exclude=job_id),
                               cap=cap if on_cpu else None, cap_overhead=stacks(definition) if on_cpu else 0)
             if limit is not None:
                 engine = policy.engine(CPU if on_cpu else GPU)

@@ -8,11 +8,13 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...core.errors import NetError
 from ...core.net import ShapeOracle
+from ...core.planning.apart import TesterDevice
 from ...core.planning.fit import Decision
 from ...devices.reader import Device
 from ..config import ManagerConfig
@@ -161,10 +163,12 @@ class JobPreview:
 
 def preview(
     request: JobRequest, device: Device, reserved_bytes: int, definitions: Definitions, config: ManagerConfig,
+    testers: Callable[[dict[str, Any], JobDefinition], Sequence[TesterDevice]] | None = None,
 ) -> JobPreview:
     """The plan of a job for `request` on `device` as its first attempt would get it: the limit the scheduler
     gives (`reserved_bytes`: what running jobs planned there and have not allocated yet; the CPU's cap less Caffe's
-    thread stacks) and the planning function the attempts use."""
+    thread stacks) and the planning function the attempts use; with its test nets apart, its tester on one of
+    `testers(spec, definition)` (the other devices with room for it, as the attempt loop finds them)."""
     definition = preview_definition(request, device.key, definitions)
     limit = limit_for(
         device, reserved=reserved_bytes, cap=memory_cap(request.memory_cap, config.cpu_memory_cap),
@@ -173,8 +177,9 @@ def preview(
     if limit is None:
         raise JobValidationError({"device": f"the free memory of {device.key!r} is unknown: {device.error or 'n/a'}"})
     engine = config.policy.engine(device.kind)
-    decision = definitions.planner.plan(request.spec(device.key), definition, engine=engine,
-                                        limit_bytes=limit.limit_bytes, policy=config.policy)
+    spec = request.spec(device.key)
+    decision = definitions.planner.plan(spec, definition, engine=engine, limit_bytes=limit.limit_bytes,
+                                        policy=config.policy, testers=testers(spec, definition) if testers else ())
     return JobPreview(device.key, engine, limit.limit_bytes, decision, definition)
 
 
