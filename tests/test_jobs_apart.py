@@ -292,3 +292,33 @@ def test_a_tester_on_another_device_runs_while_training_goes_on_and_its_results_
     expected = [key(r) for r in records(manager, shared) if r["event"] == "test"]
     assert [key(r) for r in tests] == expected
     assert manager.get(apart.id).progress["test"][0]["iteration"] == 4 * every
+
+
+@pytest.mark.slow
+def test_a_tester_out_of_memory_ends_its_attempt_and_the_job_goes_on_with_its_test_nets_shared(
+    make_manager: ManagerFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tester really runs out of memory (a real cap, RLIMIT_DATA): here because it is given less than planned,
+    as when another process takes memory on the tester's device between the plan and the test."""
+    from digits_memplugin.jobs.scheduling.apart_run import TesterPlace
+    from digits_memplugin.jobs.scheduling.attempt_loop import AttemptLoop
+
+    planned = AttemptLoop._tester_place
+
+    def squeezed(self: AttemptLoop, *args: Any) -> TesterPlace:
+        return dataclasses.replace(planned(self, *args), memory_cap=8 << 20)
+
+    monkeypatch.setattr(AttemptLoop, "_tester_place", squeezed)
+    manager = make_manager()
+    job = trained(manager, request(test_net="apart", net=BIG_TEST_NET))
+    first, second = manager.attempts(job.id)
+    assert (first.status, first.test_net) == ("out_of_memory", "apart")
+    assert first.tester["failed"].startswith("tester: ") and first.tester["tested"] == []
+    assert "the tester of iteration 0" in first.message and "ran out of memory" in first.message
+    assert first.out_of_memory is not None
+    # A tester never shrinks its batch: the next attempt has its test nets shared, from the pause's snapshot on.
+    assert second.test_net == "shared" and second.status == "success" and second.tester is None
+    assert (second.batch_size, second.iter_size) == (first.batch_size, first.iter_size)
+    assert second.resumed_from is not None and second.start_iteration == 0
+    tests = [r["iteration"] for r in records(manager, job, 2) if r["event"] == "test"]
+    assert tests == [0, K, 2 * K, 3 * K]
