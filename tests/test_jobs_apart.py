@@ -126,6 +126,7 @@ def test_a_tester_killed_loses_nothing_reported_and_the_job_resumes_from_the_pau
     manager = make_manager()
     job = manager.submit(request(test_net="apart", solver=SLOW_TESTS))
     pid = wait_for(lambda: pid_of_tester(manager, job, K), 240, "the tester of iteration K")
+    assert manager.attempts(job.id)[0].handle == f"pid:{pid}"  # a next server would reap the child running now
     os.kill(pid, signal.SIGKILL)
     failed = manager.wait(job.id, timeout=120)
     assert failed.status == "failed"
@@ -322,3 +323,29 @@ def test_a_tester_out_of_memory_ends_its_attempt_and_the_job_goes_on_with_its_te
     assert second.resumed_from is not None and second.start_iteration == 0
     tests = [r["iteration"] for r in records(manager, job, 2) if r["event"] == "test"]
     assert tests == [0, K, 2 * K, 3 * K]
+
+
+def test_a_tester_left_by_a_previous_server_is_reaped_as_a_runner_is(tmp_path: Path) -> None:
+    """The store names the child an attempt started last (a tester, with the test nets apart): a next server kills
+    it if the previous one's death did not, and nothing else that happens to have its pid."""
+    from digits_memplugin.jobs.store.datafolder import kill_leftover
+    from digits_memplugin.jobs.store.records import Attempt
+
+    folder = tmp_path / "jobs" / "j1"
+    folder.mkdir(parents=True)
+    code = "import sys, time; time.sleep(60)"
+    ours = subprocess.Popen([sys.executable, "-c", code, "-m", "digits_memplugin.jobs.child.tester", "t.json"],
+                            cwd=folder, process_group=0)
+    other = subprocess.Popen([sys.executable, "-c", code, "not-ours"], cwd=folder, process_group=0)
+    try:
+        for child in (ours, other):
+            kill_leftover(Attempt(job_id="j1", number=1, status="running", device="cpu", batch_size=1, iter_size=1,
+                                  started_at=0.0, log="attempts/1/caffe.log", handle=f"pid:{child.pid}"),
+                          tmp_path / "jobs")
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for child in (ours, other):
+            if child.poll() is None:
+                child.kill()
+                child.wait()

@@ -120,9 +120,13 @@ class ApartRun:
         tester: TesterPlace,
         *,
         attempt_dir: str,
+        on_process: Callable[[str], None] = lambda handle: None,
         python: str = sys.executable,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.on_process = on_process
+        """Told each new child's handle ("pid:N"), so that the store names the child running now (a next server
+        reaps what this one left: jobs.store.datafolder.kill_leftover)."""
         self.backend = backend
         self.launch = launch
         self.place = tester
@@ -388,6 +392,7 @@ class ApartRun:
                 return None
             process.start()
             self._tester = process
+        self.on_process(process.handle)
         try:
             result = process.wait()
         finally:
@@ -451,6 +456,8 @@ class ApartRun:
         with self._lock:
             self._trainer = process
             cancelled, killed = self._cancelled, self._killed
+        if len(self._stretches) > 1:  # the first one's is stored by the attempt loop, as any attempt's
+            self.on_process(process.handle)
         if killed:
             process.kill()
         elif cancelled:

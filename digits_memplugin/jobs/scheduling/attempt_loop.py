@@ -432,7 +432,8 @@ class AttemptLoop:
 
             def start(launch: Launch) -> AttemptHandle:
                 nonlocal apart
-                apart = ApartRun(self.backend, launch, place, attempt_dir=f"attempts/{spec.attempt}")
+                apart = ApartRun(self.backend, launch, place, attempt_dir=f"attempts/{spec.attempt}",
+                                 on_process=lambda handle: self._store_handle(job.id, spec.attempt, handle))
                 apart.start()
                 with self.state.lock:
                     entry.tester_device = None if place.same_device else place.device
@@ -536,11 +537,16 @@ class AttemptLoop:
                 process.kill()
             elif entry.cancel:
                 process.cancel()
-        try:  # the child runs now: nothing may stop this task from following it
-            state.store.update_attempt(job.id, number, handle=process.handle)
-        except StoreError as error:
-            log.warning("job %s attempt %d: %s not stored (%s)", job.id, number, process.handle, error)
+        self._store_handle(job.id, number, process.handle)
         return process
+
+    def _store_handle(self, job_id: str, number: int, handle: str) -> None:
+        """The attempt's child as the store names it; the child runs now: nothing may stop this task from following
+        it, a refused write included."""
+        try:
+            self.state.store.update_attempt(job_id, number, handle=handle)
+        except StoreError as error:
+            log.warning("job %s attempt %d: %s not stored (%s)", job_id, number, handle, error)
 
     def _outcome(self, folder: Path, entry: Running, result: AttemptResult) -> AttemptResult:
         """How the attempt ended, as the job reads it: a cancel by a stop is an interruption, a failure on a full

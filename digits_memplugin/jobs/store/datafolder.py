@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "jobs.lock"
 RUNNER_MODULE = "digits_memplugin.jobs.child.runner"
+TESTER_MODULE = "digits_memplugin.jobs.child.tester"
+"""The children an attempt runs: its runner, and with the test nets apart its testers (jobs.scheduling.apart_run)."""
 
 
 def take_folder(data_dir: Path) -> IO[str]:
@@ -40,7 +42,8 @@ def take_folder(data_dir: Path) -> IO[str]:
 
 
 def kill_leftover(attempt: Attempt, jobs_root: Path) -> None:
-    """A runner the previous server left (its death signal normally took it along): killed, never adopted."""
+    """A runner or tester the previous server left (its death signal normally took it along): killed, never
+    adopted. The attempt's handle names the child it started last."""
     if attempt.pid is None:
         return
     try:
@@ -48,7 +51,8 @@ def kill_leftover(attempt: Attempt, jobs_root: Path) -> None:
         cwd = Path(os.readlink(f"/proc/{attempt.pid}/cwd"))
     except OSError:
         return
-    if RUNNER_MODULE.encode() in cmdline and cwd == (jobs_root / attempt.job_id).resolve():
+    ours = RUNNER_MODULE.encode() in cmdline or TESTER_MODULE.encode() in cmdline
+    if ours and cwd == (jobs_root / attempt.job_id).resolve():
         log.warning("killing training process %d left by a previous server (job %s)", attempt.pid, attempt.job_id)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(attempt.pid, signal.SIGKILL)
