@@ -99,6 +99,10 @@ def test_free_memory_from_a_device(data_dir: Any) -> None:
         ({"net": LENET, "free_bytes": "8 gigs", "data_shapes": SHAPES}, "free_bytes", "'8 gigs' is not a memory size"),
         ({"net": LENET, "free_bytes": 1.5, "data_shapes": SHAPES}, "free_bytes", 'or a size such as "8GiB", got float'),
         ({"net": LENET, "free_bytes": "9" * 500 + "GiB", "data_shapes": SHAPES}, "free_bytes", "not a memory size"),
+        ({"net": LENET, "test_net": "sideways", "data_shapes": SHAPES}, "test_net", 'must be "auto"'),
+        ({"net": LENET, "test_net": "APART", "data_shapes": SHAPES}, "test_net", '"apart" (in a tester process'),
+        ({"net": LENET, "test_net": ["apart"], "data_shapes": SHAPES}, "test_net", 'must be "auto"'),
+        ({"net": LENET, "test_net": 1, "data_shapes": SHAPES}, "test_net", 'must be "auto"'),
     ],
 )
 def test_validation_errors_name_the_field(client: FlaskClient, body: dict[str, Any], field: str, fragment: str) -> None:
@@ -108,6 +112,51 @@ def test_validation_errors_name_the_field(client: FlaskClient, body: dict[str, A
     assert field in errors, errors
     message = errors[field] if isinstance(errors[field], str) else errors[field]["message"]
     assert fragment in message
+
+
+def test_test_net_is_refused_in_the_words_of_a_jobs_test_net(client: FlaskClient) -> None:
+    """One field, one refusal: the estimate refuses a placement that is none as a job's request does (core/fields.py
+    through the request's own words), and only that field; null counts as left out (auto)."""
+    from digits_memplugin.jobs.definition.request import parse_job_request
+
+    response = post(client, {"net": LENET, "data_shapes": SHAPES, "free_bytes": "1GiB", "test_net": "beside"})
+    assert response.status_code == 400 and response.mimetype == "application/json"
+    _, job_errors = parse_job_request({"net": LENET, "solver": LENET_SOLVER, "test_net": "beside"}, default_attempts=1)
+    assert response.get_json() == {"errors": {"test_net": job_errors["test_net"]}}
+    left_out = post(client, {"net": LENET, "data_shapes": SHAPES, "batch": 512, "free_bytes": "60MiB"}).get_json()
+    as_null = post(client, {"net": LENET, "data_shapes": SHAPES, "batch": 512, "free_bytes": "60MiB", "test_net": None})
+    assert as_null.status_code == 200 and as_null.get_json() == left_out
+
+
+MIB = 1024**2
+
+
+def test_test_net_places_the_test_nets_in_the_plan_and_says_why(client: FlaskClient) -> None:
+    """LeNet at batch 512 in 60 MiB: beside its test net (batch 100) the train net takes 171 x iter_size 3; with the
+    test nets apart the train net has the memory alone (256 x 2) and the tester its own 12 MiB at the test nets'
+    batch. "auto" (the default) chooses apart there and says why; with 128 MiB both train 512 in one pass, and auto
+    keeps them shared, saying apart does not pay. The API's plans are the core's."""
+    body = {"net": LENET, "data_shapes": SHAPES, "batch": 512, "free_bytes": 60 * MIB}
+    shared, apart, auto = (post(client, {**body, "test_net": mode}).get_json() for mode in ("shared", "apart", "auto"))
+    assert (shared["plan"]["batch_size"], shared["plan"]["iter_size"]) == (171, 3)
+    assert (shared["test_net"], shared["test_net_note"], shared["tester_bytes"]) == ("shared", None, None)
+    assert (apart["plan"]["batch_size"], apart["plan"]["iter_size"]) == (256, 2)
+    assert apart["test_net"] == "apart" and apart["test_net_note"] is None
+    assert 0 < apart["tester_bytes"] < apart["usable_bytes"]
+    assert apart["max_batch_size"] > shared["max_batch_size"]  # the train net's memory alone
+    assert auto["plan"] == apart["plan"] and auto["tester_bytes"] == apart["tester_bytes"]
+    assert auto["test_net"] == "apart" and auto["test_net_note"].startswith(
+        "test nets apart (apart trains 256 x iter_size 2, shared 171 x iter_size 3)")
+    assert post(client, body).get_json() == auto  # auto is the default
+    roomy = post(client, {**body, "free_bytes": 128 * MIB}).get_json()
+    assert roomy["test_net"] == "shared" and roomy["tester_bytes"] is None
+    assert roomy["test_net_note"].startswith("test nets shared: apart does not pay")
+    for mode, document in (("shared", shared), ("apart", apart), ("auto", auto)):
+        direct = estimate(EstimateRequest(net=LENET, data_shapes={"data": (1, 28, 28)}, batch=512,
+                                          free_bytes=60 * MIB, test_net=mode))
+        assert document == direct, mode
+    # Without free memory there is no plan, so no placement either.
+    assert "test_net" not in post(client, {"net": LENET, "data_shapes": SHAPES, "test_net": "apart"}).get_json()
 
 
 def test_a_dimension_over_int32_max_is_refused_as_jobs_refuse_it(client: FlaskClient) -> None:
@@ -182,9 +231,21 @@ def test_plans_for_every_device_from_one_estimate(data_dir: Any) -> None:
                               "free_bytes": plan["free_bytes"]}).get_json()
         assert plan["max_batch_size"] == alone["max_batch_size"]
         assert plan["plan"] == alone["plan"]
+        assert (plan["test_net"], plan["test_net_note"], plan["tester_bytes"]) == (
+            alone["test_net"], alone["test_net_note"], alone["tester_bytes"])
     small, large = sorted((doc["plans"][d["key"]] for d in devices if d["kind"] == "gpu"),
                           key=lambda p: p["free_bytes"])
     assert small["max_batch_size"] < large["max_batch_size"]
+    # Each device's plan places the test nets on its own memory: apart on the 1 GiB GPU at batch 4096, where
+    # beside the train net they leave it fewer items a pass.
+    tight = post(client, {"net": LENET, "data_shapes": SHAPES, "engine": "gpu", "batch": 4096, "devices": "all",
+                          "test_net": "apart"}).get_json()
+    small_gpu = min((d for d in devices if d["kind"] == "gpu"), key=lambda d: d["memory_free"])
+    placed = tight["plans"][small_gpu["key"]]
+    shared_there = post(client, {"net": LENET, "data_shapes": SHAPES, "engine": "gpu", "batch": 4096,
+                                 "free_bytes": placed["free_bytes"], "test_net": "shared"}).get_json()
+    assert placed["test_net"] == "apart" and placed["tester_bytes"] > 0
+    assert placed["max_batch_size"] > shared_there["max_batch_size"]
     listed = post(client, {"net": LENET, "data_shapes": SHAPES, "devices": [devices[0]["key"], "nope"]})
     assert listed.status_code == 400 and "nope" in listed.get_json()["errors"]["devices"]
 

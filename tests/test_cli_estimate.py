@@ -220,3 +220,37 @@ def test_batch_auto_is_capped_as_a_jobs_auto_and_says_why(tmp_path: Path) -> Non
     assert given.returncode == 0, given.stderr
     assert "largest batch that fits: 256  (auto: capped at 256, the largest batch of Caffe's reference models" in (
         given.stdout)
+
+
+def test_test_net_places_the_test_nets_in_the_table_and_the_json() -> None:
+    """Issue 28: `--test-net` plans as a job's test_net (auto by default). LeNet at batch 512 in 60 MiB trains 171 x
+    3 beside its test net and 256 x 2 with it apart; the table says where the test nets are and why, and what the
+    tester needs; --json is the API's document for the same request."""
+    common = (LENET, "--data-shape", "data=1,28,28", "--batch", "512", "--free-bytes", "60MiB", "--no-pycaffe")
+    tables = {mode: run(*common, "--test-net", mode) for mode in ("shared", "apart", "auto")}
+    for mode, table in tables.items():
+        assert table.returncode == 0, (mode, table.stderr)
+    lines = {mode: table.stdout.splitlines() for mode, table in tables.items()}
+    assert "plan: batch_size 171 x iter_size 3 = 513" in lines["shared"]
+    assert "test nets shared, beside the train net as Caffe keeps them (--test-net shared)" in lines["shared"]
+    assert not any(line.startswith("tester:") for line in lines["shared"])
+    assert "plan: batch_size 256 x iter_size 2 = 512" in lines["apart"]
+    assert "test nets apart, in a tester process of their own (--test-net apart)" in lines["apart"]
+    tester = [line for line in lines["apart"] if line.startswith("tester: ")]
+    assert len(tester) == 1 and " for the test nets at their own batch 100, on the same device: training stops" in (
+        tester[0]), tester
+    # auto, the default: apart pays here, and the plan's note says why, as the job's would.
+    assert "plan: batch_size 256 x iter_size 2 = 512" in lines["auto"] and tester[0] in lines["auto"]
+    assert any(line.startswith("test nets apart (apart trains 256 x iter_size 2, shared 171 x iter_size 3); the cost "
+                               "of stopping and resuming") for line in lines["auto"]), lines["auto"]
+    assert run(*common).stdout == tables["auto"].stdout
+    roomy = run(LENET, "--data-shape", "data=1,28,28", "--batch", "512", "--free-bytes", "1GiB", "--no-pycaffe")
+    assert any(line.startswith("test nets shared: apart does not pay") for line in roomy.stdout.splitlines())
+
+    document = json.loads(run(*common, "--test-net", "apart", "--json").stdout)
+    expected = estimate(EstimateRequest(net=LENET.read_text(), net_source=str(LENET), batch=512, free_bytes=60 << 20,
+                                        data_shapes={"data": (1, 28, 28)}, test_net="apart"))
+    assert document == json.loads(json.dumps(expected))
+    assert (document["test_net"], document["test_net_note"]) == ("apart", None) and document["tester_bytes"] > 0
+    bad = run(*common, "--test-net", "beside")
+    assert bad.returncode == 2 and "--test-net: invalid choice: 'beside'" in bad.stderr

@@ -6,7 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..core.test_net_modes import TEST_NET_APART, TEST_NET_AUTO, TEST_NET_SHARED
+
 ENGINES = ("cpu", "gpu", "gpu-cudnn")
+TEST_NET_CHOICES = (TEST_NET_AUTO, TEST_NET_SHARED, TEST_NET_APART)
+"""--test-net's words, the default first (core.test_net_modes)."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,6 +53,13 @@ def add_parser(subparsers: Any) -> None:
         help="item shape of a data top whose dataset is not readable here (repeatable; TOP or LAYER/TOP)",
     )
     parser.add_argument("--classes", type=positive_int, help="classes, for DIGITS networks that leave num_output unset")
+    parser.add_argument(
+        "--test-net", choices=TEST_NET_CHOICES, default=TEST_NET_AUTO,
+        help="where the plan puts the test nets (with --free-bytes), as a job's --test-net: \"shared\" beside the "
+        "train net as Caffe keeps them, \"apart\" in a tester process of their own so that the train net has the "
+        "memory alone, or \"auto\" (the default): apart only where that trains a larger batch or fewer iter_size "
+        "passes",
+    )
     parser.add_argument(
         "--no-pycaffe", action="store_true", help="do not ask pycaffe for the shapes of layer types the estimator lacks"
     )
@@ -127,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             safety_margin=args.safety_margin,
             data_shapes={**found, **given},
             classes=args.classes,
+            test_net=args.test_net,
         )
         load = confined_loader(args.solver.resolve().parent) if args.solver else None
         oracle = None if args.no_pycaffe else _oracle()
@@ -140,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        print(render(document))
+        print(render(document, test_net=args.test_net))
     return 0
 
 
@@ -209,8 +221,34 @@ def _at_auto_cap(document: dict[str, Any]) -> bool:
     return bool((document["max_batch_size"] or 0) >= cap["batch_size"])
 
 
-def render(document: dict[str, Any], top_layers: int = 12) -> str:
-    """The estimate as a table a person reads: totals, categories, the largest layers, the plan."""
+def placement_lines(plan: dict[str, Any], asked: str = TEST_NET_AUTO) -> list[str]:
+    """Where a plan puts the test nets, in words: the planner's note where it says why (it chose, or the Caffe that
+    trains cannot keep them apart), else the placement `asked` for; with them apart, what the tester needs."""
+    from ..core.sizes import format_size
+
+    test_net = plan.get("test_net")
+    if test_net is None or plan.get("test_batch_size") is None:  # no plan, or a net without test nets
+        return []
+    lines = []
+    note = plan.get("test_net_note")
+    if note:
+        lines.append(note)
+    elif asked == test_net == TEST_NET_APART:
+        lines.append("test nets apart, in a tester process of their own (--test-net apart)")
+    elif asked == test_net == TEST_NET_SHARED:
+        lines.append("test nets shared, beside the train net as Caffe keeps them (--test-net shared)")
+    if test_net == TEST_NET_APART and plan.get("tester_bytes") is not None:
+        lines.append(
+            f"tester: {format_size(plan['tester_bytes'])} for the test nets at their own batch "
+            f"{plan['test_batch_size']}, on the same device: training stops at each test interval while it tests "
+            "that interval's snapshot"
+        )
+    return lines
+
+
+def render(document: dict[str, Any], top_layers: int = 12, *, test_net: str = TEST_NET_AUTO) -> str:
+    """The estimate as a table a person reads: totals, categories, the largest layers, the plan and where it puts
+    the test nets (`test_net`: the placement asked for)."""
     from ..core.sizes import format_size
 
     lines = [
@@ -243,6 +281,7 @@ def render(document: dict[str, Any], top_layers: int = 12) -> str:
         if document.get("test_plan"):
             test = document["test_plan"]
             lines.append(f"test nets: batch_size {test['batch_size']}, test_iter {test['test_iter']}")
+        lines += placement_lines(document, test_net)
     if document.get("blob_limit"):
         lines += ["", f"{document['blob_limit']['message']}."]
     for assumption in document["assumptions"]:

@@ -7,8 +7,11 @@ Only `net` (or a solver with an inline net) is required; `free_bytes` is a numbe
 `device` takes the free memory from that device, and without `engine` the engine jobs train with there (the
 server's policy, as `safety_margin` defaults to its margin for the engine: 3% on the CPU, 5% on GPUs); `devices` (a list of keys, or "all") adds `plans`, one per device,
 from the same estimate. `curve_batches` adds the footprint at those batch sizes (`curve`) and a linear model of it.
-`max_batch` caps the planned batch; `auto: true` caps it as a job's batch "auto" is capped (planner.auto_cap: a
-twentieth of `train_items`, the training set's size, and at most 256), and `auto_cap` in the answer says why. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
+`test_net` ("auto", the default, "shared" or "apart") plans the test nets as a job's `test_net` does, the tester on
+the same device: each plan says where they are, why, and what the tester needs (`test_net`, `test_net_note`,
+`tester_bytes`). `max_batch` caps the planned batch; `auto: true` caps it as a job's batch "auto" is capped
+(planner.auto_cap: a twentieth of `train_items`, the training set's size, and at most 256), and `auto_cap` in the
+answer says why. `data_shapes` maps a data top (or `layer/top`, or `*` for every data layer's
 first top) to its item shape; `read_datasets: true` reads the shapes from the datasets the net names, inside
 MEMPLUGIN_DATASET_ROOTS. openapi.json (served at `<prefix>/api/openapi.json`) describes every field.
 Validation errors are 400 with `{"errors": {field: message}}`; a definition error carries its line and layer.
@@ -29,7 +32,9 @@ from ...core.estimate import EstimateRequest
 from ...core.inputs import capped, not_text, surrogate_in, type_name
 from ...core.layers.data import DataSpec
 from ...core.sizes import byte_count
+from ...core.test_net_modes import TEST_NET_MODES
 from ...estimate.pool import DatasetsFailed
+from ...jobs.definition.request import TEST_NET
 from ..plugin_state import current_plugin
 from .envelope import API_PATH, read_json
 
@@ -50,7 +55,10 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
     "auto": bool,
     "train_items": int,
     "read_datasets": bool,
+    "test_net": str,
 }
+CHOICE_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {"test_net": (TEST_NET_MODES, TEST_NET)}
+"""Words, with what to say when another is given: the same words, and the same refusal, as a job's request."""
 SIZE_FIELDS = ("free_bytes",)
 """Byte counts, taken as a number of bytes or as a size with its unit ("8GiB"), as jobs and the command line do."""
 
@@ -72,6 +80,8 @@ def parse_request(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             refusals.errors[key] = not_text(where)
         elif key in SIZE_FIELDS:
             refusals.take(values, key, _size, value)
+        elif key in CHOICE_FIELDS:
+            refusals.take(values, key, fields.choice, value, options=CHOICE_FIELDS[key][0], must=CHOICE_FIELDS[key][1])
         else:
             refusals.take(values, key, fields.of_type, value, kind=kind)
     if "net" not in values and "solver" not in values and "net" not in refusals.errors:
