@@ -322,7 +322,7 @@ def test_progress_is_thinned_and_skips_a_half_written_line(tmp_path: Path, monke
     lines += [json.dumps({"event": "iteration", "iteration": i, "time": i}) for i in range(1, 96)]
     lines += [json.dumps({"event": "test", "iteration": 50, "time": 50.5}), '{"event": "iteration", "iter']
     path.write_text("\n".join(lines))
-    records = api_jobs._chart_records(path, 2)
+    records = api_jobs._chart_records([path], 2)
     iterations = [r["iteration"] for r in records if r["event"] == "iteration"]
     assert len(iterations) <= 11 and iterations[0] == 1 and iterations[-1] == 95  # the last is always kept
     assert iterations == sorted(iterations)
