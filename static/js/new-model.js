@@ -20,7 +20,9 @@
  * - fills in the item shape and format of a dataset chosen from those found under the dataset folders;
  * - keeps the memory panel live from the `devices` socketio event, re-estimating when free memory moves;
  * - repeats the target device's verdict under the batch field (#batch-verdict), for screens where the panel is
- *   below the form.
+ *   below the form;
+ * - says where the plan puts the validation nets (#test-net-note: shared, or apart with the tester's memory, and
+ *   why), estimating with the form's "Test nets" choice, and disables "Tester device" while they are shared.
  */
 (function () {
   "use strict";
@@ -245,6 +247,8 @@
     }
     if (Object.keys(errors).length) return { errors };
     const request = { net, solver: solverText() };
+    // Where the validation nets are planned (api/estimate's test_net); "auto", the default, is not sent.
+    if (value("test_net") && value("test_net") !== "auto") request.test_net = value("test_net");
     if (shape) request.data_shapes = { data: shape };
     if (classes) request.classes = classes;
     if (batch) request.batch = batch;
@@ -331,6 +335,7 @@
       const status = noEstimate(Object.keys(errors));
       panel.clearEstimates(status.replace(/^No estimate: /, ""));
       results.clear();
+      showTestNet(null);
       setStatus(status);
       return;
     }
@@ -369,6 +374,7 @@
     const failed = answers.find((answer) => !estimated(answer));
     if (failed) {
       results.clear();
+      showTestNet(null);
       const found = (failed.data && failed.data.errors) || {};
       const shownAt = [];
       let unplaced = null;
@@ -417,6 +423,7 @@
     const shown = results.get(target.key);
     panel.setLayers(shown.layers);
     panel.setCategories(shown.categories, shown.total_bytes);
+    showTestNet(shown, target);
     setStatus(
       "Estimated: " + MP.formatBytes(shown.total_bytes) + " at batch " + shown.batch_size + " on " +
       MP.deviceLabel(target) + " (", panel.term("engine"), " ", panel.term(shown.engine),
@@ -489,6 +496,57 @@
     const marks = entries && entries <= points[points.length - 1].batch
       ? [{ batch: entries, label: "dataset: " + entries + " items (" + dataset.name + ")" }] : [];
     panel.drawCurve(points, mark, engine, { lined, marks });
+  }
+
+  // --- where the validation nets live (issue 28) -------------------------------------------------------------
+
+  const testNetNote = document.getElementById("test-net-note");
+
+  /** "Test nets shared: ..." as model_plan._why words a plan's test_net_note: its placement said once. */
+  function why(note) {
+    const text = note.replace(/^test nets (shared|apart): /, "").trim().replace(/\.$/, "");
+    return text ? text.charAt(0).toUpperCase() + text.slice(1) + "." : "";
+  }
+
+  /** Where the tester would run, as the form chose it (model_plan.apart_words). */
+  function testerPlace(target) {
+    const choice = value("tester_device");
+    const label = MP.deviceLabel(target);
+    if (choice === "auto" && target.kind === "gpu" && panel.plannableDevices().some((d) => d.kind === "gpu" && d.key !== target.key)) {
+      return "another GPU with room for it, else " + label + " (training pauses meanwhile)";
+    }
+    if (choice === "auto" || choice === "same" || choice === target.key) return label + " (training pauses meanwhile)";
+    const other = panel.plannableDevices().find((d) => d.key === choice);
+    return other ? MP.deviceLabel(other) : choice;
+  }
+
+  /** Where the target device's plan puts the validation nets, in words (PlannedJob.test_net_words): "Test nets
+   * apart: the tester on CPU (training pauses meanwhile), about 5.7 MiB. <why>"; nothing without validation. */
+  function testNetWords(estimate, target) {
+    if (!estimate || !target) return "";
+    if (estimate.test_net === "apart") {
+      const bytes = estimate.tester_bytes === null || estimate.tester_bytes === undefined ? ""
+        : ", about " + MP.formatBytes(estimate.tester_bytes);
+      const reason = estimate.test_net_note ? " " + why(estimate.test_net_note) : "";
+      return "Test nets apart: the tester on " + testerPlace(target) + bytes + "." + reason;
+    }
+    if (estimate.test_net_note) return "Test nets shared. " + why(estimate.test_net_note);
+    if (value("test_net") === "shared" && estimate.test_batch_size) return "Test nets shared, as asked.";
+    return "";
+  }
+
+  function showTestNet(estimate, target) {
+    if (testNetNote) testNetNote.textContent = testNetWords(estimate, target);
+  }
+
+  /** The tester's device matters only where the test nets may be apart: disabled (so posted as "auto", which is
+   * what the job takes) while they are shared. */
+  function showTesterField() {
+    const tester = field("tester_device");
+    if (!tester) return;
+    const shared = value("test_net") === "shared";
+    if (shared) tester.value = "auto";
+    tester.disabled = shared;
   }
 
   // --- the job's length by epochs ------------------------------------------------------------------------------
@@ -601,6 +659,8 @@
       showSections();
       showDefaults();
     }
+    if (event.target.name === "test_net") showTesterField();
+    if (event.target.name === "tester_device") showTargetEstimate();
     schedule();
   });
 
@@ -652,6 +712,7 @@
 
   showSections();
   showDefaults();
+  showTesterField();
   focusFirstError();
   panel.showTarget(
     document.getElementById("batch-verdict"),

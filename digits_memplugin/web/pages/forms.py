@@ -18,9 +18,9 @@ from werkzeug.datastructures import FileStorage, MultiDict
 from wtforms import Field, FloatField, IntegerField, RadioField, SelectField, StringField, TextAreaField
 from wtforms.fields.choices import SelectChoice
 from wtforms.fields.core import UnboundField
-from wtforms.validators import InputRequired, Length, NumberRange, Optional
+from wtforms.validators import InputRequired, Length, NumberRange, Optional, ValidationError
 
-from ...core.device_kinds import AUTO
+from ...core.device_kinds import AUTO, CPU
 from ...core.divergence import CONTINUE, DEFAULT_POLICY, STOP
 from ...core.epochs import DEFAULT_EPOCHS, EVERY_EPOCH, ONE_PASS
 from ...core.errors import FieldErrors
@@ -31,6 +31,7 @@ from ...core.layers.base import INT_MAX
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.proto import caffe_pb2
 from ...core.sizes import MAX_SIZE_TEXT
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_APART, TEST_NET_AUTO, TEST_NET_SHARED
 from ...estimate.datasets import parse_shape
 from ...jobs.definition.request import MAX_EPOCHS
 from ...jobs.definition.request import memory_cap as job_memory_cap
@@ -43,6 +44,12 @@ LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 NEEDS_GAMMA = frozenset({"step", "exp", "inv", "multistep", "sigmoid"})
 NEEDS_POWER = frozenset({"inv", "poly"})
 DEVICE_NEXT = "next"
+TESTER_CHOICES = (
+    (AUTO, "Auto: another GPU with room, else the training device"),
+    (SAME_DEVICE, "The training device (training pauses while it tests)"),
+    (CPU, "CPU"),
+)
+"""The tester device's choices every server has; each GPU comes after them."""
 DATA_TOP = "data"
 """The top of the data layers that gets the dataset's item shape (DIGITS names it so in every standard network)."""
 
@@ -70,6 +77,19 @@ class FiniteFloatField(FloatField):  # type: ignore[misc]
         if self.data is not None and not math.isfinite(self.data):
             self.data = None
             raise ValueError(self.gettext("Not a finite number."))
+
+
+class NamedChoiceField(SelectField):  # type: ignore[misc]
+    """A select whose refusal names the values it takes, where WTForms says only "Not a valid choice.": a script
+    posting the JSON twin learns what to send."""
+
+    def pre_validate(self, form: Any) -> None:
+        try:
+            super().pre_validate(form)
+        except ValidationError:
+            taken = ", ".join(f'"{choice.value}"' for choice in self.choices
+                              if not (choice.render_kw or {}).get("disabled"))
+            raise ValidationError(f"{shown(str(self.data))!r} is not one of {taken}") from None
 
 
 def _choices(*pairs: tuple[str, str] | str) -> list[SelectChoice]:
@@ -131,6 +151,23 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     device = SelectField("Device", choices=_choices((DEVICE_NEXT, "Next available")), default=DEVICE_NEXT)
     memory_cap = StringField("Memory cap (CPU jobs)", validators=[Optional(), Length(max=MAX_SIZE_TEXT)])
     """The most a CPU attempt may allocate ("2GiB"), as the REST API's `memory_cap` (jobs.definition.request.memory_cap)."""
+    test_net = NamedChoiceField(
+        "Test nets",
+        choices=_choices(
+            (TEST_NET_AUTO, "Auto: apart only where it pays"),
+            (TEST_NET_SHARED, "Shared: beside the train net, as Caffe does"),
+            (TEST_NET_APART, "Apart: a tester process tests each snapshot"),
+        ),
+        default=TEST_NET_AUTO,
+    )
+    """Where the validation nets live (the job's `test_net`, core.test_net_modes)."""
+    tester_device = NamedChoiceField(
+        "Tester device",
+        choices=_choices(*TESTER_CHOICES),
+        default=AUTO,
+    )
+    """With the test nets apart, where the tester runs (the job's `tester_device`): the GPUs are added per page
+    (model_page.py), as the device field's are."""
 
     def validate(self, extra_validators: Mapping[str, Any] | None = None) -> bool:
         """Field checks, then the rules between fields (a custom network needs a text, a step policy a step size)."""
@@ -242,6 +279,8 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
             device=self.device.data,
             divergence=self.divergence.data,
             memory_cap=parse_memory_cap(self.memory_cap.data),
+            test_net=self.test_net.data,
+            tester_device=self.tester_device.data,
             epochs=settings.get("epochs") if settings else None,
             test_interval=settings.get("test_interval") if settings else None,
             test_iter=settings.get("test_iter") if settings else None,
@@ -386,6 +425,10 @@ class ModelSpec:
     """What the job does when a net output becomes NaN or infinite (core.divergence): "stop" or "continue"."""
     memory_cap: int | None = None
     """Bytes a CPU attempt may allocate (the job's `memory_cap`); None: the CPU's available memory."""
+    test_net: str = TEST_NET_AUTO
+    """Where the validation nets live (core.test_net_modes): "auto", "shared" or "apart"."""
+    tester_device: str = AUTO
+    """With them apart, the form's choice of the tester's device: "auto", "same", "cpu" or a GPU's key."""
     epochs: int | None = None
     """The length in epochs (the solver settings without training iterations); None: the solver's max_iter."""
     test_interval: int | str | None = None

@@ -28,6 +28,7 @@ from ...core.errors import NetError
 from ...core.planning.fallback import DEFAULT_GROWTH
 from ...core.prototxt import parse_net, parse_solver
 from ...core.sizes import format_size
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_AUTO
 from ...devices.reader import DeviceList
 from ...jobs.definition.data_sources import data_phases
 from ...jobs.definition.definition import NET_SOURCE, SOLVER_SOURCE
@@ -75,6 +76,9 @@ def request_document(manager: JobManager, job: Job) -> dict[str, Any]:
         value = spec.get(key)
         if value not in (None, {}, []):
             document[key] = value
+    for key in ("test_net", "tester_device"):  # "auto", the default, left out as the server's
+        if spec.get(key) not in (None, AUTO):
+            document[key] = spec[key]
     fallback = {key: value for key, value in (spec.get("fallback") or {}).items() if value is not None}
     if fallback:
         document["fallback"] = fallback
@@ -144,6 +148,8 @@ def form_fields(document: dict[str, Any], devices: DeviceList) -> tuple[dict[str
     fields["device"] = _device_choice(document.get("device"), devices, notes)
     if document.get("divergence"):
         fields["divergence"] = document["divergence"]
+    fields["test_net"] = document.get("test_net") or TEST_NET_AUTO
+    fields["tester_device"] = _tester_choice(document.get("tester_device"), devices, notes)
     cap = document.get("memory_cap")
     if cap is not None:
         if "memory_cap" in NewModelForm.__dict__:
@@ -313,6 +319,17 @@ def _device_choice(device: Any, devices: DeviceList, notes: list[str]) -> str:
             return gpu.key
     notes.append(f"its device {device} is not among this server's devices now: “next available” is chosen")
     return DEVICE_NEXT
+
+
+def _tester_choice(device: Any, devices: DeviceList, notes: list[str]) -> str:
+    """The form's tester device for the job's: "auto", the training device ("same"), the CPU, or a GPU by its key."""
+    if device in (None, AUTO, SAME_DEVICE, CPU):
+        return str(device or AUTO)
+    for gpu in devices.gpus:
+        if device in (gpu.uuid, gpu.key):
+            return gpu.key
+    notes.append(f"its tester's device {device} is not among this server's devices now: “auto” is chosen")
+    return AUTO
 
 
 def exact_size(count: int) -> str:

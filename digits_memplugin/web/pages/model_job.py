@@ -12,6 +12,9 @@ fields.
     device       -> "next": "auto"; a GPU's key: its UUID; "cpu": "cpu"
     divergence   -> "divergence" ("stop" or "continue": what a NaN or infinite loss does)
     memory_cap   -> "memory_cap" (bytes; CPU jobs only, which the manager says beside the field otherwise)
+    test_net     -> "test_net" ("auto", "shared" or "apart": where the validation nets live)
+    tester_device -> "tester_device" ("auto", "same", "cpu", a GPU's UUID; the manager refuses one beside
+                    test nets kept shared, and says so beside the field)
     epochs, test_interval, test_iter -> the same (solver settings: the length by epochs, validation once per epoch
                     and one pass over the validation set unless given; core.epochs)
 """
@@ -23,6 +26,7 @@ from typing import Any
 
 from ...core.device_kinds import AUTO, CPU
 from ...core.errors import FieldErrors
+from ...core.test_net_modes import SAME_DEVICE
 from ...jobs.definition import digits_data
 from ...jobs.definition.digits_data import DataLayerError
 from ...jobs.definition.request import JobRequest, parse_job_request
@@ -35,6 +39,10 @@ SIMULATED_GPU = (
     "{label} is simulated (--simulate-gpus): its memory is made up and no CUDA device is behind it, so a job there "
     "cannot train. The plan against it stands; choose the CPU to train."
 )
+SIMULATED_TESTER = (
+    "{label} is simulated (--simulate-gpus): no CUDA device is behind it, so a tester there cannot run; choose the "
+    "training device or the CPU."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +54,10 @@ class JobBody:
     """Data layer name -> "train_source" or "val_source"."""
 
 
-def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> JobBody:
+def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int, tester: str | int = AUTO) -> JobBody:
     """The request `api_jobs.submit` takes for the form's `spec`. `estimate` is the form's estimate of the same
-    network (its layers say which data layers the training and validation nets have); `device` is the manager's
-    name for the device chosen (see `manager_device`)."""
+    network (its layers say which data layers the training and validation nets have); `device` and `tester` are
+    the manager's names for the devices chosen (see `manager_device`)."""
     sources = _data_layers(estimate, spec)
     body: dict[str, Any] = {
         "net": _net_for_backend(spec, sources),
@@ -59,6 +67,8 @@ def job_body(spec: ModelSpec, estimate: dict[str, Any], device: str | int) -> Jo
         "data": {layer: spec.train_source if field == TRAIN_FIELD else str(spec.val_source)
                  for layer, field in sources.items()},
         "divergence": spec.divergence,
+        "test_net": spec.test_net,
+        "tester_device": tester,
     }
     if spec.batch is not None:
         body["batch"] = spec.batch
@@ -94,11 +104,11 @@ class TypedJob:
 
 def manager_device(choice: str, gpu_index: int | None) -> str | int:
     """The job manager's device name for the form's choice: "auto", "cpu", a GPU's UUID, or its index when the
-    GPU has no UUID (its key is then "gpu-index-N")."""
-    if choice == DEVICE_NEXT:
+    GPU has no UUID (its key is then "gpu-index-N"). The tester device's "same" stays as it is."""
+    if choice in (DEVICE_NEXT, AUTO):
         return AUTO
-    if choice == CPU:
-        return CPU
+    if choice in (CPU, SAME_DEVICE):
+        return choice
     if choice.startswith("GPU-") or gpu_index is None:
         return choice
     return gpu_index

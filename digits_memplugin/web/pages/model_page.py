@@ -35,9 +35,9 @@ from ..api import estimate as api_estimate
 from ..api.envelope import created, json_error, read_form, read_json
 from ..plugin_state import current_plugin
 from . import panel_words
-from .forms import DEVICE_NEXT, NewModelForm, formdata_from_json
+from .forms import DEVICE_NEXT, TESTER_CHOICES, NewModelForm, formdata_from_json
 from .job_clone import clone_form_data
-from .model_job import SIMULATED_GPU, form_errors
+from .model_job import SIMULATED_GPU, SIMULATED_TESTER, form_errors
 from .model_plan import Asked, PlannedJob, asked_of, device_label, plan_model
 
 
@@ -61,12 +61,24 @@ def _device_choices(devices: DeviceList) -> list[SelectChoice]:
     return choices
 
 
+def _tester_choices(devices: DeviceList) -> list[SelectChoice]:
+    """Where a tester may run: auto, the training device, the CPU, then each GPU as the device field lists it."""
+    choices = [SelectChoice(value, label) for value, label in TESTER_CHOICES]
+    for gpu in devices.gpus:
+        state = f"{format_size(gpu.memory_free)} free" if gpu.error is None else f"unavailable: {gpu.error}"
+        choices.append(
+            SelectChoice(gpu.key, f"{device_label(gpu)}: {gpu.name or 'n/a'} ({state})", {"disabled": gpu.error is not None})
+        )
+    return choices
+
+
 def _form(devices: DeviceList, **kwargs: Any) -> NewModelForm:
     if devices.simulated:
         # Demo mode: a job on a simulated GPU is refused, so the device a new user trains on first is the CPU.
         kwargs.setdefault("device", CPU)
     form = NewModelForm(**kwargs)
     form.device.choices = _device_choices(devices)
+    form.tester_device.choices = _tester_choices(devices)
     return form
 
 
@@ -104,6 +116,7 @@ def _render_form(
         dataset_roots=[str(root) for root in current_plugin().jobs.config.dataset_roots],
         datasets=dataset_scan.scan(current_plugin().jobs.config.dataset_roots),
         cloned=cloned,
+        apart_refused=current_plugin().jobs.config.apart_refused,
         version=__version__,
     )
     return page, status
@@ -113,7 +126,8 @@ PAGE_ORDER = (
     "csrf_token", "data_backend", "train_source", "val_source", "item_shape", "classes", "network",
     "standard_network", "custom_network", "custom_network_file", "solver", "solver_type", "base_lr", "lr_policy",
     "gamma", "power", "stepsize", "stepvalues", "momentum", "weight_decay", "max_iter", "snapshot", "test_interval",
-    "test_iter", "solver_text", "solver_file", "divergence", "batch_size", "device", "model_name",
+    "test_iter", "solver_text", "solver_file", "divergence", "batch_size", "device", "memory_cap", "test_net",
+    "tester_device", "model_name",
 )
 """The form's fields in the order the page shows them (new_model.html); one it does not name comes after them."""
 
@@ -150,6 +164,9 @@ def submit_model(asked: Asked, devices: DeviceList) -> tuple[Job, PlannedJob]:
     if planned.device.kind == "gpu" and is_simulated():
         label = planned.device_label if asked.spec.device != DEVICE_NEXT else f"“Next available GPU” ({planned.device_label})"
         raise FieldErrors.one("device", SIMULATED_GPU.format(label=label))
+    tester = devices.get(asked.spec.tester_device)
+    if tester is not None and tester.kind == "gpu" and is_simulated():
+        raise FieldErrors.one("tester_device", SIMULATED_TESTER.format(label=device_label(tester)))
     assert planned.typed is not None  # strict planning previews the typed request
     try:
         job = current_plugin().started_jobs().submit(planned.typed.request)

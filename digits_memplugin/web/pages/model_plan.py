@@ -17,6 +17,7 @@ from ...core.errors import FieldErrors, NetError
 from ...core.planning.fit import LIMITED_BY_MAX_BATCH, Decision
 from ...core.planning.job_plan import PlanningPolicy
 from ...core.sizes import format_size
+from ...core.test_net_modes import TEST_NET_APART, TEST_NET_SHARED
 from ...devices.reader import Device, DeviceList
 from ...estimate import dataset_scan
 from ...estimate.dataset_scan import FoundDataset
@@ -67,6 +68,14 @@ class PlannedJob:
     length: dict[str, Any] | None = None
     """How long the job trains and how often it validates at the planned batch (JobDefinition.length: max_iter,
     test_interval, per_epoch, epochs), and its validation iterations (test_iter); None when planned by the form."""
+    test_net: str = TEST_NET_SHARED
+    """Where the plan put the validation nets (Decision.test_net): "shared" or "apart"."""
+    test_net_note: str | None = None
+    """Why there, when the planner chose (auto) or could not keep them apart (Decision.test_net_note)."""
+    tester_bytes: int | None = None
+    """With them apart, the tester's estimated peak (the validation nets alone, at their own batch)."""
+    tester_device: str | None = None
+    """With them apart, the tester's device when it is not the trainer's (None: the trainer's)."""
 
     def preview_document(self) -> dict[str, Any]:
         """The plan as the JSON twin's preview answers it."""
@@ -75,7 +84,20 @@ class PlannedJob:
             "free_bytes": self.free_bytes, "usable_bytes": self.usable_bytes, "plan": self.plan,
             "test_plan": self.test_plan, "max_batch_limited_by": self.limited_by,
             "total_bytes": self.estimate["total_bytes"], "auto_cap": self.auto_cap, "length": self.length,
+            "test_net": self.test_net, "test_net_note": self.test_net_note, "tester_bytes": self.tester_bytes,
+            "tester_device": self.tester_device,
         }
+
+    def test_net_words(self, devices: DeviceList) -> str:
+        """Where the plan put the validation nets, in words (new-model.js: testNetWords): "Test nets apart: the
+        tester on GPU 1, about 12.3 MiB. <why>"; "" for a net without validation."""
+        if self.test_net == TEST_NET_APART:
+            return apart_words(self.device_label, self.tester_bytes, self.tester_device, devices, self.test_net_note)
+        if self.test_net_note is not None:
+            return f"Test nets shared. {_why(self.test_net_note)}"
+        if self.spec.test_net == TEST_NET_SHARED and self.estimate.get("test_batch_size"):
+            return "Test nets shared, as asked."
+        return ""
 
     @property
     def verdict(self) -> str:
@@ -104,6 +126,26 @@ class PlannedJob:
         """The estimate by kind of memory, in the memory model's order, without the kinds this net has none of."""
         found = self.estimate["categories"]
         return [(term, found[key]) for key, term in panel_words.CATEGORY_TERMS.items() if found.get(key)]
+
+
+def apart_words(
+    trainer_label: str, tester_bytes: int | None, tester_device: str | None, devices: DeviceList, note: str | None,
+) -> str:
+    """The plan's validation nets apart, in words: where the tester runs, what it needs, and why apart."""
+    other = devices.get(tester_device) if tester_device else None
+    where = device_label(other) if other is not None else (tester_device or f"{trainer_label} (training pauses meanwhile)")
+    needs = f", about {format_size(tester_bytes)}" if tester_bytes is not None else ""
+    why = f" {_why(note)}" if note else ""
+    return f"Test nets apart: the tester on {where}{needs}.{why}"
+
+
+def _why(note: str) -> str:
+    """A plan's test_net_note as a sentence ("test nets shared: the Caffe that trains ..." reads "The Caffe that
+    trains ..."; a note that is more than its placement stays whole)."""
+    for lead in ("test nets shared: ", "test nets apart: "):
+        note = note.removeprefix(lead)
+    note = note.strip()
+    return (note[:1].upper() + note[1:]).rstrip(".") + "." if note else ""
 
 
 def device_label(device: Device) -> str:
@@ -202,7 +244,11 @@ def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> Pla
             f"does not fit on {device_label(device)}: even batch 1 needs more than the "
             f"{format_size(document['usable_bytes'])} usable there; choose another device",
         )
-    mapped = job_body(spec, document, manager_device(spec.device, device.index))  # the form's choices that the net cannot take
+    tester = devices.get(spec.tester_device)
+    mapped = job_body(  # the form's choices that the net cannot take
+        spec, document, manager_device(spec.device, device.index),
+        manager_device(spec.tester_device, tester.index if tester is not None else None),
+    )
     try:
         typed = job_request(spec, mapped, plugin.settings.job_max_attempts)
         preview = plugin.started_jobs().preview(typed.request, device.key)
@@ -223,7 +269,8 @@ def plan_model(asked: Asked, devices: DeviceList, *, strict: bool = True) -> Pla
         spec=spec, device=device, engine=engine, estimate=document, plan=decision.plan.to_dict(),
         test_plan=decision.test_plan, usable_bytes=decision.budget, free_bytes=preview.limit_bytes,
         limited_by=decision.limited_by, typed=typed, dataset=dataset, auto_cap=decision.auto_cap,
-        length=_length(preview.definition, decision),
+        length=_length(preview.definition, decision), test_net=decision.test_net,
+        test_net_note=decision.test_net_note, tester_bytes=decision.tester_bytes, tester_device=decision.tester_device,
     )
 
 
@@ -265,6 +312,8 @@ def _planned_by_form(
         test_plan=document["test_plan"], usable_bytes=document["usable_bytes"], free_bytes=document["free_bytes"],
         limited_by=document.get("max_batch_limited_by", "memory"), planned_by=PLANNED_BY_FORM, dataset=dataset,
         auto_cap=capped["note"] if at_cap and capped else None,
+        test_net=document.get("test_net") or TEST_NET_SHARED, test_net_note=document.get("test_net_note"),
+        tester_bytes=document.get("tester_bytes"),
     )
 
 
