@@ -9,10 +9,18 @@
   /** The states the API resumes (jobs/manager.py resume; job.html: resumable). */
   const RESUMABLE = new Set(["interrupted", "cancelled", "failed"]);
 
-  function statusBadge(status, id) {
+  function statusBadge(status, id, title) {
     const props = { className: "badge mp-status mp-status-" + status, dataset: { status } };
     if (id) props.id = id;
+    if (title) props.title = title;
     return el("span", props, status.replace(/_/g, " "));
+  }
+
+  /** An attempt's outcome in plain words (glossary.py's "How an attempt ended"; macros.html: attempt_row), or "". */
+  function outcomeWords(status) {
+    const glossary = window.MemPlugin.glossary;
+    const entry = glossary ? glossary.find("outcome_" + status) : null;
+    return entry ? entry.short : "";
   }
 
   function wantedBatch(batch) {
@@ -150,8 +158,49 @@
   /** A word linked to its glossary entry (glossary.js, loaded later on the page: looked up when drawn). */
   const term = (word, text) => (window.MemPlugin.term ? window.MemPlugin.term(word, text) : String(text === undefined ? word : text));
 
-  /** A row of a job's attempts table (macros.html: attempt_row). */
-  function attemptRow(attempt) {
+  /** Where an attempt's validation nets were (macros.html: test_nets): "shared", or "apart" with its tester's
+   *  device, the snapshots it tested, its memory and what pausing for it cost, as far as the record says; a tester
+   *  that failed said plainly; "none" without validation. */
+  function testNetParts(attempt, labels) {
+    const tester = attempt.tester;
+    if (attempt.test_net !== "apart") return [attempt.test_batch_size ? term("shared") : "none"];
+    const parts = [term("apart")];
+    if (!tester) return parts;
+    parts.push(":");
+    const span = (role, text, props) => el("span", { dataset: { role }, ...(props || {}) }, text);
+    if (tester.device) {
+      let where = "tester on " + deviceLabel(tester.device, labels);
+      if (tester.same_device) {
+        where += " (the training device" + (tester.pauses
+          ? ": training paused " + tester.pauses + " time" + (tester.pauses !== 1 ? "s" : "") + " for it" : "") + ")";
+      }
+      parts.push(" ", span("tester-device", where));
+    }
+    const tested = tester.tested || [];
+    parts.push(" ", span("tested", tested.length + " snapshot" + (tested.length !== 1 ? "s" : "") + " tested" +
+      (tested.length ? " (the latest at iteration " + tested[tested.length - 1] + ")" : "")));
+    const known = (value) => value !== null && value !== undefined;
+    if (known(tester.estimated_bytes)) {
+      parts.push(" ", span("tester-estimated", "tester estimated " + formatBytes(tester.estimated_bytes),
+        { title: "What the estimator predicted for the tester: the validation nets alone, at their own batch" }));
+    }
+    if (known(tester.peak_bytes)) {
+      parts.push(" ", span("tester-peak", "tester peak " + formatBytes(tester.peak_bytes), { title: "The tester process at its largest" }));
+    }
+    if (known(tester.stop_cost)) {
+      parts.push(" ", span("stop-cost", "stop cost " + (100 * tester.stop_cost).toFixed(1) + "% of an interval", {
+        title: "Pausing training for the tester and resuming it (" + tester.setup_seconds.toFixed(1) + " s), against the " +
+          "training time of one validation interval (" + tester.interval_seconds.toFixed(1) + " s)",
+      }));
+    }
+    if (tester.failed) {
+      parts.push(" ", span("tester-failed", "The tester failed: " + tester.failed.replace("tester: ", ""), { className: "text-danger" }));
+    }
+    return parts;
+  }
+
+  /** A row of a job's attempts table (macros.html: attempt_row); `labels`: the devices' names, by key. */
+  function attemptRow(attempt, labels) {
     const why = [];
     if (attempt.out_of_memory) {
       why.push(el("abbr", { dataset: { role: "signature" }, title: "out-of-memory signature: " + attempt.out_of_memory.signature },
@@ -165,10 +214,11 @@
     const end = attempt.end_iteration === null || attempt.end_iteration === undefined ? "…" : attempt.end_iteration;
     return el("tr", { dataset: { attempt: String(attempt.number), status: attempt.status } },
       el("td", { dataset: { role: "number" } }, String(attempt.number)),
-      el("td", { dataset: { role: "status" } }, statusBadge(attempt.status)),
+      el("td", { dataset: { role: "status" } }, statusBadge(attempt.status, null, outcomeWords(attempt.status))),
       el("td", { dataset: { role: "batch" } }, String(attempt.batch_size)),
       el("td", { dataset: { role: "iter_size" } }, String(attempt.iter_size)),
       el("td", { dataset: { role: "test" } }, test),
+      el("td", { dataset: { role: "test-net" }, className: "small mp-attempt-test-net" }, ...testNetParts(attempt, labels)),
       el("td", { dataset: { role: "iterations" }, className: "text-nowrap" }, attempt.start_iteration + " → " + end),
       el("td", { dataset: { role: "memory" }, className: "small mp-attempt-memory" }, ...memoryParts(attempt)),
       el("td", { dataset: { role: "duration" }, className: "text-nowrap" }, duration(attempt.duration)),
@@ -177,6 +227,6 @@
 
   window.MemPlugin.JobFormat = {
     ACTIVE, RESUMABLE, statusBadge, wantedBatch, plannedBatch, deviceLabel, reported, number, duration, iterationText, jobRow,
-    attemptRow, jobActions, rate, timeLeft, paceText,
+    attemptRow, testNetParts, outcomeWords, jobActions, rate, timeLeft, paceText,
   };
 })();

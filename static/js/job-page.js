@@ -383,12 +383,24 @@
 
   function showAttempt(attempt) {
     const body = document.querySelector("#attempts tbody");
-    const row = F.attemptRow(attempt);
+    const row = F.attemptRow(attempt, labels);
+    showTestNets(attempt);
     const old = [...body.children].find((tr) => tr.dataset.attempt === String(attempt.number));
     if (old) old.replaceWith(row);
     else body.append(row);
     document.getElementById("no-attempts").hidden = true;
     if (attempt.number > logAttempt) startLog(attempt.number);
+  }
+
+  /** The summary's validation nets: the latest attempt's, and what the job asked for (job.html). */
+  let testNetsOf = 0;
+  function showTestNets(attempt) {
+    if (attempt.number < testNetsOf) return;
+    testNetsOf = attempt.number;
+    const cell = part("test-net");
+    const asked = cell.dataset.asked;
+    cell.replaceChildren(...F.testNetParts(attempt, labels),
+      ...(asked ? [MP.el("div", { className: "text-body-secondary" }, "asked: " + asked)] : []));
   }
 
   // --- the log --------------------------------------------------------------------------------------------------

@@ -33,6 +33,11 @@ class Term:
         return {"title": self.title, "short": self.short, "anchor": self.anchor}
 
 
+OUTCOME: Final = "outcome_"
+"""The key of an attempt's outcome is this and the outcome (core.oom's OUTCOME_*): "cancelled" alone would be a
+job's status too."""
+
+
 def _terms(*terms: Term) -> dict[str, Term]:
     return {term.key: term for term in terms}
 
@@ -41,6 +46,10 @@ GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("Where memory figures come from", ("nvml_v2", "nvml_v1", "meminfo", "cgroup_v1", "cgroup_v2", "reserved")),
     ("Engines: how Caffe computes on a device", ("cpu", "gpu", "gpu-cudnn")),
     ("Batches", ("iter_size", "validation_batch")),
+    ("Where the validation nets live", ("shared", "apart", "tester")),
+    ("How an attempt ended", tuple(f"{OUTCOME}{status}" for status in (
+        "success", "out_of_memory", "replanned", "diverged", "failed", "cancelled", "interrupted",
+    ))),
     ("Why an attempt ran out of memory", (
         "host_allocation_failed", "cpp_bad_alloc", "python_memory_error", "openblas_malloc_failed",
         "blas_allocation_retry", "sigkill", "pinned_host_out_of_memory", "cuda_out_of_memory", "cudnn_alloc_failed", "cudnn_internal_error",
@@ -92,6 +101,43 @@ TERMS: Final[dict[str, Term]] = _terms(
          "are averaged.",
          "Passes come from the solver's test_iter. A smaller validation batch with more passes reads the same "
          "images in less memory."),
+    # --- the validation nets (core/test_net_modes.py) -------------------------------------------------------------
+    Term("shared", "shared (test nets)",
+         "The validation nets live beside the train net in the training process, on its device, for the whole run "
+         "(Caffe's own way): the device holds both at once.",
+         "When they do not fit beside it, the plan shrinks the validation batch (with more passes) before the "
+         "train batch."),
+    Term("apart", "apart (test nets)",
+         "The train net has the device to itself; at each validation interval a tester process builds the "
+         "validation nets from that interval's snapshot and tests it.",
+         "On another device the tester runs while training goes on; on the training device, training pauses "
+         "for it and resumes where it was. The results are the same as shared, at the same iterations. A job's "
+         "\"auto\" keeps them apart only where that trains a larger batch (or fewer iter_size passes) and pausing "
+         "costs under 5% of an interval."),
+    Term("tester", "tester",
+         "The process that tests one snapshot with the validation nets apart: it reports the same validation "
+         "results as the training process would, then ends.",
+         "Its memory is the validation nets alone, at their own batch. \"Stop cost\" is the time pausing training "
+         "for it and resuming takes, against the training time of one validation interval."),
+    # --- how an attempt ended (core/oom.py's outcomes) ---------------------------------------------------------------
+    Term(f"{OUTCOME}success", "success", "The attempt trained to the end: the job is done."),
+    Term(f"{OUTCOME}out_of_memory", "out of memory",
+         "The attempt ran out of memory; the job retries with a smaller batch (and a larger iter_size, so each "
+         "update still sees as many images)."),
+    Term(f"{OUTCOME}replanned", "replanned",
+         "The attempt stopped on purpose after a snapshot, so that the next one trains with a better plan; "
+         "nothing is lost, and the next attempt goes on from that snapshot.",
+         "With the validation nets apart on the training device (the job's \"auto\"), pausing training for the "
+         "tester was measured on the first interval to cost 5% of an interval or more: the next attempt keeps "
+         "the validation nets shared instead."),
+    Term(f"{OUTCOME}diverged", "diverged",
+         "The loss became NaN or infinite (too high a learning rate, usually): the job stopped, as DIGITS does."),
+    Term(f"{OUTCOME}failed", "failed",
+         "The attempt ended on an error other than memory; its Why and Caffe's log say which."),
+    Term(f"{OUTCOME}cancelled", "cancelled",
+         "You cancelled the job: the attempt saved a snapshot and stopped; Resume continues from it."),
+    Term(f"{OUTCOME}interrupted", "interrupted",
+         "The server stopped while the attempt ran; Resume continues from the last snapshot."),
     # --- out-of-memory signatures (core/oom.py) ----------------------------------------------------------------------
     Term("host_allocation_failed", "host_allocation_failed",
          "Caffe asked for more of the machine's memory (RAM) than the job may use, and the request failed.",
@@ -158,6 +204,11 @@ TERMS: Final[dict[str, Term]] = _terms(
     Term("SIGILL", "SIGILL",
          "The process crashed on an instruction this CPU does not have: a Caffe or BLAS built for a newer CPU."),
 )
+
+def outcome(status: str | None) -> Term | None:
+    """The entry of an attempt's outcome ("replanned", "out_of_memory"...), None for a status without one."""
+    return TERMS.get(f"{OUTCOME}{status}") if status else None
+
 
 _ALIASES: Final[dict[str, str]] = {"cgroup v1": "cgroup_v1", "cgroup v2": "cgroup_v2"}
 

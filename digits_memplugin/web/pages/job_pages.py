@@ -32,6 +32,7 @@ from ... import __version__
 from ...core.device_kinds import AUTO, CPU
 from ...core.oom import SIGNAL_WORDS
 from ...core.sizes import format_size
+from ...core.test_net_modes import SAME_DEVICE, TEST_NET_SHARED
 from ...devices.reader import DeviceList
 from ...jobs.definition.definition import SOLVER_SOURCE
 from ...jobs.errors import JobNotFound, JobPageError, JobStateError
@@ -130,10 +131,11 @@ def job_page(
         raise NotFound(str(missing)) from None
     folder = manager.folder(job_id)
     snapshots = snapshot_models(folder)
+    labels = device_labels(_devices())
     page = render_template(
         "memplugin/job.html",
         job=document,
-        labels=device_labels(_devices()),
+        labels=labels,
         log_lines=_log_tail(manager, job_id),
         net_text=_read(folder / "net.prototxt"),
         solver_text=_read(folder / SOLVER_SOURCE),
@@ -143,6 +145,7 @@ def job_page(
         deletion=deletion_words(snapshots),
         snapshots=snapshots,
         memory_cap=memory_cap_words(document, manager.config.cpu_memory_cap),
+        test_net_asked=test_net_asked(manager.get(job_id).spec, labels),
         signal_words=SIGNAL_WORDS,
         version=__version__,
     )
@@ -194,6 +197,16 @@ def memory_cap_words(job: dict[str, Any], server_cap: int | None) -> str:
             f"; this job asked for {format_size(own)}" if own is not None else "")
     where = " on the CPU" if device == AUTO else ""
     return f"{format_size(cap)}{where} ({note})"
+
+
+def test_net_asked(spec: dict[str, Any], labels: dict[str, str]) -> str:
+    """Where the job asked for its validation nets, as the summary says it: "auto", "shared", "apart", with the
+    tester's device when one was named ("apart, tester on the training device")."""
+    asked = spec.get("test_net") or TEST_NET_SHARED  # a job stored before the choice existed: Caffe's way
+    tester = spec.get("tester_device")
+    if asked == TEST_NET_SHARED or tester in (None, AUTO):
+        return str(asked)
+    return f"{asked}, tester on " + ("the training device" if tester == SAME_DEVICE else labels.get(tester, str(tester)))
 
 
 def _log_tail(manager: JobManager, job_id: str) -> list[str]:

@@ -82,6 +82,7 @@ def _page_context() -> dict[str, Any]:
         "memplugin_duration": job_pages.format_duration,
         "memplugin_signal_words": signal_words,
         "memplugin_term": glossary.find,
+        "memplugin_outcome": glossary.outcome,
         "memplugin_glossary": glossary.to_json,
         "memplugin_job_files": api_downloads.page_files,
         "memplugin_clone_url": job_clone.clone_url,
