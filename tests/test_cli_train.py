@@ -11,10 +11,12 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_jobs_fixtures import LENET, SHORT_SOLVER, wait_for
 
+from digits_memplugin.cli.train import Printer
 from digits_memplugin.jobs.manager import STORE_FILE
 
 pytestmark = pytest.mark.slow
@@ -41,7 +43,7 @@ def train(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 def test_help_documents_the_flags() -> None:
     result = subprocess.run([SCRIPT, "train", "--help"], capture_output=True, text=True, timeout=60, check=True)
     for flag in ("--device", "--batch", "--memory-cap", "--data-dir", "--dataset-root", "--start", "--stall-seconds",
-                 "--json", "--divergence"):
+                 "--json", "--divergence", "--test-net", "--tester-device"):
         assert flag in result.stdout
     overview = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "train" in overview.stdout
@@ -301,3 +303,135 @@ def test_epochs_and_batch_auto_train_as_long_as_the_sample_set_and_the_planned_b
                      "--max-iter", "5", "--data", "train=datasets/digits_train_lmdb")
     assert both.returncode == 2 and both.stderr.strip().endswith(
         "--epochs: give the length once: epochs or max_iter, not both"), both.stderr
+
+
+# --- the test nets apart (issue 28) ------------------------------------------------------------------------------
+
+
+def job_folder(stdout: str) -> Path:
+    return Path(next(line for line in stdout.splitlines() if line.startswith("job ")).split(" in ", 1)[1])
+
+
+def progress_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_test_net_apart_prints_the_testers_results_as_the_runners_once_each(files: list[str], tmp_path: Path) -> None:
+    """`--test-net apart` on the CPU: the trainer stops at each test interval for a tester child, whose results are
+    printed as the runner's are (one line per net and interval, none lost, none twice), with where the tester runs
+    as the attempt starts and what it did as it ends."""
+    (tmp_path / "solver.prototxt").write_text(SHORT_SOLVER.replace("test_interval: 500", "test_interval: 2"))
+    result = train(*files, "--max-iter", "6", "--test-net", "apart", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout[:result.stdout.index("{\n")].splitlines()
+    started = lines.index(next(line for line in lines if line.startswith("attempt 1 on cpu: batch 64 x iter_size 1")))
+    assert re.fullmatch(r"  test nets apart: a tester on the trainer's device, estimated \d[\d.]* [KM]iB; training "
+                        r"stops at each test interval while it tests that interval's snapshot", lines[started + 1])
+    tests = [line for line in lines if line.startswith("  test net ")]
+    folder = job_folder(result.stdout)
+    tested = [r for r in progress_records(folder / "attempts" / "1" / "tester" / "progress.jsonl") if r["event"] == "test"]
+    assert [r["iteration"] for r in tested] == [0, 2, 4, 6]
+    # Each of the tester's results, printed once, in the runner's words and to its four significant digits.
+    assert tests == [
+        f"  test net {r['net']} at iteration {r['iteration']}: "
+        + ", ".join(f"{name} = {value:.4g}" for name, value in r["outputs"].items())
+        for r in tested
+    ]
+    trainer = progress_records(folder / "attempts" / "1" / "progress.jsonl")
+    assert "test" not in [r["event"] for r in trainer]  # the trainer tested nothing itself
+    paused = [line for line in lines if line.startswith("  paused at iteration ")]
+    assert paused == [f"  paused at iteration {i} for the tester; training resumes once it has tested" for i in (0, 2, 4)]
+    ended = lines.index(next(line for line in lines if line.startswith("attempt 1 on cpu: batch 64 x iter_size 1 = 64: "
+                                                                       "success: training finished")))
+    assert lines[ended + 1].startswith("  tester on the trainer's device: tested 4 snapshots (iterations 0, 2, 4, 6), "
+                                       "training stopped 3 times for it, each stop cost "), lines[ended + 1]
+    document = json.loads(result.stdout[result.stdout.index("{\n"):])
+    (attempt,) = document["attempts"]
+    assert attempt["test_net"] == "apart" and attempt["tester"]["tested"] == [0, 2, 4, 6]
+    assert attempt["tester"]["same_device"] and attempt["tester"]["pauses"] == 3
+
+
+BIG_TEST_NET = LENET.replace("batch_size: 100", "batch_size: 1000")
+"""LeNet whose test net takes 1000 items a batch: beside the train net under a 128 MiB cap it holds the train batch
+of 512 back (tests/test_jobs_apart.py)."""
+
+
+def test_auto_keeps_the_test_nets_apart_until_stopping_costs_too_much_and_says_so(
+    files: list[str], tmp_path: Path
+) -> None:
+    """`--test-net auto` (the default) under a cap where the test net shared holds the batch back: the first attempt
+    keeps them apart (the plan's note says why, and that the stop's cost is measured on the first interval), ends
+    "replanned" once that cost is measured far over 5% (said plainly), and the next goes on from its snapshot with
+    them shared, its note saying why; the tests of both are printed."""
+    (tmp_path / "net.prototxt").write_text(BIG_TEST_NET)
+    (tmp_path / "solver.prototxt").write_text(
+        "random_seed: 7\n" + SHORT_SOLVER.replace("test_iter: 2", "test_iter: 1").replace("test_interval: 500", "test_interval: 4")
+        .replace("snapshot: 2", "snapshot: 4")
+    )
+    result = train(*files, "--batch", "512", "--memory-cap", "128MiB", "--max-iter", "8", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("attempt 1 on cpu: batch 512 x iter_size 1 = 512,")))
+    assert lines[first + 1].startswith("  test nets apart: a tester on the trainer's device, estimated ")
+    assert re.fullmatch(r"  test nets apart \(apart trains 512 x iter_size 1, shared \d+ x iter_size \d+\); the cost of "
+                        r"stopping and resuming at each test interval is not measured yet: it will be on the first "
+                        r"interval", lines[first + 2]), lines[first + 2]
+    replanned = [line for line in lines if line.startswith("attempt 1 on cpu: batch 512 x iter_size 1 = 512: ")]
+    assert len(replanned) == 1 and re.match(
+        r"attempt 1 on cpu: batch 512 x iter_size 1 = 512: replanned at iteration \d+: stopping and resuming for the "
+        r"tester costs [\d.]+ s per test interval, [\d.]+% of its [\d.]+ s of training \(not under 5%\); the next "
+        r"attempt goes on from its snapshot \(peak ", replanned[0]), replanned
+    second = lines.index(next(line for line in lines if line.startswith("attempt 2 on cpu: batch ")))
+    assert "resumed from " in lines[second] and " x iter_size 1 " not in lines[second]
+    assert lines[second + 1].startswith("  test nets shared: stopping and resuming costs "), lines[second + 1]
+    assert "not under 5%" in lines[second + 1]
+    tests = [int(line.split()[5].rstrip(":")) for line in lines if line.startswith("  test net 0 at iteration ")]
+    assert tests[:2] == [0, 4] and tests[-1] == 8, tests  # attempt 1's tester's, then attempt 2's own
+    assert lines[-1] == "done: training finished at iteration 8"
+
+
+def test_tester_flags_refused_name_the_flag_and_create_nothing(files: list[str], tmp_path: Path) -> None:
+    from digits_memplugin.jobs.child.caffe_build import BUNDLED_BINARY_ROOT
+
+    shared = train(*files, "--test-net", "shared", "--tester-device", "cpu")
+    assert shared.returncode == 2 and "Traceback" not in shared.stderr
+    assert shared.stderr.strip() == (
+        "digits-memplugin train: error: --tester-device: names where a tester runs: give --test-net 'apart' or "
+        "'auto' with it (the test nets are 'shared')"
+    )
+    nowhere = train(*files, "--test-net", "apart", "--tester-device", "7")
+    assert nowhere.returncode == 2 and "error: --tester-device: no GPU has index 7" in nowhere.stderr
+    binary = train(*files, "--test-net", "apart", "--caffe-root", str(BUNDLED_BINARY_ROOT))
+    assert binary.returncode == 2 and "Traceback" not in binary.stderr
+    assert "error: --test-net: cannot be 'apart' here: the Caffe that trains" in binary.stderr
+    assert "has no pycaffe here" in binary.stderr
+    word = train(*files, "--test-net", "beside")
+    assert word.returncode == 2 and "--test-net: invalid choice: 'beside'" in word.stderr
+    jobs = tmp_path / "data" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_the_printer_reads_attempts_of_every_kind() -> None:
+    """Attempt rows stored before issue 28 (no test_net, no tester), a replanned end, a tester that failed, and the
+    plan's notes once per attempt, each as one plain line."""
+    printer = Printer()
+    old = {"number": 1, "device": "cpu", "batch_size": 8, "iter_size": 2, "effective_batch": 16, "status": "running",
+           "resumed_from": None, "estimated_bytes": 1 << 20, "limit_bytes": 1 << 30}
+    assert printer.line("job_attempt", old) == "attempt 1 on cpu: batch 8 x iter_size 2 = 16, estimated 1.0 MiB of 1.0 GiB"
+    ended = {**old, "status": "replanned", "message": "replanned at iteration 4: it costs too much", "peak_bytes": None,
+             "test_net": "apart", "tester": {"device": "GPU-1", "same_device": False, "estimated_bytes": 2 << 20,
+                                             "tested": [], "pauses": 0, "peak_bytes": None, "stop_cost": None,
+                                             "failed": "tester: out of memory"}}
+    assert printer.line("job_attempt", ended) == (
+        "attempt 1 on cpu: batch 8 x iter_size 2 = 16: replanned at iteration 4: it costs too much (peak n/a)\n"
+        "  tester on GPU-1: tested no snapshot, peak n/a"
+    )
+    beside = {**old, "test_net": "apart", "tester": {"device": "GPU-1", "same_device": False, "estimated_bytes": 3 << 20}}
+    assert printer.line("job_attempt", beside).endswith(
+        "\n  test nets apart: a tester on GPU-1, estimated 3.0 MiB, testing each snapshot while training goes on")
+    message = "attempt 2: batch 71 fits; auto capped at 71 so that ...; test nets shared: apart does not pay (a; b)"
+    job = {"id": "j", "status": "running", "message": message}
+    assert printer.line("job", job) == ("  batch auto: capped at 71 so that ...\n"
+                                        "  test nets shared: apart does not pay (a; b)")
+    assert printer.line("job", job) is None  # once per attempt
+    assert printer.line("job_progress", {"event": "test_due", "iteration": 4, "model": "m", "state": "s"}) is None

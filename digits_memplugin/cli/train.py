@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..core.divergence import DEFAULT_POLICY, POLICIES
-from .estimate import data_shapes, positive_int, size
+from ..core.oom import OUTCOME_REPLANNED
+from ..core.test_net_modes import SAME_DEVICE, TEST_NET_APART, TEST_NET_AUTO
+from .estimate import TEST_NET_CHOICES, data_shapes, positive_int, size
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,7 +29,9 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "Train a Caffe net with its solver as a job of the job manager: on a device where the planned batch "
             "fits, retried with a smaller batch (and a larger iter_size, keeping the effective batch) after an "
-            "out-of-memory failure, resumed from the last snapshot. Reporter is printed; Ctrl-C cancels."
+            "out-of-memory failure, resumed from the last snapshot. With --test-net apart a tester process tests "
+            "each test interval's snapshot, so that the train net has the memory alone. Progress is printed; Ctrl-C "
+            "cancels."
         ),
     )
     parser.add_argument("net", type=Path, metavar="NET", help="net prototxt (train_val)")
@@ -76,6 +81,18 @@ def add_parser(subparsers: Any) -> None:
              'learning rate; the default), or "continue" training to the end as Caffe does',
     )
     parser.add_argument(
+        "--test-net", choices=TEST_NET_CHOICES, default=TEST_NET_AUTO,
+        help='where the test nets live: "shared" beside the train net, as Caffe keeps them; "apart" in a tester '
+        "process of its own that tests each test interval's snapshot, so that the train net has the memory alone "
+        "(on the same device training stops while it tests); \"auto\" (the default): apart only where that trains a "
+        "larger batch or fewer iter_size passes, and stopping for the tester costs under 5%% of the training",
+    )
+    parser.add_argument(
+        "--tester-device", metavar="DEVICE",
+        help=f'where the tester runs when the test nets are apart: "auto" (another GPU with room for it, else the '
+        f'trainer\'s device; the default), "{SAME_DEVICE}" (the trainer\'s device), "cpu", a GPU index or UUID',
+    )
+    parser.add_argument(
         "--stall-seconds", type=positive_seconds, default=600.0, metavar="S",
         help="end an attempt that writes no progress and no log line for this long (default: %(default)g)",
     )
@@ -115,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
 
     body: dict[str, Any] = {
         "net": _read(args.net), "solver": _read(args.solver), "device": args.device, "divergence": args.divergence,
+        "test_net": args.test_net,
     }
     for key, value in (
         ("batch", args.batch), ("max_iter", args.max_iter), ("epochs", args.epochs), ("classes", args.classes),
-        ("memory_cap", args.memory_cap),
+        ("memory_cap", args.memory_cap), ("tester_device", args.tester_device),
     ):
         if value is not None:
             body[key] = value
@@ -201,33 +219,22 @@ class Printer:
             print(line, flush=True)
 
     def line(self, name: str, payload: dict[str, Any]) -> str | None:
-        from ..core.sizes import format_size
-
         if name == "job":
             followed = self._jobs.setdefault(str(payload.get("id")), _Followed())
             if isinstance(payload.get("max_iter"), int):
                 followed.max_iter = payload["max_iter"]
             if payload.get("status") in ("queued",) and payload.get("message"):
                 return f"{payload['message']}"
-            cap = str(payload.get("message") or "").partition("; auto capped at ")[2]
-            if payload.get("status") == "running" and cap and cap != followed.auto_cap:
-                followed.auto_cap = cap  # the plan's note (core.planning.job_plan), once per attempt that says it
-                return f"  batch auto: capped at {cap}"
+            if payload.get("status") == "running":
+                return self._plan_notes(followed, str(payload.get("message") or ""))
             return None
         if name == "job_attempt":
-            head = (
-                f"attempt {payload['number']} on {payload['device']}: batch {payload['batch_size']} x iter_size "
-                f"{payload['iter_size']} = {payload['effective_batch']}"
-            )
-            if payload["status"] == "running":
-                resumed = f", resumed from {self._path(payload, payload['resumed_from'])}" if payload["resumed_from"] else ""
-                return f"{head}, estimated {format_size(payload['estimated_bytes'])} of {format_size(payload['limit_bytes'])}{resumed}"
-            return f"{head}: {payload['status']}: {payload['message']} (peak {format_size(payload['peak_bytes'])})"
+            return self._attempt(payload)
         if name == "job_progress":
             event = payload.get("event")
             if event == "iteration":
                 return self._iteration(payload)
-            if event == "test":
+            if event == "test":  # the runner's, or with the test nets apart a tester's: the same record
                 outputs = ", ".join(f"{k} = {_value(v)}" for k, v in payload.get("outputs", {}).items())
                 return f"  test net {payload['net']} at iteration {payload['iteration']}: {outputs}"
             if event == "snapshot":
@@ -235,10 +242,53 @@ class Printer:
                     f"  snapshot at iteration {payload['iteration']}: {self._path(payload, payload['model'])} "
                     f"(solver state {self._path(payload, payload['state'])})"
                 )
+            if event == "paused":  # the snapshot was printed as it was written; "test_due" names it again
+                return f"  paused at iteration {payload['iteration']} for the tester; training resumes once it has tested"
             if event == "diverged":
                 return f"  {payload.get('message')}"
             return None
         return None
+
+    def _plan_notes(self, followed: _Followed, message: str) -> str | None:
+        """What the job's message ("attempt N: <the plan's message>") says of the attempt's plan that its line
+        does not: the cap of "auto" when that chose the batch, and where the plan put the test nets and why (the
+        planner's note, core.planning.apart); each once per attempt that says it."""
+        number, colon, said = message.partition(": ")
+        if not colon or not number.startswith("attempt ") or number == followed.noted:
+            return None
+        lines = []
+        cap = said.partition("; auto capped at ")[2].partition(TEST_NET_NOTE)[0]
+        if cap and cap != followed.auto_cap:
+            followed.auto_cap = cap
+            lines.append(f"  batch auto: capped at {cap}")
+        placement = said.partition(TEST_NET_NOTE)[2]
+        if placement:
+            lines.append(f"  test nets {placement}")
+        if not lines:
+            return None
+        followed.noted = number
+        return "\n".join(lines)
+
+    def _attempt(self, payload: dict[str, Any]) -> str:
+        """An attempt's line as it starts (its plan, and with the test nets apart where its tester runs) and as it
+        ends (how, and what its tester did)."""
+        from ..core.sizes import format_size
+
+        head = (
+            f"attempt {payload['number']} on {payload['device']}: batch {payload['batch_size']} x iter_size "
+            f"{payload['iter_size']} = {payload['effective_batch']}"
+        )
+        tester = payload.get("tester") if payload.get("test_net") == TEST_NET_APART else None
+        if payload["status"] == "running":
+            resumed = f", resumed from {self._path(payload, payload['resumed_from'])}" if payload["resumed_from"] else ""
+            line = (f"{head}, estimated {format_size(payload['estimated_bytes'])} of "
+                    f"{format_size(payload['limit_bytes'])}{resumed}")
+            return line + (f"\n  {tester_words(tester)}" if isinstance(tester, dict) else "")
+        message = str(payload.get("message") or "")
+        # A replanned attempt's message says it all ("replanned at iteration 8: ..."): no status word before it.
+        ended = message if payload["status"] == OUTCOME_REPLANNED and message else f"{payload['status']}: {message}"
+        line = f"{head}: {ended} (peak {format_size(payload['peak_bytes'])})"
+        return line + (f"\n  {tester_report(tester)}" if isinstance(tester, dict) else "")
 
     def _iteration(self, payload: dict[str, Any]) -> str | None:
         """The line of an iteration record when it is one to print (and the first whose loss is not finite); every
@@ -295,6 +345,43 @@ class _Followed:
     """A loss that is not finite was printed in this attempt (the first one always is, whatever the step)."""
     auto_cap: str | None = None
     """The cap of "auto" last printed."""
+    noted: str | None = None
+    """The attempt ("attempt N") whose plan's notes were printed last."""
+
+
+TEST_NET_NOTE = "; test nets "
+"""Where the planner's note on the test nets' placement begins in a plan's message (core.planning.apart: "test nets
+apart (...)", "test nets shared: ..."); it ends the message."""
+
+
+def tester_words(tester: dict[str, Any]) -> str:
+    """Where an attempt's tester runs and what it was planned to need (its row as the attempt starts)."""
+    from ..core.sizes import format_size
+
+    estimated = f", estimated {format_size(tester['estimated_bytes'])}" if tester.get("estimated_bytes") else ""
+    if tester.get("same_device"):
+        return (f"test nets apart: a tester on the trainer's device{estimated}; training stops at each test interval "
+                "while it tests that interval's snapshot")
+    return f"test nets apart: a tester on {tester.get('device')}{estimated}, testing each snapshot while training goes on"
+
+
+def tester_report(tester: dict[str, Any]) -> str:
+    """What an attempt's tester did (jobs.scheduling.apart_run.TesterReport, kept on the attempt's row)."""
+    from ..core.sizes import format_size
+
+    tested = tester.get("tested") or []
+    where = "on the trainer's device" if tester.get("same_device") else f"on {tester.get('device')}"
+    parts = [f"tester {where}: tested " + (
+        f"{len(tested)} snapshot{'s' if len(tested) != 1 else ''} (iteration{'s' if len(tested) != 1 else ''} "
+        f"{', '.join(map(str, tested))})" if tested else "no snapshot"
+    )]
+    if tester.get("pauses"):
+        parts.append(f"training stopped {tester['pauses']} time{'s' if tester['pauses'] != 1 else ''} for it")
+    if isinstance(tester.get("stop_cost"), (int, float)):
+        parts.append(f"each stop cost {tester['setup_seconds']:.1f} s, {tester['stop_cost']:.1%} of an interval's "
+                     f"{tester['interval_seconds']:.1f} s of training")
+    parts.append(f"peak {format_size(tester.get('peak_bytes'))}")
+    return ", ".join(parts)
 
 
 def print_step(max_iter: int | None, display: int) -> int:
@@ -361,8 +448,12 @@ def _read(path: Path) -> str:
 FLAGS = {
     "batch": "--batch", "data": "--data", "data_shapes": "--data-shape", "classes": "--classes",
     "max_iter": "--max-iter", "memory_cap": "--memory-cap", "device": "--device", "epochs": "--epochs",
+    "test_net": "--test-net", "tester_device": "--tester-device",
 }
 """The flag that gives each field of the job request."""
+NAMED_IN_MESSAGES = ("test_net", "tester_device")
+"""Fields whose refusals name each other by the request's word ("give test_net 'apart' with it"): said with their
+flags instead (words that are no field elsewhere in a message, unlike "device" or "batch")."""
 FALLBACK_FLAGS = {"max_attempts": "--max-attempts", "safety_margin": "--safety-margin", "start": "--start"}
 
 
@@ -375,6 +466,9 @@ def _errors(errors: dict[str, Any], args: argparse.Namespace) -> str:
             parts += [f"{FALLBACK_FLAGS.get(k, k)}: {v}" for k, v in value.items()]
             continue
         where = {"net": str(args.net), "solver": str(args.solver)}.get(key) or FLAGS.get(key, key)
+        if key in NAMED_IN_MESSAGES and isinstance(message, str):
+            for field in NAMED_IN_MESSAGES:
+                message = re.sub(rf"\b{field}\b", FLAGS[field], message)
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
