@@ -3,7 +3,8 @@
 batch, because all four plan with core.planning.job_plan.plan_job under the server's one policy. Under a 64 MiB CPU cap
 LeNet's batch 512 does not fit in one pass, so the agreement covers iter_size too; the job trains for real. A fifth
 way (issue 24): the same job on a server whose Caffe root is the bundled Caffe's binary build trains through the
-`caffe` binary with the same attempts and records."""
+`caffe` binary with the same attempts and records. That runner keeps the test nets shared (issue 28), and its plan
+says why: it is compared with the pycaffe job asked to keep them shared too."""
 
 from __future__ import annotations
 
@@ -133,17 +134,34 @@ def test_the_form_the_rest_estimate_the_cli_and_a_job_plan_alike(
                      timeout=180, what="the job to end")
     assert ended["status"] == "done", ended
 
-    # 5. The same job on the server whose Caffe is the bundled binary build: `caffe train` under the same cap.
+    # 5. The same job on the server whose Caffe is the bundled binary build: `caffe train` under the same cap. Its
+    # runner cannot keep the test nets apart, so its plan keeps them shared and says why; the pycaffe job it is
+    # compared with is asked to keep them shared too (step 4's planned them apart: 256 x 2 against 171 x 3).
     other = binary_app.test_client()
     plugin = binary_app.extensions["memplugin"]
     assert plugin.caffe.runner == "binary"
-    made = other.post(f"{prefix}/models.json", json=form())
+    planned = other.post(f"{prefix}/models/preview.json", json=form())
+    assert planned.status_code == 200, planned.get_json()
+    refused = plugin.jobs.config.apart_refused
+    assert refused and "caffe train" in refused
+    assert planned.get_json()["test_net"] == "shared"
+    assert planned.get_json()["test_net_note"] == f"test nets shared: {refused}"
+    asked_apart = other.post(f"{prefix}/models/preview.json", json=form(test_net="apart"))
+    assert asked_apart.status_code == 400 and refused in asked_apart.get_json()["errors"]["test_net"]
+
+    shared = client.post(f"{prefix}/models.json", json=form(test_net="shared"))
+    assert shared.status_code == 201, shared.get_json()
+    shared_url = f"{prefix}/api/jobs/{shared.get_json()['id']}"
+    made = other.post(f"{prefix}/models.json", json=form(test_net="shared"))
     assert made.status_code == 201, made.get_json()
     binary_url = f"{prefix}/api/jobs/{made.get_json()['id']}"
+    by_shared = wait_for(lambda: (doc := client.get(shared_url).get_json())["status"] in ("done", "failed") and doc,
+                         timeout=180, what="the pycaffe job with its test nets shared to end")
+    assert by_shared["status"] == "done", by_shared
     finished = wait_for(lambda: (doc := other.get(binary_url).get_json())["status"] in ("done", "failed") and doc,
                         timeout=180, what="the binary's job to end")
     assert finished["status"] == "done", finished
-    by_pycaffe = attempts_and_records(client, job_url, app.extensions["memplugin"].jobs.folder(ended["id"]))
+    by_pycaffe = attempts_and_records(client, shared_url, app.extensions["memplugin"].jobs.folder(by_shared["id"]))
     by_binary = attempts_and_records(other, binary_url, plugin.jobs.folder(finished["id"]))
     assert by_binary[0] == by_pycaffe[0], {"pycaffe": by_pycaffe[0], "binary": by_binary[0]}
     assert [r["event"] for r in by_binary[1]] == [r["event"] for r in by_pycaffe[1]]
