@@ -24,11 +24,13 @@ from digits_memplugin import create_app
 from digits_memplugin.core import oom
 from digits_memplugin.core.estimate import EstimateRequest, estimate
 from digits_memplugin.core.layers.base import CATEGORIES, ENGINES
+from digits_memplugin.core.test_net_modes import TEST_NET_APART, TEST_NET_MODES, TEST_NET_SHARED
 from digits_memplugin.devices import reader as devices
 from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.host.resources import package_data_dir
 from digits_memplugin.jobs.definition import request as job_request
-from digits_memplugin.jobs.store.records import JOB_STATES
+from digits_memplugin.jobs.scheduling import apart_run
+from digits_memplugin.jobs.store.records import JOB_STATES, Attempt
 from digits_memplugin.web.api import envelope as api
 from digits_memplugin.web.api import estimate as api_estimate
 from digits_memplugin.web.api.openapi import load_document
@@ -144,11 +146,13 @@ def test_health_devices_and_estimates_match_the_document(
         {**lenet, "device": GPU0, "devices": "all", "safety_margin": 0.2, "max_batch": 100},
         {**lenet, "free_bytes": 1, "test_batch": 10},  # not even batch 1 fits
         {**lenet, "batch": 200000, "free_bytes": "1TiB"},  # past Caffe's blob limit: a blob_limit section
+        {**lenet, "batch": 512, "free_bytes": "60MiB", "test_net": "apart"},  # the tester's bytes in the plan
+        {**lenet, "batch": 512, "devices": "all", "test_net": "auto"},  # each device's placement and note
     ):
         answer = check(client, "POST", f"{root}/estimate", json=body, request_too=True)
         assert answer.status_code == 200 and answer.get_json()["total_bytes"] > 0, answer.get_json()
-    assert answer.get_json()["blob_limit"]["iter_size"] == 2 and answer.get_json()["max_batch_limited_by"]
-    assert set(answer.get_json()) >= {"plan", "max_batch_size"}
+    placed = answer.get_json()["plans"]
+    assert {plan["test_net"] for plan in placed.values()} <= {"shared", "apart"} and len(placed) == 3
     assert check(client, "GET", f"{root}/datasets").status_code == 200
 
     refused = [
@@ -156,8 +160,9 @@ def test_health_devices_and_estimates_match_the_document(
         check(client, "POST", f"{root}/estimate", json={"net": "layer { name: 'x' type: 'Foo' top: 'x' }"}),
         check(client, "POST", f"{root}/estimate", data=b"{", content_type="application/json"),
         check(client, "POST", f"{root}/estimate", data=b"{}", content_type="text/plain"),
+        check(client, "POST", f"{root}/estimate", json={**lenet, "test_net": "beside"}),
     ]
-    assert [response.status_code for response in refused] == [400] * 4
+    assert [response.status_code for response in refused] == [400] * 5
     assert refused[1].get_json()["errors"]["net"]["line"] == 1
 
 
@@ -253,6 +258,14 @@ def test_the_request_schemas_name_every_field_the_api_takes() -> None:
     assert tuple(schemas["EstimateRequest"]["properties"]["engine"]["enum"]) == ENGINES
     assert set(schemas["Estimate"]["properties"]["categories"]["required"]) == set(CATEGORIES)
     assert tuple(schemas["Job"]["properties"]["status"]["enum"]) == JOB_STATES
+    assert set(schemas["EstimateRequest"]["properties"]["test_net"]["enum"]) == set(TEST_NET_MODES)
+    assert set(schemas["JobRequest"]["properties"]["test_net"]["enum"]) == {*TEST_NET_MODES, None}
+    assert set(schemas["JobForm"]["properties"]["test_net"]["enum"]) == set(TEST_NET_MODES)
+    # What an attempt's tester did: every field of the report the attempt row keeps.
+    report = apart_run.TesterReport("cpu", True, 1).to_json()
+    assert set(schemas["AttemptTester"]["properties"]) == set(report)
+    assert set(schemas["Attempt"]["properties"]["test_net"]["enum"]) == {TEST_NET_SHARED, TEST_NET_APART, None}
+    assert set(schemas["Attempt"]["properties"]) >= set(Attempt.__dataclass_fields__) - {"handle"}
 
 
 def test_the_estimate_schema_names_every_field_an_estimate_has() -> None:
@@ -270,6 +283,7 @@ def test_the_estimate_schema_names_every_field_an_estimate_has() -> None:
         )
     plan = documents[0]["plans"]["cpu"]
     assert set(plan) <= set(schemas["DevicePlan"]["properties"]), set(plan) - set(schemas["DevicePlan"]["properties"])
+    assert {"test_net", "test_net_note", "tester_bytes"} <= set(plan) & set(documents[0])
 
 
 LENET_WITH_OUTPUTS = LENET + """
@@ -340,3 +354,44 @@ def test_a_jobs_downloads_clone_request_and_device_attempts_match_the_document(j
     weights.symlink_to(folder.parent / "net.prototxt")
     assert check(client, "GET", first["files"]["caffemodel"]["url"]).status_code == 409
     assert check(client, "GET", f"{root}/jobs/no-such-job/request").status_code == 404
+
+
+BIG_TEST_NET = LENET.replace("batch_size: 100", "batch_size: 1000")
+"""LeNet whose test net takes 1000 items a batch: under a 128 MiB cap, beside the train net, it holds the train batch
+of 512 back, so that `auto` keeps the test nets apart until the cost of stopping for the tester is measured."""
+
+
+@pytest.mark.slow
+def test_a_job_with_its_test_nets_apart_then_replanned_matches_the_document(jobs_app: Flask) -> None:
+    """Issue 28: a real job whose first attempt keeps its test nets apart (a tester on the CPU beside the trainer,
+    which stops for it), ends "replanned" once stopping is measured to cost too much, and whose second attempt trains
+    them shared: the job, its attempts (their test_net and tester), its progress with the tester's test records and
+    its request to clone, as the document describes them."""
+    client = jobs_app.test_client()
+    check = Checker(served(client, jobs_app))
+    root = api_root(jobs_app)
+    solver = ("random_seed: 7\n" + SHORT_SOLVER.replace("test_iter: 2", "test_iter: 1")
+              .replace("test_interval: 500", "test_interval: 4").replace("snapshot: 2", "snapshot: 4"))
+    body = {"net": BIG_TEST_NET, "solver": solver, "data": LENET_DATA, "device": "cpu", "max_iter": 8, "batch": 512,
+            "memory_cap": "128MiB", "test_net": "auto", "tester_device": "same"}
+    created = check(client, "POST", f"{root}/jobs", json=body, request_too=True)
+    assert created.status_code == 201, created.get_json()
+    job = f"{root}/jobs/{created.get_json()['id']}"
+    wait_for(lambda: client.get(job).get_json()["status"] in ("done", "failed"), timeout=300, what="the job to end")
+    shown = check(client, "GET", job).get_json()
+    assert shown["status"] == "done", shown["message"]
+    measured, chosen = shown["attempts"]
+    assert (measured["status"], measured["test_net"], chosen["test_net"]) == ("replanned", "apart", "shared")
+    assert measured["tester"]["tested"][:2] == [0, 4] and measured["tester"]["stop_cost"] >= 0.05
+    assert chosen["tester"] is None
+    records = check(client, "GET", f"{job}/progress").get_json()["records"]
+    tests = [(r["attempt"], r["iteration"]) for r in records if r["event"] == "test"]
+    assert tests[:2] == [(1, 0), (1, 4)] and tests[-1] == (2, 8), tests
+    check(client, "GET", f"{root}/jobs")
+    request = check(client, "GET", f"{job}/request").get_json()
+    assert (request.get("test_net", "auto"), request["tester_device"]) == ("auto", "same")  # auto: the default
+    assert check(client, "POST", f"{root}/jobs", json={**request, "max_iter": 1, "test_net": "apart",
+                                                      "tester_device": "cpu"}, request_too=True).status_code == 201
+    refused = check(client, "POST", f"{root}/jobs", json={**request, "test_net": "shared", "tester_device": "cpu"},
+                    request_too=True)
+    assert refused.status_code == 400 and set(refused.get_json()["errors"]) == {"tester_device"}
