@@ -4,6 +4,7 @@ real training children (LeNet on synthetic MNIST LMDBs, a few iterations)."""
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,5 +253,111 @@ def test_with_simulated_gpus_a_gpu_job_is_refused_and_a_cpu_job_taken(data_dir: 
         taken = api.post(API, json=body())
         assert taken.status_code == 201, taken.get_json()
         assert finished(api, taken.get_json()["id"])["status"] == "done"
+    finally:
+        get_plugin(app).close()
+
+
+# --- the test nets apart (issue 28) ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "key", "expected"),
+    [
+        ({"test_net": "beside"}, "test_net", 'must be "auto" (apart only where it pays), "shared"'),
+        ({"test_net": 1}, "test_net", 'must be "auto"'),
+        ({"test_net": "Apart"}, "test_net", 'must be "auto"'),
+        ({"tester_device": -1}, "tester_device", 'must be "auto", "same", "cpu", a GPU UUID or a GPU index'),
+        ({"tester_device": True}, "tester_device", 'must be "auto", "same"'),
+        ({"tester_device": 1.5}, "tester_device", 'must be "auto", "same"'),
+        ({"test_net": "apart", "tester_device": "GPU-nope"}, "tester_device", "no GPU has UUID 'GPU-nope'"),
+        ({"tester_device": 3}, "tester_device", "no GPU has index 3"),
+        ({"test_net": "shared", "tester_device": "cpu"}, "tester_device",
+         "names where a tester runs: give test_net 'apart' or 'auto' with it (the test nets are 'shared')"),
+        ({"test_net": "shared", "tester_device": "same"}, "tester_device", "names where a tester runs"),
+    ],
+)
+def test_a_test_net_or_tester_device_refused_is_a_400_naming_it_and_creates_nothing(
+    api: FlaskClient, jobs_app: Flask, fields: dict[str, Any], key: str, expected: str
+) -> None:
+    response = api.post(API, json=body(**fields))
+    assert response.status_code == 400 and response.mimetype == "application/json"
+    errors = response.get_json()["errors"]
+    assert set(errors) == {key} and expected in errors[key], errors
+    assert api.get(API).get_json()["jobs"] == []
+    jobs = Path(jobs_app.config["MEMPLUGIN_DATA_DIR"]) / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_form_refuses_a_test_net_by_its_name_too(api: FlaskClient) -> None:
+    form = {"net": LENET, "solver": SHORT_SOLVER, "data": '{"train": "mnist_train_lmdb", "test": "mnist_test_lmdb"}',
+            "device": "cpu", "max_iter": "2"}
+    refused = api.post(API, data={**form, "test_net": "sideways"}, content_type="multipart/form-data")
+    assert refused.status_code == 400 and set(refused.get_json()["errors"]) == {"test_net"}
+    paired = api.post(API, data={**form, "test_net": "shared", "tester_device": "0"}, content_type="multipart/form-data")
+    assert paired.status_code == 400 and set(paired.get_json()["errors"]) == {"tester_device"}
+    assert api.get(API).get_json()["jobs"] == []
+
+
+def test_an_apart_job_shows_its_tester_and_its_progress_has_the_testers_tests(
+    jobs_app: Flask, api: FlaskClient
+) -> None:
+    """A real job with its test nets apart on the CPU: its attempt says where its tester ran and what it tested; GET
+    progress has the tester's test records (as the attempt's, once each, equal to the tester's own file) beside the
+    trainer's iterations; the socketio room carries them as the runner's; the request clones with its placement."""
+    watcher = get_plugin(jobs_app).socketio.test_client(jobs_app, namespace=NS)
+    created = api.post(API, json=body(test_net="apart", test_interval=2, max_iter=4))
+    assert created.status_code == 201, created.get_json()
+    job_id = created.get_json()["id"]
+    watcher.emit("subscribe_job", {"id": job_id}, namespace=NS)
+    received: list[dict[str, Any]] = []
+
+    def done() -> bool:
+        received.extend(events_of(watcher))
+        return any(e["name"] == "job" and e["args"][0]["status"] in ("done", "failed") for e in received)
+
+    wait_for(done, timeout=180, what="the apart job to end")
+    doc = api.get(f"{API}/{job_id}").get_json()
+    assert doc["status"] == "done", doc["message"]
+    (attempt,) = doc["attempts"]
+    assert attempt["status"] == "success" and attempt["test_net"] == "apart"
+    tester = attempt["tester"]
+    assert set(tester) == {"device", "same_device", "estimated_bytes", "peak_bytes", "tested", "pauses",
+                           "setup_seconds", "interval_seconds", "stop_cost", "failed"}
+    assert (tester["device"], tester["same_device"], tester["tested"], tester["pauses"], tester["failed"]) == (
+        "cpu", True, [0, 2, 4], 2, None)
+    assert tester["estimated_bytes"] > 0 and tester["peak_bytes"] > 0
+
+    records = api.get(f"{API}/{job_id}/progress").get_json()["records"]
+    tests = [r for r in records if r["event"] == "test"]
+    assert [(r["attempt"], r["iteration"], r["net"], r["superseded"]) for r in tests] == [
+        (1, 0, 0, False), (1, 2, 0, False), (1, 4, 0, False)]
+    folder = Path(jobs_app.config["MEMPLUGIN_DATA_DIR"]) / "jobs" / job_id / "attempts" / "1"
+    own = [json.loads(line) for line in (folder / "tester" / "progress.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k not in ("attempt", "superseded")} for r in tests] == [
+        r for r in own if r["event"] == "test"]
+    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1, 2, 3, 4]
+    assert doc["progress"]["test"][0]["iteration"] == 4  # the job's latest test is the tester's last
+
+    told = [e["args"][0] for e in received if e["name"] == "job_progress" and e["args"][0]["event"] == "test"]
+    assert [(p["attempt"], p["iteration"]) for p in told] == [(1, 0), (1, 2), (1, 4)]
+    events = {e["args"][0]["event"] for e in received if e["name"] == "job_progress"}
+    assert {"test_due", "paused"} <= events  # the trainer's records at each interval, as the socketio room gets them
+    request = api.get(f"{API}/{job_id}/request").get_json()
+    assert (request["test_net"], request.get("tester_device", "auto")) == ("apart", "auto")  # auto: the default
+
+
+def test_with_simulated_gpus_a_tester_on_one_is_refused_naming_tester_device(data_dir: Path, datasets: Path) -> None:
+    """A simulated GPU has no CUDA device behind it for a tester either: 400 on `tester_device`, nothing written."""
+    app = create_app({"MEMPLUGIN_DATA_DIR": data_dir, "MEMPLUGIN_ASYNC_MODE": "threading",
+                      "MEMPLUGIN_DATASET_ROOTS": [str(datasets)], "MEMPLUGIN_SIMULATE_GPUS": "2x24GiB",
+                      "TESTING": True})
+    try:
+        api = app.test_client()
+        for tester in ("0", 1, "gpu:1"):
+            refused = api.post(API, json=body(test_net="apart", tester_device=tester))
+            assert refused.status_code == 400, (tester, refused.get_json())
+            errors = refused.get_json()["errors"]
+            assert set(errors) == {"tester_device"} and "simulated" in errors["tester_device"], errors
+        assert api.get(API).get_json()["jobs"] == [] and not any((data_dir / "jobs").iterdir())
     finally:
         get_plugin(app).close()
