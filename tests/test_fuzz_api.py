@@ -236,6 +236,7 @@ ESTIMATE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "curve_batches": field_values(st.lists(INTS, max_size=40)),
     "max_batch": field_values(INTS),
     "read_datasets": field_values(st.booleans()),
+    "test_net": field_values(st.sampled_from(["auto", "shared", "apart", "Apart", "beside", ""])),
 }
 JOB_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "net": field_values(NETS),
@@ -253,6 +254,8 @@ JOB_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "fallback": field_values(st.fixed_dictionaries({}, optional={
         "max_attempts": INTS, "safety_margin": FLOATS, "growth": FLOATS, "start": TEXT,
     })),
+    "test_net": field_values(st.sampled_from(["auto", "shared", "apart", "APART", "beside"])),
+    "tester_device": field_values(st.sampled_from(["auto", "same", "cpu", "cpu@elsewhere", 0, 7, "gpu:0", "GPU-", -1])),
 }
 
 
