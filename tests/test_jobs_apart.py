@@ -126,7 +126,10 @@ def test_a_tester_killed_loses_nothing_reported_and_the_job_resumes_from_the_pau
     manager = make_manager()
     job = manager.submit(request(test_net="apart", solver=SLOW_TESTS))
     pid = wait_for(lambda: pid_of_tester(manager, job, K), 240, "the tester of iteration K")
-    assert manager.attempts(job.id)[0].handle == f"pid:{pid}"  # a next server would reap the child running now
+    running = manager.attempts(job.id)[0]
+    assert running.handle == f"pid:{pid}"  # a next server would reap the child running now
+    # The trainer is stopped, its memory free: still held for it (and the tester), not given to another job.
+    assert manager.state.reserved("cpu") == max(running.estimated_bytes, running.tester["estimated_bytes"])
     os.kill(pid, signal.SIGKILL)
     failed = manager.wait(job.id, timeout=120)
     assert failed.status == "failed"
@@ -349,3 +352,23 @@ def test_a_tester_left_by_a_previous_server_is_reaped_as_a_runner_is(tmp_path: P
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_what_a_paused_trainer_left_stays_held_for_the_attempt() -> None:
+    """Reservations (jobs.run_state.reserved): an attempt's estimate less what it holds; with the test nets apart on
+    its device, what its running child holds now, not its peak: a paused trainer's memory is not another job's."""
+    from digits_memplugin.jobs.run_state import Running, reserved
+
+    apart = Running("a", "GPU-1", "gpu", estimated=100, peak=100, holds_between=True)
+    shared = Running("s", "GPU-1", "gpu", estimated=100, peak=100)
+    assert reserved([apart], "GPU-1") == 100 and reserved([shared], "GPU-1") == 0
+    apart.used = 60
+    assert reserved([apart, shared], "GPU-1") == 40
+    beside = Running("b", "GPU-1", "gpu", estimated=10, peak=10, tester_device="GPU-2", tester_estimated=70)
+    beside.tester_used = 30
+    assert reserved([beside], "GPU-2") == 40 and reserved([beside], "GPU-1") == 0
+    cpu = Running("c", "cpu", "cpu", estimated=50, holds_between=True)
+    cpu.holds(20, "iteration")
+    assert (cpu.peak, cpu.used, reserved([cpu], "cpu")) == (20, 20, 30)
+    cpu.holds(25, "paused")
+    assert (cpu.peak, cpu.used, reserved([cpu], "cpu")) == (25, 0, 50)

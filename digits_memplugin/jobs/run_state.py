@@ -13,6 +13,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from ..core.device_kinds import GPU
 from .backends.local import AttemptHandle
 from .errors import JobError
 from .events.pace import Pace, Window
@@ -47,12 +48,25 @@ class Running:
     """The tester's planned peak there, held for it while the attempt runs."""
     tester_used: int = 0
     """What a tester running there holds now (NVML's figure for it), no longer held back for it."""
+    holds_between: bool = False
+    """With the test nets apart on its own device the attempt's children come and go (the trainer stops for its
+    tester and starts again): what the one running now holds (`used`), not the attempt's peak, is taken off its
+    reservation, so that the memory a paused trainer left is not given to another job."""
+    used: int = 0
+    """What the attempt's running child holds now (NVML's figure on a GPU, its latest record on the CPU)."""
 
     def start_attempt(self, number: int, max_iter: int) -> None:
         """A new attempt: its own progress and its own speed, from its own records."""
-        self.attempt, self.peak, self.max_iter = number, None, max_iter
+        self.attempt, self.peak, self.max_iter, self.used = number, None, max_iter, 0
         self.progress = {"train": None, "test": []}
         self.window = Window()
+
+    def holds(self, memory: int, event: Any) -> None:
+        """A record's memory figure: the attempt's peak so far and, on the CPU, what its child holds now (nothing
+        once it said it stops; on a GPU, NVML says it: the dispatcher samples it)."""
+        self.peak = max(self.peak or 0, memory)
+        if self.kind != GPU:
+            self.used = 0 if event in ("paused", "finished", "stopped") else memory
 
     def measure(self, record: dict[str, Any]) -> Pace | None:
         """The attempt's speed and time left once an iteration record is added; None until two records say."""
@@ -141,7 +155,7 @@ def reserved(running: list[Running], device: str, exclude: str | None = None) ->
     """Memory the running attempts on the device were planned to take and have not taken yet, their testers on it
     (the test nets apart on another device) included: a tester is held for between two snapshots too."""
     trainers = sum(
-        max(0, entry.estimated - (entry.peak or 0))
+        max(0, entry.estimated - (entry.used if entry.holds_between else entry.peak or 0))
         for entry in running
         if entry.device == device and entry.job_id != exclude
     )

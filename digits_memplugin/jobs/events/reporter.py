@@ -183,7 +183,7 @@ class Reporter:
                 return
             memory = record.get("memory_bytes")
             if isinstance(memory, int):  # what the attempt holds already is no longer held back for it
-                entry.peak = max(entry.peak or 0, memory)
+                entry.holds(memory, event)
             if event == "iteration":
                 entry.progress["train"] = record
                 self.store_progress(job_id, entry, first=record.get("iteration") == 1)

@@ -438,6 +438,9 @@ class AttemptLoop:
                 with self.state.lock:
                     entry.tester_device = None if place.same_device else place.device
                     entry.tester_estimated = 0 if place.same_device else (decision.tester_bytes or 0)
+                    entry.holds_between = place.same_device  # its device is held for whichever child runs next
+                    if place.same_device:
+                        entry.estimated = max(entry.estimated, decision.tester_bytes or 0)
                 return apart
 
             process = self._launch(job, entry, spec, environment, decision, start)
@@ -447,7 +450,7 @@ class AttemptLoop:
             result = self._outcome(self.jobs_root / job.folder, entry, process.wait())
         finally:
             with self.state.lock:
-                entry.tester_device, entry.tester_estimated = None, 0
+                entry.tester_device, entry.tester_estimated, entry.holds_between = None, 0, False
         report = apart.report if apart is not None else None
         attempt = self._record_end(job, spec.attempt, entry, result, report)
         return dataclasses.replace(result, peak_bytes=attempt.peak_bytes), attempt, report

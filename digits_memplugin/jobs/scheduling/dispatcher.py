@@ -108,9 +108,12 @@ class Dispatcher:
         for entry in entries:
             device = devices.get(entry.device)
             pid = entry.process.pid if entry.process else None
+            now = 0
             for process in (device.processes or ()) if device else ():
                 if process.pid == pid and process.used_memory is not None:
                     entry.peak = max(entry.peak or 0, process.used_memory)
+                    now = process.used_memory
+            entry.used = now
         for entry in self.state.entries():  # a tester on another GPU: what it holds now is held no longer for it
             device = devices.get(entry.tester_device) if entry.tester_device else None
             tester = entry.process.tester_pid if isinstance(entry.process, ApartRun) else None
