@@ -344,3 +344,19 @@ def test_detectnet_estimates_from_its_image_shape_alone(client: FlaskClient) -> 
                      "mAP/mAP": (1,), "mAP/precision": (1,), "mAP/recall": (1,)},
     ))
     assert document["total_bytes"] == typed["total_bytes"] and document["plan"] == typed["plan"]
+
+
+def test_the_plan_is_made_at_the_test_batch_asked_for(client: FlaskClient) -> None:
+    """A `test_batch` is the TEST data layers' batch for the plan too, not only for the figures at the net's batch:
+    a larger test net beside the train net leaves less for it (the plan was made at the net's own test batch)."""
+    def plan(test_batch: int | None) -> dict[str, Any]:
+        body = {"net": LENET, "data_shapes": SHAPES, "engine": "cpu", "batch": 512, "free_bytes": 128 << 20,
+                "test_net": "shared", **({"test_batch": test_batch} if test_batch else {})}
+        answer = post(client, body)
+        assert answer.status_code == 200, answer.get_json()
+        return answer.get_json()  # type: ignore[no-any-return]
+
+    own, small, large = plan(None), plan(32), plan(1000)
+    assert small["test_batch_size"] == 32 and large["test_batch_size"] == 1000
+    assert large["max_batch_size"] < own["max_batch_size"] < small["max_batch_size"]
+    assert large["plan"]["bytes"] <= large["usable_bytes"] and large["plan"]["iter_size"] > 1

@@ -176,8 +176,11 @@ def test_a_trainer_killed_while_training_leaves_its_tests_and_snapshots_and_the_
     assert done.iteration == 3 * interval
     second = manager.attempts(job.id)[1]
     assert second.start_iteration == failed.snapshot["iteration"] and second.test_net == "apart"
-    # From its snapshot on, every test interval's snapshot is tested (the one it resumed from too, if it is one).
-    assert second.tester["tested"] == [i for i in (interval, 2 * interval, 3 * interval) if i >= second.start_iteration]
+    # From its snapshot on, every test interval's snapshot is tested, once: the one it resumed from too, unless the
+    # first attempt's tester had tested it already.
+    first = manager.attempts(job.id)[0].tester["tested"]
+    assert second.tester["tested"] == [i for i in (interval, 2 * interval, 3 * interval)
+                                       if i >= second.start_iteration and i not in first]
 
 
 BIG_TEST_NET = LENET.replace("batch_size: 100", "batch_size: 1000")
@@ -202,7 +205,8 @@ def shared_runner_test(manager: JobManager, job: Job, snapshot: dict[str, Any]) 
     spec = dataclasses.replace(
         first, attempt=99, solver=files.solver, log="attempts/shared-check/caffe.log", memory_cap=None,
         progress="attempts/shared-check/progress.jsonl", resume=snapshot["state"], max_iter=snapshot["iteration"],
-        test_net="shared", pause_at_tests=False, write_paths=files.writes,
+        test_net="shared", pause_at_tests=False, tests_from=0, skip_forwards=0, seconds_before=0.0,
+        write_paths=files.writes,
     )
     spec.write(folder / "attempts" / "shared-check" / "attempt.json")
     run = subprocess.run([sys.executable, "-m", "digits_memplugin.jobs.child.runner", "attempts/shared-check/attempt.json"],
@@ -235,6 +239,10 @@ def test_under_a_cap_apart_trains_the_batch_shared_cannot_and_tests_as_shared_do
     assert "stopping and resuming for the tester costs" in measured.message and "not under 5%" in measured.message
     assert (chosen.test_net, chosen.batch_size, chosen.iter_size) == ("shared", 74, 7)
     assert chosen.start_iteration == measured.end_iteration >= K and chosen.resumed_from is not None
+    # Each interval tested once over both attempts: a snapshot its tester tested is not tested again on resuming.
+    across = [r["iteration"] for r in records(manager, auto, tester=True) if r["event"] == "test"]
+    across += [r["iteration"] for r in records(manager, auto, 2) if r["event"] == "test"]
+    assert sorted(across) == [0, K, 2 * K]
     for attempt in (held_back, alone, chosen):
         assert attempt.status == "success" and attempt.limit_bytes is not None and attempt.limit_bytes <= CAP
     # Each ran under the real cap, the tester too, and stayed within it.

@@ -282,10 +282,11 @@ def _device_plan(estimator: Estimator, ask: JobAsk, request: EstimateRequest, fr
     suggested here is the batch the job trains."""
 
     def footprint(batch: int, test_batch: int | None) -> int:
-        # The nets' own test batch is the estimator's None: the totals already computed are found again.
-        return estimator.total(batch, None if test_batch == ask.test_batch else test_batch)
+        # The test batch the estimate was asked at is the estimator's request.test_batch (None: the nets' own), so
+        # that the totals already computed are found again; a shrunk one is itself.
+        return estimator.total(batch, request.test_batch if test_batch == ask.test_batch else test_batch)
 
-    known = estimator.known_totals(None)
+    known = estimator.known_totals(request.test_batch)
     decision = plan_job(footprint, ask, engine=request.engine, limit_bytes=free_bytes, policy=request.policy,
                         known=known, apart=_apart(estimator, ask, request))
     plan = decision.plan

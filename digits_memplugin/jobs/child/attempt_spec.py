@@ -113,7 +113,8 @@ class AttemptSpec:
     starts it again from that snapshot once the tester has ended, so that the two never hold the device at once."""
     tests_from: int = 0
     """The first iteration a test may be due at: a trainer started again after a pause at iteration N is given N + 1
-    (N's test is the tester's)."""
+    (N's test is the tester's), and so is an attempt resuming from a snapshot of N an earlier attempt's tester
+    tested already (after a replan)."""
     skip_forwards: int = 0
     """Forward passes of the train net's data layers alone after the restore: a trainer started again after a pause
     reads its training data where the one before it stopped (Caffe's data layers start over at their first item when

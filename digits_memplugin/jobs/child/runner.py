@@ -302,10 +302,11 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
         if STOP.asked:
             return stopped(solver, spec, memory, report, saved)
         iteration = solver.iter
-        if test_interval and iteration % test_interval == 0 and (iteration > 0 or spec.test_initialization):
+        due_now = test_interval and iteration % test_interval == 0 and (iteration > 0 or spec.test_initialization)
+        if due_now and iteration >= spec.tests_from:
             if not apart:
                 run_tests(solver, test_iters, report)
-            elif iteration >= spec.tests_from:
+            else:
                 due = saved = test_due(solver, spec, report, saved)
                 if spec.pause_at_tests:
                     return paused(solver, memory, report, due)
@@ -326,10 +327,10 @@ def _solve(solver: Any, spec: AttemptSpec, schedule: LearningRate, memory: Growt
             saved = snapshot(solver, spec, report)
     if spec.snapshot_after_train and (not every or solver.iter % every != 0):
         saved = snapshot(solver, spec, report)
-    if test_interval and solver.iter % test_interval == 0:
+    if test_interval and solver.iter % test_interval == 0 and solver.iter >= spec.tests_from:
         if not apart:
             run_tests(solver, test_iters, report)
-        elif solver.iter >= spec.tests_from:
+        else:
             test_due(solver, spec, report, saved)
     report("finished", iteration=solver.iter, **memory.fields())
     log_line("Optimization Done.")

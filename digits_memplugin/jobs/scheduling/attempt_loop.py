@@ -374,6 +374,7 @@ class AttemptLoop:
             test_interval=length.test_interval, tests_apart=apart,
         )
         resume = job.snapshot["state"] if job.snapshot and (folder / job.snapshot["state"]).is_file() else None
+        tested = resume is not None and job.snapshot is not None and self._tested(job, int(job.snapshot["iteration"]))
         solver = definition.solver
         spec = AttemptSpec(
             job_id=job.id,
@@ -404,9 +405,17 @@ class AttemptLoop:
             write_paths=files.writes,
             test_net=TEST_NET_APART if apart else TEST_NET_SHARED,
             pause_at_tests=apart and decision.tester_device is None,
+            tests_from=int(job.snapshot["iteration"]) + 1 if tested and job.snapshot else 0,
         )
         spec.write(folder / attempt_dir / "attempt.json")
         return spec, environment, files
+
+    def _tested(self, job: Job, iteration: int) -> bool:
+        """Whether a tester of the job's latest attempt tested the snapshot of `iteration` (the attempt that resumes
+        from it then does not test it again: a replan from an apart attempt to a shared one)."""
+        attempts = self.state.store.attempts(job.id)
+        last = attempts[-1] if attempts else None
+        return bool(last and last.tester and iteration in (last.tester.get("tested") or ()))
 
     def _child_device(self, key: str, kind: str) -> tuple[AttemptDevice, dict[str, str]]:
         """A child's device (the CPU, or a GPU by CUDA's number inside the child) and its CUDA environment."""
