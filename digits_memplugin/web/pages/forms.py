@@ -45,8 +45,8 @@ NEEDS_GAMMA = frozenset({"step", "exp", "inv", "multistep", "sigmoid"})
 NEEDS_POWER = frozenset({"inv", "poly"})
 DEVICE_NEXT = "next"
 TESTER_CHOICES = (
-    (AUTO, "Auto: another GPU with room, else the training device"),
-    (SAME_DEVICE, "The training device (training pauses while it tests)"),
+    (AUTO, "Auto"),
+    (SAME_DEVICE, "The training device"),
     (CPU, "CPU"),
 )
 """The tester device's choices every server has; each GPU comes after them."""
@@ -154,9 +154,9 @@ class NewModelForm(FlaskForm):  # type: ignore[misc]
     test_net = NamedChoiceField(
         "Test nets",
         choices=_choices(
-            (TEST_NET_AUTO, "Auto: apart only where it pays"),
-            (TEST_NET_SHARED, "Shared: beside the train net, as Caffe does"),
-            (TEST_NET_APART, "Apart: a tester process tests each snapshot"),
+            (TEST_NET_AUTO, "Auto: apart where it pays"),
+            (TEST_NET_SHARED, "Shared, as Caffe does"),
+            (TEST_NET_APART, "Apart, in a tester process"),
         ),
         default=TEST_NET_AUTO,
     )
