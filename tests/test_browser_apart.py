@@ -23,7 +23,7 @@ from browser_fixtures import VIEWPORT, Server, watch
 from flask import Flask
 from playwright.sync_api import Browser, Page, expect
 from test_jobs_fixtures import wait_for, write_lmdb
-from test_pages_apart import ATTEMPT, attempt_row, cell
+from test_pages_apart import ATTEMPT, attempt_row, cell, summary_words
 
 from digits_memplugin import create_app
 from digits_memplugin.host.extension import get_plugin
@@ -120,7 +120,7 @@ def test_a_job_with_its_test_nets_apart_shows_the_results_the_shared_job_shows(
     apart = twin(server, model_name="lenet apart", test_net="apart", tester_device="same")
     # The apart job's page, open while it trains: its validation results come live, from its testers.
     page.goto(server.job_url(apart["id"]))
-    expect(page.locator("#mp-connection")).to_have_text("live")
+    expect(page.locator("#mp-connection")).to_have_text("live", timeout=30_000)
     expect(page.locator("#job-status")).to_have_text("done", timeout=TRAINING)
     wait_tested(page, 4)
     document = server.job(apart["id"])
@@ -189,13 +189,16 @@ def test_the_script_draws_an_attempts_test_nets_as_the_server_does(
             """([attempt, labels]) => {
                  const row = MemPlugin.JobFormat.attemptRow(attempt, labels);
                  const cell = row.querySelector('[data-role="test-net"]');
+                 const brief = MemPlugin.el("div", {}, ...MemPlugin.JobFormat.testNetParts(attempt, labels, true));
                  return {text: cell.textContent.replace(/\\s+/g, " ").trim(),
+                         brief: brief.textContent.replace(/\\s+/g, " ").trim(),
                          title: row.querySelector('[data-role="status"] span').title};
                }""",
             [attempt, labels],
         )
         served = attempt_row(pages_app, attempt, labels)
         assert drawn["text"] == cell(served, "test-net", 2), name
+        assert drawn["brief"] == summary_words(pages_app, attempt, labels), name  # the summary's
         title = re.search(r'<td data-role="status"><span[^>]*?(?: title="([^"]*)")?>', served)
         assert title is not None
         assert drawn["title"] == (title.group(1) or "").replace("&#39;", "'"), name
@@ -206,7 +209,7 @@ def test_the_form_asks_where_the_test_nets_live_and_the_job_gets_it(
     page: Page, server: Server, datasets: None, tmp_path: Path,
 ) -> None:
     page.goto(server.form_url)
-    expect(page.locator("#mp-connection")).to_have_text("live")
+    expect(page.locator("#mp-connection")).to_have_text("live", timeout=30_000)
     tester = page.locator("#tester_device")
     expect(page.locator("#test_net")).to_have_value("auto")
     expect(tester).to_be_enabled()

@@ -97,6 +97,9 @@ def test_the_form_offers_where_the_test_nets_live_and_where_the_tester_runs(
     assert [value for value, _, _ in options(page, "tester_device")] == ["auto", "same", "cpu", *uuids]
     assert options(page, "tester_device")[0][1], "auto is the tester device's default"
     assert "a tester process tests each validation interval&#39;s snapshot" in page
+    for name in ("test_net", "tester_device"):  # drawn as the device field is, a select with its arrow
+        tag = re.search(rf'<select[^>]*name="{name}"[^>]*>', page)
+        assert tag and 'class="form-select' in tag.group(0), tag
     assert 'id="test-net-note"' in page
     # Read by a browser without JavaScript: the fields come after the device, before the name (the order errors
     # are focused in).
@@ -183,7 +186,9 @@ def test_a_job_apart_keeps_its_choice_shows_its_tester_and_clones(
         r"apart: tester on CPU \(the training device: training paused 2 times for it\) 3 snapshots tested "
         r"\(the latest at iteration 4\) tester estimated [\d.]+ [KM]iB tester peak [\d.]+ [KM]iB "
         r"stop cost [\d.]+% of an interval", words), words
-    assert cell(page, "test-net") == f"{words} asked: apart, tester on the training device"
+    assert cell(page, "test-net") == (  # the summary: where the tester ran, and what the job asked
+        "apart: tester on CPU (the training device: training paused 2 times for it) asked: apart, tester on the "
+        "training device")
     assert 'href="/memplugin/glossary#term-apart"' in page
 
     # Clone: the request keeps both fields, the form is filled in with them, and posting it asks the same.
@@ -255,12 +260,23 @@ def test_an_attempt_apart_says_where_its_tester_ran_what_it_did_and_cost(app: Fl
     assert cell(attempt_row(app, other), "test-net", 2) == "apart: tester on GPU 1: TITAN 0 snapshots tested"
 
 
+def summary_words(app: Flask, attempt: dict[str, Any], labels: dict[str, str] | None = None) -> str:
+    """The job summary's words for its latest attempt's test nets, as the server draws them."""
+    with app.test_request_context("/"):
+        return text_of(render_template_string(
+            '{% import "memplugin/macros.html" as m with context %}{{ m.test_nets(attempt, labels, brief=True) }}',
+            attempt=attempt, labels=labels or {"cpu": "CPU", "GPU-b": "GPU 1: TITAN"},
+        ))
+
+
 def test_a_tester_that_failed_is_said_plainly(app: Flask) -> None:
     failed = {**ATTEMPT, "status": "failed", "message": "the tester of iteration 10 failed: ...",
               "tester": {**ATTEMPT["tester"], "tested": [0], "failed": "tester: Check failed: data (common.cpp:70)"}}
     row = attempt_row(app, failed)
     assert "The tester failed: Check failed: data (common.cpp:70)" in cell(row, "test-net", 2)
     assert re.search(r'<span data-role="tester-failed" class="text-danger">The tester failed: ', row)
+    assert summary_words(app, failed) == ("apart: tester on CPU (the training device: training paused 2 times for "
+                                          "it) The tester failed: Check failed: data (common.cpp:70)")
 
 
 def test_shared_none_and_rows_stored_before_the_choice(app: Flask) -> None:

@@ -160,8 +160,9 @@
 
   /** Where an attempt's validation nets were (macros.html: test_nets): "shared", or "apart" with its tester's
    *  device, the snapshots it tested, its memory and what pausing for it cost, as far as the record says; a tester
-   *  that failed said plainly; "none" without validation. */
-  function testNetParts(attempt, labels) {
+   *  that failed said plainly; "none" without validation. `brief` (the summary): where the tester ran, and its
+   *  failure. */
+  function testNetParts(attempt, labels, brief = false) {
     const tester = attempt.tester;
     if (attempt.test_net !== "apart") return [attempt.test_batch_size ? term("shared") : "none"];
     const parts = [term("apart")];
@@ -176,6 +177,10 @@
       }
       parts.push(" ", span("tester-device", where));
     }
+    const failure = tester.failed
+      ? span("tester-failed", "The tester failed: " + tester.failed.replace("tester: ", ""), { className: "text-danger" })
+      : null;
+    if (brief) return failure ? [...parts, " ", failure] : parts;
     const tested = tester.tested || [];
     parts.push(" ", span("tested", tested.length + " snapshot" + (tested.length !== 1 ? "s" : "") + " tested" +
       (tested.length ? " (the latest at iteration " + tested[tested.length - 1] + ")" : "")));
@@ -193,9 +198,7 @@
           "training time of one validation interval (" + tester.interval_seconds.toFixed(1) + " s)",
       }));
     }
-    if (tester.failed) {
-      parts.push(" ", span("tester-failed", "The tester failed: " + tester.failed.replace("tester: ", ""), { className: "text-danger" }));
-    }
+    if (failure) parts.push(" ", failure);
     return parts;
   }
 

@@ -399,7 +399,7 @@
     testNetsOf = attempt.number;
     const cell = part("test-net");
     const asked = cell.dataset.asked;
-    cell.replaceChildren(...F.testNetParts(attempt, labels),
+    cell.replaceChildren(...F.testNetParts(attempt, labels, true),
       ...(asked ? [MP.el("div", { className: "text-body-secondary" }, "asked: " + asked)] : []));
   }
 
