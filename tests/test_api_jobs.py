@@ -359,5 +359,12 @@ def test_with_simulated_gpus_a_tester_on_one_is_refused_naming_tester_device(dat
             errors = refused.get_json()["errors"]
             assert set(errors) == {"tester_device"} and "simulated" in errors["tester_device"], errors
         assert api.get(API).get_json()["jobs"] == [] and not any((data_dir / "jobs").iterdir())
+        # Left to the plugin ("auto"), the tester never goes to a simulated GPU: it shares the CPU with training.
+        taken = api.post(API, json=body(test_net="apart"))
+        assert taken.status_code == 201, taken.get_json()
+        done = finished(api, taken.get_json()["id"])
+        assert done["status"] == "done", done["message"]
+        (attempt,) = done["attempts"]
+        assert attempt["test_net"] == "apart" and attempt["tester"]["device"] == "cpu" and attempt["tester"]["same_device"]
     finally:
         get_plugin(app).close()

@@ -306,6 +306,8 @@ class AttemptLoop:
             return ()
         devices = self.devices.read()
         if choice == AUTO:
+            if self.config.gpus_simulated:
+                return ()  # no CUDA device is behind a simulated GPU: a tester there could not run
             try:
                 named = [gpu for gpu in allowed_gpus(devices.gpus) if gpu.error is None and gpu.key != trainer]
             except DeviceSelectionError:
