@@ -216,7 +216,8 @@ class ApartRun:
             self._results.append(result)
             stretch = self._stretches[-1]
             stretch.ended = self.clock()
-            if self._replan is not None and not self._cancelled:
+            replanning = self._replan is not None and not self._cancelled
+            if replanning and result.outcome.status == OUTCOME_CANCELLED:  # it stopped as `_on_started_again` asked
                 return self._replanned(result)
             due = self._take_due()
             if result.outcome.status != OUTCOME_SUCCESS:
@@ -225,10 +226,12 @@ class ApartRun:
                 failed = self._test(snapshot)
                 if failed is not None:
                     return failed
-            if stretch.paused is None:  # training finished, and its last snapshot is tested
+            if stretch.paused is None:  # training finished (before a stop could come), its last snapshot tested
                 return self._ended(result)
             if self._cancelled:
                 return self._cancelled_at(result, stretch.paused)
+            if replanning:  # it paused before the stop came: the attempt ends at the pause, its snapshot tested
+                return self._replanned(result)
             self.report.pauses += 1
             iteration = int(stretch.paused["iteration"])
             spec = dataclasses.replace(
