@@ -24,8 +24,8 @@ from digits_memplugin.core.oom import (
 )
 from digits_memplugin.jobs.backends.attempt_process import AttemptResult
 from digits_memplugin.jobs.backends.local import Launch
-from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.child import tester_spec as specs
+from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.scheduling import apart_run
 from digits_memplugin.jobs.scheduling.apart_run import ApartRun
 
@@ -199,14 +199,14 @@ def test_the_skip_comes_round_with_the_training_set() -> None:
     )
     for items, expected in ((100, 80 % 25), (None, 80), (96, 80 % 4)):
         launch = Launch(Path("."), "a.json", spec, "cpu", {}, lambda r: None, lambda lines: None, 1.0, None)
-        run = ApartRun(Backend([], clock), launch, apart_run.TesterPlace("cpu", True, AttemptDevice("cpu"), {}, None, 1, (),
-                                                               False, items), attempt_dir="a", clock=clock)
-        run._stretches.append(_stretch_at(0))  # noqa: SLF001 - the first trainer began at iteration 0
-        assert run._skip(spec, 40) == expected  # noqa: SLF001
+        place = apart_run.TesterPlace("cpu", True, AttemptDevice("cpu"), {}, None, 1, (), False, items)
+        run = ApartRun(Backend([], clock), launch, place, attempt_dir="a", clock=clock)
+        run._stretches.append(_stretch_at(0))
+        assert run._skip(spec, 40) == expected
 
 
 def _stretch_at(iteration: int) -> Any:
-    return apart_run._Stretch(0.0, 0.0, (iteration, 0.0))  # noqa: SLF001
+    return apart_run._Stretch(0.0, 0.0, (iteration, 0.0))
 
 
 def test_auto_replans_once_pausing_costs_five_percent_of_an_interval(folder: Path) -> None:
@@ -228,7 +228,7 @@ def test_auto_replans_once_pausing_costs_five_percent_of_an_interval(folder: Pat
 def test_auto_keeps_apart_while_pausing_costs_under_five_percent(folder: Path) -> None:
     """Intervals of 400 s, a restart of 2 s: 0.5%. Training goes on apart."""
     slow = [stretch(0, K, pause=True, per_iteration=100.0), stretch(K, 2 * K, pause=False, per_iteration=100.0)]
-    run, backend, records, _ = make_run(folder, slow, auto=True)
+    run, backend, _, _ = make_run(folder, slow, auto=True)
     run.start()
     result = run.wait()
     assert result.outcome.status == OUTCOME_SUCCESS and not backend.launched[1].cancelled.is_set()
@@ -265,7 +265,7 @@ def test_a_cancel_while_the_tester_runs_keeps_the_pauses_snapshot(folder: Path) 
     waiting = threading.Thread(target=lambda: results.append(run.wait()))
     results: list[AttemptResult] = []
     waiting.start()
-    wait_until(lambda: run._tester is not None and run._tester.process is not None)  # noqa: SLF001
+    wait_until(lambda: run._tester is not None and run._tester.process is not None)
     run.cancel()
     waiting.join(timeout=60)
     (result,) = results
