@@ -322,7 +322,7 @@ def test_an_apart_job_shows_its_tester_and_its_progress_has_the_testers_tests(
     assert attempt["status"] == "success" and attempt["test_net"] == "apart"
     tester = attempt["tester"]
     assert set(tester) == {"device", "same_device", "estimated_bytes", "peak_bytes", "tested", "pauses",
-                           "setup_seconds", "interval_seconds", "stop_cost", "failed"}
+                           "setup_seconds", "interval_seconds", "shared_interval_seconds", "stop_cost", "failed"}
     assert (tester["device"], tester["same_device"], tester["tested"], tester["pauses"], tester["failed"]) == (
         "cpu", True, [0, 2, 4], 2, None)
     assert tester["estimated_bytes"] > 0 and tester["peak_bytes"] > 0

@@ -363,3 +363,24 @@ def test_the_tester_footprint_matches_a_test_net_built_alone_in_pycaffe(name: st
     # After construction the parsed snapshot is gone again: the filled weights, prefetch and bookkeeping stay.
     without_snapshot = tester.construction_bytes - snapshot_bytes(train, options)
     assert abs(without_snapshot - measured["constructed"]) <= max(0.01 * measured["constructed"], MIB), measured
+
+
+def test_past_five_percent_auto_keeps_apart_only_where_an_interval_apart_was_measured_faster() -> None:
+    """The stop's cost against an interval decides until the job has trained an interval each way; then what each
+    took, the stop included: a larger batch can gain more than the stop costs."""
+    limit = 500 * MIB
+    unmeasured = StopCost(setup_seconds=5.0, interval_seconds=10.0)  # 50%: shared, not knowing what apart gains
+    assert unmeasured.keeps_apart() is False and unmeasured.apart_faster is None
+    assert auto(256, limit, cost=unmeasured).test_net == TEST_NET_SHARED
+    faster = StopCost(setup_seconds=5.0, interval_seconds=10.0, shared_interval_seconds=16.0)  # 15 s against 16
+    chosen = auto(256, limit, cost=faster)
+    assert faster.apart_faster and chosen.test_net == TEST_NET_APART and chosen.by_stop_cost
+    assert "apart is faster, its stop included" in chosen.test_net_note
+    assert "an interval with the test nets shared took 16.0 s" in chosen.test_net_note
+    slower = StopCost(setup_seconds=5.0, interval_seconds=10.0, shared_interval_seconds=14.0)
+    kept_shared = auto(256, limit, cost=slower)
+    assert kept_shared.test_net == TEST_NET_SHARED and "shared is faster" in kept_shared.test_net_note
+    # Under the limit apart is kept whatever shared took (the issue's rule), and a plan not decided on the cost says so.
+    cheap = StopCost(setup_seconds=1.0, interval_seconds=100.0, shared_interval_seconds=50.0)
+    assert cheap.keeps_apart() and auto(256, limit, cost=cheap).test_net == TEST_NET_APART
+    assert not auto(256, limit).by_stop_cost

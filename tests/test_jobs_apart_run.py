@@ -22,12 +22,13 @@ from digits_memplugin.core.oom import (
     OUTCOME_SUCCESS,
     Outcome,
 )
+from digits_memplugin.core.planning.apart import StopCost
 from digits_memplugin.jobs.backends.attempt_process import AttemptResult
 from digits_memplugin.jobs.backends.local import Launch
 from digits_memplugin.jobs.child import tester_spec as specs
 from digits_memplugin.jobs.child.attempt_spec import AttemptDevice, AttemptSpec
 from digits_memplugin.jobs.scheduling import apart_run
-from digits_memplugin.jobs.scheduling.apart_run import ApartRun
+from digits_memplugin.jobs.scheduling.apart_run import ApartRun, SharedWatch
 
 K = 4
 Step = tuple[str, Any]
@@ -143,6 +144,7 @@ def folder(tmp_path: Path) -> Path:
 
 def make_run(
     folder: Path, scripts: Sequence[Sequence[Step]], *, auto: bool = False, train_items: int | None = None,
+    shared_interval: float | None = None,
 ) -> tuple[ApartRun, Backend, list[dict[str, Any]], Clock]:
     clock = Clock()
     backend = Backend(scripts, clock)
@@ -156,8 +158,8 @@ def make_run(
     )
     launch = Launch(folder, "attempts/1/attempt.json", spec, "cpu", {}, on_record=records.append,
                     on_log=lambda lines: None, grace_seconds=1.0, stall_seconds=None, cancel_seconds=5.0)
-    place = apart_run.TesterPlace("cpu", True, AttemptDevice("cpu"), {}, None, 1000, (specs.TestNet("attempts/1/test0.prototxt", 2),),
-                        auto, train_items)
+    place = apart_run.TesterPlace("cpu", True, AttemptDevice("cpu"), {}, None, 1000,
+                                  (specs.TestNet("attempts/1/test0.prototxt", 2),), auto, train_items, shared_interval)
     run = ApartRun(backend, launch, place, attempt_dir="attempts/1", clock=clock)
     run.python = str(folder / "python")
     (folder / "python").write_text(f"#!/bin/sh\nexec {sys.executable} {folder / 'tester.py'} \"$@\"\n")
@@ -281,3 +283,59 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.02)
+
+
+def test_past_five_percent_auto_keeps_apart_where_an_interval_shared_was_measured_slower(folder: Path) -> None:
+    """A 2 s stop per 4 s interval (50%), but the job's shared attempt took 7 s an interval: apart, 6 s with its stop,
+    is faster, and training goes on apart. Had shared taken 5 s, the attempt would end replanned, saying so."""
+    run, backend, _, _ = make_run(folder, [stretch(0, K, pause=True), stretch(K, 2 * K, pause=False)], auto=True,
+                                  shared_interval=7.0)
+    run.start()
+    assert run.wait().outcome.status == OUTCOME_SUCCESS and not backend.launched[1].cancelled.is_set()
+    assert run.report.cost.apart_faster and run.report.shared_interval_seconds == 7.0
+    (folder / "attempts" / "1" / "tester").rename(folder / "attempts" / "1" / "tester-before")
+    run, _, _, _ = make_run(folder, [stretch(0, K, pause=True), stretch(K, 2 * K, pause=False)], auto=True,
+                            shared_interval=5.0)
+    run.start()
+    result = run.wait()
+    assert result.outcome.status == OUTCOME_REPLANNED and "(shared is faster)" in result.outcome.message
+
+
+def watched(cost: StopCost, records: Sequence[tuple[float, dict[str, Any]]]) -> tuple[SharedWatch, Scripted]:
+    """A SharedWatch fed `records` at their times, on a handle whose cancel it may ask for."""
+    clock = Clock()
+    watch = SharedWatch(cost, K, clock=clock)
+    handle = Scripted(None, [], clock, 1)  # type: ignore[arg-type] - only its cancel is used
+    watch.attach(handle)
+    for at, record in records:
+        clock.now = at
+        watch.on_record(record)
+    return watch, handle
+
+
+def interval_shared(per_iteration: float, test_pass: float) -> list[tuple[float, dict[str, Any]]]:
+    """A shared attempt resumed at 5: iterations every `per_iteration` s, and at 8 a test pass of `test_pass` s."""
+    records, now = [(0.0, {"event": "constructed", "iteration": 5})], 0.0
+    for iteration in range(6, 10):
+        now += per_iteration
+        records.append((now, {"event": "iteration", "iteration": iteration}))
+        if iteration == 8:
+            now += test_pass
+            records.append((now, {"event": "test", "iteration": 8, "net": 0}))
+    return records
+
+
+def test_a_shared_interval_is_timed_without_its_test_pass_and_stops_the_attempt_where_apart_is_faster() -> None:
+    apart_cost = StopCost(setup_seconds=2.0, interval_seconds=4.0)  # 50%: auto went shared, not knowing what it gains
+    slow, handle = watched(apart_cost, interval_shared(per_iteration=2.0, test_pass=30.0))
+    assert slow.measured == 8.0  # 4 iterations of 2 s; the 30 s test pass is not training
+    assert slow.replan and handle.cancelled.is_set()  # 8 s shared against 4 + 2 apart
+    stopped = AttemptResult(0, Outcome(OUTCOME_CANCELLED, "cancelled"), 5, 9, None, False, None,
+                            stopped={"event": "stopped", "iteration": 9, "snapshot": "s_iter_9.solverstate"})
+    ended = slow.ended(stopped)
+    assert ended.outcome.status == OUTCOME_REPLANNED
+    assert ended.outcome.message.startswith("replanned at iteration 9: stopping and resuming for the tester costs 2.0 s")
+    assert "apart is faster, its stop included" in ended.outcome.message
+    fast, handle = watched(apart_cost, interval_shared(per_iteration=1.0, test_pass=30.0))
+    assert fast.measured == 4.0 and not fast.replan and not handle.cancelled.is_set()
+    assert fast.ended(stopped) is stopped  # a cancel it did not ask for stays a cancel

@@ -5,7 +5,9 @@ alone, and the test nets run in a tester process at their own test batch (core.t
 footprint alone, and refuses when the tester does not fit on its device: the trainer's own (the trainer stops at
 each test interval, so the two never hold it at once: the same budget) or another one. `choose_test_net` is
 `auto`: `apart` only where it pays in memory (a larger train batch, or fewer iter_size passes, than `shared`), and
-on the same device only while stopping and resuming costs under STOP_COST_LIMIT of an interval's training.
+on the same device only while stopping and resuming costs under STOP_COST_LIMIT of an interval's training, or,
+once the job has trained an interval each way, where apart was measured faster, its stop included
+(`StopCost.keeps_apart`).
 `plan_test_net` plans a job in any of the three modes; `shared` is `fit`'s plan unchanged.
 """
 
@@ -55,12 +57,16 @@ class TesterDevice:
 
 @dataclasses.dataclass(frozen=True)
 class StopCost:
-    """What stopping the trainer for the tester costs on the same device, as measured on the job's own intervals."""
+    """What stopping the trainer for the tester costs on the same device, as measured on the job's own intervals,
+    and, once the job has trained an interval each way, what its larger batch gains."""
 
     setup_seconds: float | None = None
     """Seconds of set-up per test interval (the trainer's resume and the tester's start); None: not measured yet."""
     interval_seconds: float | None = None
-    """Seconds of training in one test interval; None: not measured yet."""
+    """Seconds of training in one test interval with the test nets apart; None: not measured yet."""
+    shared_interval_seconds: float | None = None
+    """Seconds of training in one test interval with them shared (the smaller batch, more passes, no pause; test
+    passes left out, as both placements run them); None: not measured."""
 
     @property
     def fraction(self) -> float | None:
@@ -68,6 +74,34 @@ class StopCost:
         if self.setup_seconds is None or self.interval_seconds is None or self.interval_seconds <= 0:
             return None
         return self.setup_seconds / self.interval_seconds
+
+    @property
+    def apart_faster(self) -> bool | None:
+        """Whether an interval apart, its stop included, took less than one shared, as measured; None until both
+        placements have trained one."""
+        if self.fraction is None or self.shared_interval_seconds is None:
+            return None
+        assert self.setup_seconds is not None and self.interval_seconds is not None
+        return self.interval_seconds + self.setup_seconds < self.shared_interval_seconds
+
+    def keeps_apart(self) -> bool | None:
+        """`auto` on the trainer's device: apart while stopping costs under STOP_COST_LIMIT of an interval, or,
+        past it, where an interval apart, its stop included, was measured faster than one shared (a larger batch can
+        gain more than the stop costs: AlexNet at batch 1 reads its 116 MiB of fully connected weights for every
+        image); None until the stop is measured."""
+        fraction = self.fraction
+        if fraction is None:
+            return None
+        return fraction < STOP_COST_LIMIT or bool(self.apart_faster)
+
+    def words(self, what: str = "stopping and resuming") -> str:
+        """What was measured, for a plan's note or an attempt's end."""
+        fraction = self.fraction or 0.0
+        said = (f"{what} costs {self.setup_seconds:.1f} s per test interval, {fraction:.1%} of its "
+                f"{self.interval_seconds:.1f} s of training")
+        if self.shared_interval_seconds is not None:
+            said += f"; an interval with the test nets shared took {self.shared_interval_seconds:.1f} s"
+        return said
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,17 +194,24 @@ def choose_test_net(shared: Decision, apart: Decision, cost: StopCost, *, same_d
         return _chosen(apart, TEST_NET_APART, f"test nets apart: shared does not fit at all ({compared})")
     if not same_device:
         return _chosen(apart, TEST_NET_APART, f"test nets apart on another device ({compared}; nothing stops)")
-    fraction = cost.fraction
-    if fraction is None:
+    keeps = cost.keeps_apart()
+    if keeps is None:
         return _chosen(apart, TEST_NET_APART, (
             f"test nets apart ({compared}); the cost of stopping and resuming at each test interval is not measured "
             "yet: it will be on the first interval"
         ))
-    spent = (f"stopping and resuming costs {cost.setup_seconds:.1f} s per test interval, {fraction:.1%} of its "
-             f"{cost.interval_seconds:.1f} s of training")
-    if fraction < STOP_COST_LIMIT:
-        return _chosen(apart, TEST_NET_APART, f"test nets apart ({compared}; {spent}, under {STOP_COST_LIMIT:.0%})")
-    return _chosen(shared, TEST_NET_SHARED, f"test nets shared: {spent}, not under {STOP_COST_LIMIT:.0%} ({compared})")
+    spent = cost.words()
+    if keeps and (cost.fraction or 0.0) < STOP_COST_LIMIT:
+        note = f"test nets apart ({compared}; {spent}, under {STOP_COST_LIMIT:.0%})"
+    elif keeps:
+        note = (f"test nets apart: {spent}: apart is faster, its stop included, though it is not under "
+                f"{STOP_COST_LIMIT:.0%} ({compared})")
+    elif cost.apart_faster is False:
+        note = f"test nets shared: {spent}: shared is faster ({compared})"
+    else:
+        note = f"test nets shared: {spent}, not under {STOP_COST_LIMIT:.0%} ({compared})"
+    chosen = _chosen(apart if keeps else shared, TEST_NET_APART if keeps else TEST_NET_SHARED, note)
+    return dataclasses.replace(chosen, by_stop_cost=True)
 
 
 def _chosen(decision: Decision, test_net: str, note: str) -> Decision:

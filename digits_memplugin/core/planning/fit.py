@@ -67,6 +67,8 @@ class Decision:
     """Under TEST_NET_APART, the tester's estimated peak (the test nets alone at their own batch)."""
     tester_device: str | None = None
     """Under TEST_NET_APART, the device the tester runs on when it is not the trainer's (None: the trainer's)."""
+    by_stop_cost: bool = False
+    """`auto` chose the placement on what stopping for the tester was measured to cost (core.planning.apart)."""
 
     @property
     def stop(self) -> bool:
@@ -88,6 +90,7 @@ class Decision:
             "test_net_note": self.test_net_note,
             "tester_bytes": self.tester_bytes,
             "tester_device": self.tester_device,
+            "by_stop_cost": self.by_stop_cost,
         }
 
 

@@ -63,6 +63,9 @@ class TesterPlace:
     """The job left the placement to the planner: a stop cost over STOP_COST_LIMIT ends the attempt "replanned"."""
     train_items: int | None = None
     """Items in the training set, when known: where a resumed trainer's skip through the data comes round again."""
+    shared_interval_seconds: float | None = None
+    """An interval's training with the test nets shared, as an earlier attempt of the job measured it (`SharedWatch`):
+    with it, `auto` keeps them apart past STOP_COST_LIMIT where apart is faster, its stop included."""
 
 
 @dataclasses.dataclass
@@ -84,10 +87,12 @@ class TesterReport:
     """Training time of one test interval, as measured."""
     failed: str | None = None
     """Which process ended the attempt when it was not the trainer ("tester"), with the tester's message."""
+    shared_interval_seconds: float | None = None
+    """An interval's training with the test nets shared, as an earlier attempt measured it (TesterPlace)."""
 
     @property
     def cost(self) -> StopCost:
-        return StopCost(self.setup_seconds, self.interval_seconds)
+        return StopCost(self.setup_seconds, self.interval_seconds, self.shared_interval_seconds)
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -133,7 +138,8 @@ class ApartRun:
         self.attempt_dir = attempt_dir
         self.python = python
         self.clock = clock
-        self.report = TesterReport(tester.device, tester.same_device, tester.estimated_bytes)
+        self.report = TesterReport(tester.device, tester.same_device, tester.estimated_bytes,
+                                   shared_interval_seconds=tester.shared_interval_seconds)
         self._lock = threading.Lock()
         self._due: list[dict[str, Any]] = []
         """Snapshots due a test, oldest first."""
@@ -148,8 +154,8 @@ class ApartRun:
         self._stretches: list[_Stretch] = []
         self._results: list[AttemptResult] = []
         """Each trainer process's result, in order."""
-        self._tester_setups: list[float] = []
-        """Each tester's start, in order: launch to "constructed"."""
+        self._tester_passes: list[float] = []
+        """Each tester's forward passes, in order: "constructed" to "tested"."""
         self._replan: _Stretch | None = None
         """The trainer stopped because the stop cost went over STOP_COST_LIMIT (`auto`): the attempt is replanned."""
         self._started = clock()
@@ -257,8 +263,8 @@ class ApartRun:
         """A trainer constructed after a pause: what that pause cost is known (`_measure`); for an `auto` job whose
         stop cost is no longer under STOP_COST_LIMIT, this trainer stops at once (it has trained nothing) and the
         attempt ends "replanned" (`_replanned`)."""
-        fraction = self._measure()
-        if not self.place.auto or fraction is None or fraction < STOP_COST_LIMIT or self._replan is not None:
+        self._measure()
+        if not self.place.auto or self.report.cost.keeps_apart() in (None, True) or self._replan is not None:
             return
         self._replan = stretch
         trainer = self._trainer
@@ -287,31 +293,27 @@ class ApartRun:
         return None
 
     def _setups(self) -> list[float]:
-        """What each pause measured so far added: the paused trainer's snapshot and exit (from its last iteration,
-        or its construction, to its end), its tester's start (launch to "constructed": not its forward passes, which
-        the test nets shared take too), and the next trainer's start (launch to "constructed": the restore and the
-        skip through the training data included)."""
+        """What each pause measured so far added: the whole pause, from the paused trainer's last iteration (or its
+        construction) to the next trainer's construction (the snapshot, both exits, the tester's start, the restore
+        and the skip through the training data, and every gap between the processes), less the tester's forward
+        passes, which the test nets shared run too."""
         setups = []
         for index, (paused, resumed) in enumerate(zip(self._stretches, self._stretches[1:])):
-            if index >= len(self._tester_setups) or resumed.constructed is None or paused.ended is None:
+            if index >= len(self._tester_passes) or resumed.constructed is None:
                 break
-            before = paused.last[1] if paused.last is not None else paused.constructed or paused.ended
-            setups.append(max(0.0, paused.ended - before) + self._tester_setups[index]
-                          + (resumed.constructed - resumed.launched))
+            before = paused.last[1] if paused.last is not None else paused.constructed or paused.launched
+            setups.append(max(0.0, resumed.constructed - before - self._tester_passes[index]))
         return setups
 
     def _replanned(self, result: AttemptResult) -> AttemptResult:
         """The attempt's end once the stop cost went over STOP_COST_LIMIT: its last trainer was stopped as soon as
         it was built (it snapshots where it stopped, a step or so on), and the next attempt, planned with the cost
         measured, goes on from there."""
-        report = self.report
-        fraction = report.cost.fraction or 0.0
+        cost = self.report.cost
         iteration = (result.stopped or {}).get("iteration", result.last_iteration)
-        message = (
-            f"replanned at iteration {iteration}: stopping and resuming for the tester costs "
-            f"{report.setup_seconds:.1f} s per test interval, {fraction:.1%} of its {report.interval_seconds:.1f} s "
-            f"of training (not under {STOP_COST_LIMIT:.0%}); the next attempt goes on from its snapshot"
-        )
+        why = "shared is faster" if cost.apart_faster is False else f"not under {STOP_COST_LIMIT:.0%}"
+        message = (f"replanned at iteration {iteration}: {cost.words('stopping and resuming for the tester')} ({why}); "
+                   "the next attempt goes on from its snapshot")
         outcome = Outcome(OUTCOME_REPLANNED, message, exit_code=result.outcome.exit_code)
         return dataclasses.replace(self._combined(result), outcome=outcome, finished=False)
 
@@ -375,12 +377,14 @@ class ApartRun:
             progress=f"{folder}/progress.jsonl", nice=trainer_spec.nice, read_paths=trainer_spec.read_paths,
             write_paths=tuple(path for path in trainer_spec.write_paths if path != "snapshots"),
         ).write(self.launch.folder / spec_file)
-        launched = self.clock()
+        built: list[float | None] = [None]
 
         def on_record(record: dict[str, Any]) -> None:
             event = record.get("event")
             if event == "constructed":
-                self._tester_setups.append(self.clock() - launched)
+                built[0] = self.clock()
+            elif event == "tested" and built[0] is not None:
+                self._tester_passes.append(self.clock() - built[0])
             elif event == "test":
                 self.launch.on_record(record)  # the job's test result, as the runner's own
 
@@ -492,9 +496,62 @@ class ApartRun:
         return due
 
 
+class SharedWatch:
+    """A shared attempt of an `auto` job that left its test nets apart for what stopping cost (`StopCost`): it times
+    the attempt's first test interval of training (its test passes left out: the tester runs them too) and, where
+    apart, its stop included, was faster (`StopCost.keeps_apart`), stops the attempt there ("replanned"), so that
+    the job goes on apart. Either way the measure is the job's (`measured`), for every plan after it."""
+
+    def __init__(self, cost: StopCost, test_interval: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cost = cost
+        self.test_interval = test_interval
+        self.clock = clock
+        self.measured: float | None = None
+        """An interval's training with the test nets shared, once timed."""
+        self.replan = False
+        self._handle: AttemptHandle | None = None
+        self._first: tuple[int, float] | None = None
+        self._last: tuple[int, float] | None = None
+        self._previous: float | None = None
+        self._testing = 0.0
+
+    def attach(self, handle: AttemptHandle) -> None:
+        self._handle = handle
+
+    def on_record(self, record: Mapping[str, Any]) -> None:
+        now, event, iteration = self.clock(), record.get("event"), record.get("iteration")
+        if event == "constructed" and isinstance(iteration, int):
+            self._first = (iteration, now)
+        elif event == "iteration" and isinstance(iteration, int) and self._first is not None:
+            self._last = (iteration, now)
+        elif event == "test" and self._first is not None and self._previous is not None:
+            self._testing += now - self._previous  # a test pass: between the record before it and its result
+        self._previous = now
+        first, last = self._first, self._last
+        if self.measured is not None or first is None or last is None or last[0] - first[0] < self.test_interval:
+            return
+        per_iteration = max(0.0, last[1] - first[1] - self._testing) / (last[0] - first[0])
+        self.measured = round(per_iteration * self.test_interval, 3)
+        if dataclasses.replace(self.cost, shared_interval_seconds=self.measured).keeps_apart():
+            self.replan = True
+            if self._handle is not None:
+                self._handle.cancel()
+
+    def ended(self, result: AttemptResult) -> AttemptResult:
+        """The attempt's result; "replanned" where it stopped because apart is faster."""
+        if not self.replan or result.outcome.status != OUTCOME_CANCELLED:
+            return result
+        cost = dataclasses.replace(self.cost, shared_interval_seconds=self.measured)
+        iteration = (result.stopped or {}).get("iteration", result.last_iteration)
+        message = (f"replanned at iteration {iteration}: {cost.words('stopping and resuming for the tester')}; apart "
+                   "is faster, its stop included: the next attempt goes on from its snapshot with the test nets apart")
+        return dataclasses.replace(result, outcome=Outcome(OUTCOME_REPLANNED, message,
+                                                           exit_code=result.outcome.exit_code), finished=False)
+
+
 def tester_nets(files: Sequence[Any]) -> tuple[TestNet, ...]:
     """The tester's nets from the attempt's files (jobs.definition.attempt_files.TestNetFile)."""
     return tuple(TestNet(file.net, file.test_iter, tuple(file.stages), file.level) for file in files)
 
 
-__all__ = ["ApartRun", "TesterPlace", "TesterReport", "tester_nets"]
+__all__ = ["ApartRun", "SharedWatch", "TesterPlace", "TesterReport", "tester_nets"]

@@ -50,7 +50,7 @@ from ..run_state import Running, RunState
 from ..store.database import StoreError
 from ..store.quota import Quota
 from ..store.records import CANCELLED, FAILED, FINAL_STATES, INTERRUPTED, RUNNING, Attempt, Job
-from .apart_run import ApartRun, TesterPlace, TesterReport, tester_nets
+from .apart_run import ApartRun, SharedWatch, TesterPlace, TesterReport, tester_nets
 from .attempt_end import INTERRUPTED_MESSAGE, failure_of, job_end, note_full_disk
 from .scheduler import Limit, limit_for, memory_cap
 
@@ -276,14 +276,12 @@ class AttemptLoop:
                 prefix = "out of memory: " if failures else ""
                 reporter.finish(job_id, FAILED, prefix + decision.message)
                 return
-            result, attempt, report = self._run_attempt(job, definition, entry, limit, decision)
+            result, attempt, report = self._run_attempt(job, definition, entry, limit, decision, apart)
             self.quota.measure(job_id)
             ending = job_end(result, store.attempts(job_id))
             if ending is not None:
                 reporter.finish(job_id, *ending)
                 return
-            if report is not None and report.cost.fraction is not None:
-                apart.stop_cost = report.cost  # measured on the job's first interval: what `auto` decides on next
             if result.outcome.status != OUTCOME_OUT_OF_MEMORY:
                 continue  # replanned: the next plan, with what the attempt measured
             made += 1
@@ -432,14 +430,23 @@ class AttemptLoop:
         return AttemptDevice("gpu", key, child.cuda_index[key]), dict(child.environment)
 
     def _run_attempt(
-        self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision
+        self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision,
+        so_far: ApartSoFar | None = None,
     ) -> tuple[AttemptResult, Attempt, TesterReport | None]:
         """One attempt: its files and row written, its child (or, with the test nets apart, its trainer and testers)
-        launched and followed to its end, the end recorded; with the test nets apart, what its testers did."""
+        launched and followed to its end, the end recorded; with the test nets apart, what its testers did. What it
+        measured of the test nets' placement goes into `so_far` (the stop's cost, an interval shared)."""
+        so_far = so_far or ApartSoFar()
         spec, environment, files = self._begin_attempt(job, definition, entry, limit, decision)
         apart: ApartRun | None = None
+        watch = None
+        if decision.test_net == TEST_NET_SHARED and decision.by_stop_cost and spec.test_interval and (
+            so_far.stop_cost.shared_interval_seconds is None
+        ):  # `auto` chose shared on the stop's cost alone: an interval shared is timed, to compare
+            watch = SharedWatch(so_far.stop_cost, spec.test_interval)
         if decision.test_net == TEST_NET_APART:
             place = self._tester_place(entry, spec, environment, decision, files, job, definition.train_items)
+            place = dataclasses.replace(place, shared_interval_seconds=so_far.stop_cost.shared_interval_seconds)
 
             def start(launch: Launch) -> AttemptHandle:
                 nonlocal apart
@@ -456,13 +463,23 @@ class AttemptLoop:
 
             process = self._launch(job, entry, spec, environment, decision, start)
         else:
-            process = self._launch(job, entry, spec, environment, decision, self.backend.launch)
+            process = self._launch(job, entry, spec, environment, decision, self.backend.launch,
+                                   observe=watch.on_record if watch is not None else None)
+            if watch is not None:
+                watch.attach(process)
         try:
-            result = self._outcome(self.jobs_root / job.folder, entry, process.wait())
+            ended = process.wait()
+            if watch is not None and not entry.cancel:
+                ended = watch.ended(ended)
+            result = self._outcome(self.jobs_root / job.folder, entry, ended)
         finally:
             with self.state.lock:
                 entry.tester_device, entry.tester_estimated, entry.holds_between = None, 0, False
         report = apart.report if apart is not None else None
+        if report is not None and report.cost.fraction is not None:
+            so_far.stop_cost = report.cost  # measured on the job's own intervals: what `auto` decides on next
+        if watch is not None and watch.measured is not None:
+            so_far.stop_cost = dataclasses.replace(so_far.stop_cost, shared_interval_seconds=watch.measured)
         attempt = self._record_end(job, spec.attempt, entry, result, report)
         return dataclasses.replace(result, peak_bytes=attempt.peak_bytes), attempt, report
 
@@ -524,14 +541,21 @@ class AttemptLoop:
 
     def _launch(
         self, job: Job, entry: Running, spec: AttemptSpec, environment: dict[str, str], decision: Decision,
-        start: Callable[[Launch], AttemptHandle],
+        start: Callable[[Launch], AttemptHandle], observe: Callable[[dict[str, Any]], None] | None = None,
     ) -> AttemptHandle:
-        """The attempt's child started by `start` (the backend's launch, or the test nets apart's), its records and
-        log lines passed on; a cancel or a stop that came while it started is applied to it."""
+        """The attempt's child started by `start` (the backend's launch, or the test nets apart's), its records
+        (shown to `observe` first) and log lines passed on; a cancel or a stop that came while it started is applied
+        to it."""
         reporter, state, number = self.reporter, self.state, spec.attempt
+
+        def on_record(record: dict[str, Any]) -> None:
+            if observe is not None:
+                observe(record)
+            reporter.on_record(job.id, number, record)
+
         launch = Launch(
             self.jobs_root / job.folder, f"attempts/{number}/attempt.json", spec, entry.device, environment,
-            on_record=lambda record: reporter.on_record(job.id, number, record),
+            on_record=on_record,
             on_log=lambda lines: reporter.emit("job_log", {"job_id": job.id, "attempt": number, "lines": lines}),
             grace_seconds=self.config.grace_seconds, stall_seconds=self.config.stall_seconds,
             cancel_seconds=self.config.cancel_seconds,
