@@ -9,6 +9,7 @@ command), the documentation's screenshots are written there too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -74,6 +75,10 @@ def write_digits(path: Path, records: int, seed: int) -> Path:
     return path
 
 
+FINAL = ("done", "failed", "cancelled")
+"""The statuses a job ends in."""
+
+
 class Server:
     """The served app: its address, its data folder, and JSON calls to its API."""
 
@@ -96,6 +101,14 @@ class Server:
 
     def job_url(self, job_id: str) -> str:
         return f"{self.jobs_url}/{job_id}"
+
+    def ended(self, job_id: str, timeout: float = 180) -> dict[str, Any]:
+        """The job's document once it has ended (done, failed or cancelled)."""
+        from test_jobs_fixtures import wait_for
+
+        return wait_for(  # type: ignore[no-any-return]
+            lambda: (job := self.job(job_id))["status"] in FINAL and job, timeout=timeout, what=f"job {job_id} to end"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -152,15 +165,22 @@ def watch(page: Page) -> list[str]:
     return errors
 
 
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh page that fails the test on any script error or dialog."""
+@contextlib.contextmanager
+def watched_page(browser: Browser) -> Iterator[Page]:
+    """A fresh page in its own context that fails the test on any script error or dialog."""
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     errors = watch(page)
     yield page
     context.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page that fails the test on any script error or dialog."""
+    with watched_page(browser) as fresh:
+        yield fresh
 
 
 def screenshot(page: Page, tmp_path: Path, name: str) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import requests
-from browser_fixtures import VIEWPORT, Server, watch
+from browser_fixtures import Server, watched_page
 from flask import Flask
 from playwright.sync_api import Browser, Page, expect
-from test_jobs_fixtures import wait_for, write_lmdb
+from test_jobs_fixtures import write_lmdb
 from test_pages_apart import ATTEMPT, attempt_row, cell, summary_words
 
 from digits_memplugin import create_app
@@ -53,7 +53,6 @@ test_state {{ stage: "val" }}
 """DIGITS' stages for the standard LeNet's train and val data layers; seeded, so both jobs start from one set of
 weights."""
 TRAINING = 120_000
-FINAL = ("done", "failed", "cancelled")
 SERIES = """() => [...MemPlugin.jobPage.chart.data.datasets, ...MemPlugin.jobPage.lrChart.data.datasets]
     .map((d) => ({label: d.label, points: d.data.map((p) => [p.x, p.y])}))"""
 """Every series of a job page's charts, by label, as Chart.js holds them."""
@@ -78,10 +77,6 @@ def twin(server: Server, **fields: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-def ended(server: Server, job_id: str) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (job := server.job(job_id))["status"] in FINAL and job, timeout=180, what=f"job {job_id} to end"
-    )
 
 
 def charts(page: Page) -> dict[str, list[list[float]]]:
@@ -104,19 +99,15 @@ def wait_tested(page: Page, count: int) -> None:
 @pytest.fixture
 def second(browser: Browser) -> Iterator[Page]:
     """Another tab, failing the test on any script error."""
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    errors = watch(page)
-    yield page
-    context.close()
-    assert not errors, errors
+    with watched_page(browser) as page:
+        yield page
 
 
 def test_a_job_with_its_test_nets_apart_shows_the_results_the_shared_job_shows(
     page: Page, second: Page, server: Server, datasets: None,
 ) -> None:
     shared = twin(server, model_name="lenet shared", test_net="shared")
-    assert ended(server, shared["id"])["status"] == "done"
+    assert server.ended(shared["id"])["status"] == "done"
     apart = twin(server, model_name="lenet apart", test_net="apart", tester_device="same")
     # The apart job's page, open while it trains: its validation results come live, from its testers.
     page.goto(server.job_url(apart["id"]))
@@ -236,4 +227,4 @@ def test_the_form_asks_where_the_test_nets_live_and_the_job_gets_it(
     request = server.api(f"jobs/{job_id}/request")
     assert (request["test_net"], request["tester_device"]) == ("apart", "same")
     expect(page.locator('#job-summary [data-role="test-net"]')).to_contain_text("asked: apart, tester on the training device")
-    assert ended(server, job_id)["status"] == "done"
+    assert server.ended(job_id)["status"] == "done"

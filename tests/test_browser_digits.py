@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import requests
-from browser_fixtures import TRAIN_DB, VAL_DB, Server, watch
+from browser_fixtures import FINAL, TRAIN_DB, VAL_DB, Server, watch
 from playwright.sync_api import Browser, Page, ViewportSize, expect
 from test_jobs_fixtures import wait_for
 
@@ -29,7 +29,6 @@ DESKTOP: ViewportSize = {"width": 1280, "height": 900}
 PHONE: ViewportSize = {"width": 375, "height": 667}
 WIDTHS = [pytest.param(DESKTOP, id="1280px"), pytest.param(PHONE, id="375px")]
 TRAINING = 60_000
-FINAL = ("done", "failed", "cancelled")
 
 
 def twin(server: Server, **fields: Any) -> dict[str, Any]:
@@ -43,10 +42,6 @@ def twin(server: Server, **fields: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-def ended(server: Server, job_id: str) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (job := server.job(job_id))["status"] in FINAL and job, timeout=180, what=f"job {job_id} to end"
-    )
 
 
 def stop(server: Server, job_id: str) -> None:
@@ -56,7 +51,7 @@ def stop(server: Server, job_id: str) -> None:
         return
     if response.json()["status"] not in FINAL:
         server.request("POST", f"jobs/{job_id}/cancel")
-    ended(server, job_id)
+    server.ended(job_id)
 
 
 @pytest.fixture
@@ -101,7 +96,7 @@ def test_the_trained_model_is_downloaded_from_the_job_page_and_snapshots_appear_
         assert first == 40
         expect(rows.nth(1)).to_be_attached(timeout=TRAINING)  # a second one at least: a fast machine writes several
         server.request("POST", f"jobs/{job['id']}/cancel")
-        ended(server, job["id"])
+        server.ended(job["id"])
         snapshots = server.data_dir / "jobs" / job["id"] / "snapshots"
         with at.expect_download() as caught:
             rows.first.locator('[data-role="caffemodel"] a').click()
@@ -131,7 +126,7 @@ def test_clone_opens_the_form_filled_in_and_create_makes_the_same_job(
     browser: Browser, server: Server, scripts: bool
 ) -> None:
     job = twin(server, **CLONED)
-    ended(server, job["id"])
+    server.ended(job["id"])
     context = browser.new_context(viewport=DESKTOP, java_script_enabled=scripts)
     page = context.new_page()
     errors = watch(page)
@@ -217,7 +212,7 @@ def test_cancel_and_delete_from_the_jobs_list_ask_first(at: Page, server: Server
         at.click("#mp-confirm-action")
         expect(dialog).to_be_hidden()
         expect(row).to_have_attribute("data-status", "cancelled", timeout=TRAINING)
-        assert ended(server, job["id"])["status"] == "cancelled"
+        assert server.ended(job["id"])["status"] == "cancelled"
         # The row's action is Delete now; it asks too.
         button = row.locator('[data-role="actions"] button')
         expect(button).to_have_text("Delete")
@@ -234,7 +229,7 @@ def test_cancel_and_delete_from_the_jobs_list_ask_first(at: Page, server: Server
 
 def test_without_javascript_the_list_asks_on_a_page_of_its_own(browser: Browser, server: Server) -> None:
     job = twin(server, model_name="no script list", max_iter=2)
-    ended(server, job["id"])
+    server.ended(job["id"])
     context = browser.new_context(viewport=PHONE, java_script_enabled=False)
     page = context.new_page()
     try:
@@ -258,7 +253,7 @@ def test_every_cell_of_the_jobs_list_is_in_sight(at: Page, server: Server) -> No
     """On a phone each job is a card of labelled lines (the Message column was off screen with no hint); at 1280 px
     it is a table row. Either way every cell, the message and the action included, lies within the screen."""
     job = twin(server, model_name="a job with a rather long name to wrap", max_iter=2)
-    ended(server, job["id"])
+    server.ended(job["id"])
     live(at, server.jobs_url)
     row = f'#jobs-body tr[data-job-id="{job["id"]}"]'
     expect(at.locator(f'{row} [data-role="message"]')).not_to_be_empty()
@@ -300,7 +295,7 @@ def test_words_are_explained_where_they_appear_and_lead_to_the_glossary(at: Page
     on_screen(at, "#term-host_allocation_failed + dd")
     # The job page's attempt rows drawn by its script explain a signature and a signal as the server's do.
     job = twin(server, model_name="terms", max_iter=2)
-    ended(server, job["id"])
+    server.ended(job["id"])
     live(at, server.job_url(job["id"]))
     drawn = at.evaluate("""() => {
         const row = MemPlugin.JobFormat.attemptRow({number: 1, status: "out_of_memory", batch_size: 64, iter_size: 1,
