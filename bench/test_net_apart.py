@@ -541,7 +541,8 @@ def render(results: Sequence[CaseResult], elapsed: float, command: str, notes: S
         (f"`auto` chooses apart where it trains a larger batch or fewer passes (every case here) and keeps it only "
          f"while the set-up per interval, measured on the job's first interval, is under {STOP_COST_LIMIT:.0%} of "
          "the interval's training; past it the attempt ends \"replanned\" and the job goes on shared from the "
-         "snapshot. \"Faster\" is the lower median wall time per effective sample of shared and apart (\"clear\" "
+         "snapshot, timing one interval so, and goes back apart where an interval apart, its stop included, was "
+         "faster. \"Faster\" is the lower median wall time per effective sample of shared and apart (\"clear\" "
          "when their repeats do not overlap); \"apart's batch gains\" is one training iteration's time alone, "
          "1 - apart / shared: apart pays where the set-up per interval is under about that share of an interval."),
         "",
