@@ -23,10 +23,11 @@ from browser_fixtures import Server, watched_page
 from flask import Flask
 from playwright.sync_api import Browser, Page, expect
 from test_jobs_fixtures import write_lmdb
-from test_pages_apart import ATTEMPT, attempt_row, cell, summary_words
+from test_pages_apart import ATTEMPT, RUNNING_BEFORE, attempt_row, cell, summary_words
 
 from digits_memplugin import create_app
 from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.scheduling import apart_run
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]
@@ -164,6 +165,8 @@ ROWS = {
                                              "pauses": 0, "setup_seconds": None, "interval_seconds": None,
                                              "stop_cost": None, "peak_bytes": None}},
     "failed": {**ATTEMPT, "status": "failed", "tester": {**ATTEMPT["tester"], "failed": "tester: it broke"}},
+    "running": {**RUNNING_BEFORE, "tester": apart_run.TesterReport("cpu", True, 6 << 20).to_json()},
+    "running, stored before 2026-12-07": RUNNING_BEFORE,
     "shared": {**ATTEMPT, "status": "success", "test_net": "shared", "tester": None},
     "before the choice": {**ATTEMPT, "status": "out_of_memory", "test_net": None, "tester": None},
     "no validation": {**ATTEMPT, "test_net": None, "tester": None, "test_batch_size": None, "test_iter": None},

@@ -22,6 +22,7 @@ from test_pages_digits import form_values
 from digits_memplugin.core.oom import OutcomeStatus
 from digits_memplugin.devices.fake_nvml import FakeNvml
 from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.scheduling import apart_run
 from digits_memplugin.web.pages import glossary
 
 FORM_URL = "/memplugin/models/new"
@@ -258,6 +259,34 @@ def test_an_attempt_apart_says_where_its_tester_ran_what_it_did_and_cost(app: Fl
                                    "peak_bytes": None, "tested": [], "pauses": 0, "setup_seconds": None,
                                    "interval_seconds": None, "stop_cost": None, "failed": None}}
     assert cell(attempt_row(app, other), "test-net", 2) == "apart: tester on GPU 1: TITAN 0 snapshots tested"
+
+
+RUNNING_BEFORE = {**ATTEMPT, "status": "running", "finished_at": None, "duration": None, "end_iteration": None,
+                  "tester": {"device": "cpu", "estimated_bytes": 6 << 20, "same_device": True}}
+"""A running apart attempt's row as the version of 2026-12-07 stored it (only where the tester was to run): a job
+page drawn while an attempt so stored runs, or after a server stopped during it, answered 500."""
+
+
+def test_a_running_attempt_apart_is_drawn_from_what_its_row_has_so_far(app: Flask) -> None:
+    # As attempt_loop stores it now:
+    started = {**RUNNING_BEFORE, "tester": apart_run.TesterReport("cpu", True, 6 << 20).to_json()}
+    for attempt in (started, RUNNING_BEFORE):
+        assert cell(attempt_row(app, attempt), "test-net", 2) == (
+            "apart: tester on CPU (the training device) 0 snapshots tested tester estimated 6.0 MiB")
+        assert summary_words(app, attempt) == "apart: tester on CPU (the training device)"
+
+
+def test_a_job_page_drawn_while_its_attempt_apart_runs_says_where_the_tester_is(
+    client: FlaskClient, datasets: Path,
+) -> None:
+    job_id = client.post(JSON_URL, json={**JOB, "test_net": "apart", "tester_device": "same"}).get_json()["id"]
+    running = wait_for(lambda: next((a for a in client.get(f"/memplugin/api/jobs/{job_id}").get_json()["attempts"]
+                                     if a["status"] == "running"), None), timeout=60, what="a running attempt")
+    assert running["tester"] == apart_run.TesterReport("cpu", True, running["tester"]["estimated_bytes"]).to_json()
+    page = client.get(f"/memplugin/jobs/{job_id}")  # while it runs (or, if it has just ended, after)
+    assert page.status_code == 200
+    assert cell(page.text, "test-net", attempt=1).startswith("apart: tester on CPU (the training device")
+    assert ended(client, job_id)["status"] == "done"
 
 
 def summary_words(app: Flask, attempt: dict[str, Any], labels: dict[str, str] | None = None) -> str:

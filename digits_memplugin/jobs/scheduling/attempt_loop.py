@@ -523,8 +523,8 @@ class AttemptLoop:
                 start_iteration=job.snapshot["iteration"] if spec.resume and job.snapshot else 0,
                 limit_bytes=limit.limit_bytes, estimated_bytes=decision.plan.bytes if decision.plan else None,
                 correction=decision.correction, test_net=decision.test_net,
-                tester={"device": decision.tester_device or entry.device, "estimated_bytes": decision.tester_bytes,
-                        "same_device": decision.tester_device is None} if apart else None,
+                tester=TesterReport(decision.tester_device or entry.device, decision.tester_device is None,
+                                    decision.tester_bytes).to_json() if apart else None,
             )
         )
         updated = store.update_job(
