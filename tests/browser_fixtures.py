@@ -9,12 +9,14 @@ command), the documentation's screenshots are written there too.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,9 @@ class Server:
     def __init__(self, base_url: str, data_dir: Path) -> None:
         self.base_url = base_url
         self.data_dir = data_dir
+        self.output: collections.deque[str] = collections.deque(maxlen=5000)
+        """The server's latest lines of output (stdout and stderr), read as they come so that a full pipe never
+        blocks it."""
         self.form_url = base_url + "memplugin/models/new"
         self.jobs_url = base_url + "memplugin/jobs"
 
@@ -98,6 +103,18 @@ class Server:
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.api(f"jobs/{job_id}")  # type: ignore[no-any-return]
+
+    def tracebacks(self) -> str:
+        """The server's logged exceptions so far, each from its log line to the exception's own line."""
+        lines, found, inside = list(self.output), [], False
+        for number, line in enumerate(lines):
+            if line.startswith("Traceback"):
+                found.extend(lines[max(number - 1, 0):number])
+                inside = True
+            if inside:
+                found.append(line)
+                inside = line.startswith((" ", "Traceback"))
+        return "".join(found)
 
     def job_url(self, job_id: str) -> str:
         return f"{self.jobs_url}/{job_id}"
@@ -139,12 +156,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     if base_url is None:
         os.killpg(process.pid, signal.SIGKILL)
         pytest.fail("serve did not report its address:\n" + "".join(lines))
+    served = Server(base_url, data_dir)
+    served.output.extend(lines)
+    reader = threading.Thread(target=served.output.extend, args=(process.stdout,), name="serve-output", daemon=True)
+    reader.start()
     try:
-        yield Server(base_url, data_dir)
+        yield served
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+        reader.join(timeout=10)
         process.stdout.close()
+        if tracebacks := served.tracebacks():
+            print(f"The served app logged exceptions:\n{tracebacks}")  # shown with the module's last test's report
 
 
 @pytest.fixture(scope="module")
