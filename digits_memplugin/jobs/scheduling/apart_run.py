@@ -310,12 +310,8 @@ class ApartRun:
         it was built (it snapshots where it stopped, a step or so on), and the next attempt, planned with the cost
         measured, goes on from there."""
         cost = self.report.cost
-        iteration = (result.stopped or {}).get("iteration", result.last_iteration)
         why = "shared is faster" if cost.apart_faster is False else f"not under {STOP_COST_LIMIT:.0%}"
-        message = (f"replanned at iteration {iteration}: {cost.words('stopping and resuming for the tester')} ({why}); "
-                   "the next attempt goes on from its snapshot")
-        outcome = Outcome(OUTCOME_REPLANNED, message, exit_code=result.outcome.exit_code)
-        return dataclasses.replace(self._combined(result), outcome=outcome, finished=False)
+        return replanned(self._combined(result), cost, f" ({why}); the next attempt goes on from its snapshot")
 
     # --- on another device: training goes on ---------------------------------------------------------------------
 
@@ -542,11 +538,17 @@ class SharedWatch:
         if not self.replan or result.outcome.status != OUTCOME_CANCELLED:
             return result
         cost = dataclasses.replace(self.cost, shared_interval_seconds=self.measured)
-        iteration = (result.stopped or {}).get("iteration", result.last_iteration)
-        message = (f"replanned at iteration {iteration}: {cost.words('stopping and resuming for the tester')}; apart "
-                   "is faster, its stop included: the next attempt goes on from its snapshot with the test nets apart")
-        return dataclasses.replace(result, outcome=Outcome(OUTCOME_REPLANNED, message,
-                                                           exit_code=result.outcome.exit_code), finished=False)
+        return replanned(result, cost, "; apart is faster, its stop included: the next attempt goes on from its "
+                                       "snapshot with the test nets apart")
+
+
+def replanned(result: AttemptResult, cost: StopCost, then: str) -> AttemptResult:
+    """An attempt stopped on purpose for what the test nets' placement was measured to cost ("replanned"): its
+    message says where it stopped and what was measured, `then` why and what comes next."""
+    iteration = (result.stopped or {}).get("iteration", result.last_iteration)
+    message = f"replanned at iteration {iteration}: {cost.words('stopping and resuming for the tester')}{then}"
+    outcome = Outcome(OUTCOME_REPLANNED, message, exit_code=result.outcome.exit_code)
+    return dataclasses.replace(result, outcome=outcome, finished=False)
 
 
 def tester_nets(files: Sequence[Any]) -> tuple[TestNet, ...]:

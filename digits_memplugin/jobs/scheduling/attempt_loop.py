@@ -431,12 +431,11 @@ class AttemptLoop:
 
     def _run_attempt(
         self, job: Job, definition: JobDefinition, entry: Running, limit: Limit, decision: Decision,
-        so_far: ApartSoFar | None = None,
+        so_far: ApartSoFar,
     ) -> tuple[AttemptResult, Attempt, TesterReport | None]:
         """One attempt: its files and row written, its child (or, with the test nets apart, its trainer and testers)
         launched and followed to its end, the end recorded; with the test nets apart, what its testers did. What it
         measured of the test nets' placement goes into `so_far` (the stop's cost, an interval shared)."""
-        so_far = so_far or ApartSoFar()
         spec, environment, files = self._begin_attempt(job, definition, entry, limit, decision)
         apart: ApartRun | None = None
         watch = None
