@@ -78,8 +78,6 @@ def twin(server: Server, **fields: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-
-
 def charts(page: Page) -> dict[str, list[list[float]]]:
     return {series["label"]: series["points"] for series in page.evaluate(SERIES)}
 

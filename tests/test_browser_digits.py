@@ -42,8 +42,6 @@ def twin(server: Server, **fields: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-
-
 def stop(server: Server, job_id: str) -> None:
     """Leave the CPU free for the next test: cancel the job if it still trains, and wait for its end."""
     response = server.request("GET", f"jobs/{job_id}")
