@@ -27,6 +27,7 @@ import requests
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from digits_memplugin.core.proto import caffe_pb2
+from digits_memplugin.jobs.store.records import FINAL_STATES
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -77,10 +78,6 @@ def write_digits(path: Path, records: int, seed: int) -> Path:
     return path
 
 
-FINAL = ("done", "failed", "cancelled")
-"""The statuses a job ends in."""
-
-
 class Server:
     """The served app: its address, its data folder, and JSON calls to its API."""
 
@@ -124,7 +121,7 @@ class Server:
         from test_jobs_fixtures import wait_for
 
         return wait_for(  # type: ignore[no-any-return]
-            lambda: (job := self.job(job_id))["status"] in FINAL and job, timeout=timeout, what=f"job {job_id} to end"
+            lambda: (job := self.job(job_id))["status"] in FINAL_STATES and job, timeout=timeout, what=f"job {job_id} to end"
         )
 
 

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 import requests
-from browser_fixtures import FINAL, TRAIN_DB, VAL_DB, Server, watch
+from browser_fixtures import TRAIN_DB, VAL_DB, Server, watch
 from playwright.sync_api import Browser, Page, ViewportSize, expect
 from test_jobs_fixtures import wait_for
+
+from digits_memplugin.jobs.store.records import FINAL_STATES
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]
@@ -47,7 +49,7 @@ def stop(server: Server, job_id: str) -> None:
     response = server.request("GET", f"jobs/{job_id}")
     if response.status_code != 200:
         return
-    if response.json()["status"] not in FINAL:
+    if response.json()["status"] not in FINAL_STATES:
         server.request("POST", f"jobs/{job_id}/cancel")
     server.ended(job_id)
 

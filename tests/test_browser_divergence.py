@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from browser_fixtures import SCRIPT, Server, screenshot
 from playwright.sync_api import Page, expect
-from test_jobs_fixtures import wait_for
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["browser_fixtures"]
 
 DIGITS_SENTENCE = 'Network outputted NaN for "loss" (Train phase). Try decreasing your learning rate.'
 TRAINING = 120_000
-FINAL = ("done", "failed", "cancelled")
 
 MARKS = """(label) => {
     const chart = MemPlugin.jobPage.chart;
@@ -75,12 +72,6 @@ def create(page: Page, server: Server, name: str, max_iter: int, divergence: str
     return page.url.rsplit("/", 1)[1]
 
 
-def ended(server: Server, job_id: str) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (job := server.job(job_id))["status"] in FINAL and job, timeout=180, what=f"job {job_id} to end"
-    )
-
-
 def first_nan(server: Server, job_id: str) -> int:
     records = server.api(f"jobs/{job_id}/progress")["records"]
     return next(r["iteration"] for r in records if r["event"] == "iteration" and r["loss"] == "NaN")
@@ -110,7 +101,7 @@ def test_a_diverging_job_from_the_form_ends_with_digits_advice_and_marks_the_nan
     page: Page, sample: Server, tmp_path: Path
 ) -> None:
     job_id = create(page, sample, "lenet lr 50", max_iter=300)
-    job = ended(sample, job_id)
+    job = sample.ended(job_id)
     assert job["status"] == "failed" and job["message"].startswith(DIGITS_SENTENCE), job["message"]
     nan_at = first_nan(sample, job_id)
 
@@ -137,7 +128,7 @@ def test_a_diverging_job_from_the_form_ends_with_digits_advice_and_marks_the_nan
 
 def test_keep_training_chosen_on_the_form_trains_to_the_end_with_every_nan_marked(page: Page, sample: Server) -> None:
     job_id = create(page, sample, "lenet lr 50 trains on", max_iter=40, divergence="continue")
-    job = ended(sample, job_id)
+    job = sample.ended(job_id)
     nan_at = first_nan(sample, job_id)
     assert job["status"] == "done" and job["iteration"] == 40 and job["divergence"] == "continue", job["message"]
     expect(page.locator("#job-status")).to_have_text("done", timeout=TRAINING)

@@ -18,7 +18,7 @@ import pytest
 import requests
 from browser_fixtures import TRAIN_DB, VAL_DB, Server, watch
 from playwright.sync_api import Browser, Page, ViewportSize, expect
-from test_browser_jobs import SERIES, TRAINING, cancel, ended, twin, wait_points
+from test_browser_jobs import SERIES, TRAINING, cancel, twin, wait_points
 from test_jobs_fixtures import LENET, SHORT_SOLVER, wait_for
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_after_a_resume_without_a_snapshot_the_page_shows_the_new_run(browser: B
 def finished_job(server: Server) -> Iterator[dict[str, Any]]:
     """A short job that has finished (its one snapshot after training), deleted at the end if a test left it."""
     job = twin(server, model_name="short one", max_iter=3)
-    assert ended(server, job["id"])["status"] == "done"
+    assert server.ended(job["id"], timeout=120)["status"] == "done"
     yield job
     server.request("DELETE", f"jobs/{job['id']}")
 

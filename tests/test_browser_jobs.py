@@ -23,6 +23,7 @@ from browser_fixtures import TRAIN_DB, VAL_DB, VIEWPORT, Server, screenshot, wat
 from playwright.sync_api import Browser, Page, expect
 from test_jobs_fixtures import pid_alive, wait_for
 
+from digits_memplugin.jobs.store.records import FINAL_STATES
 from digits_memplugin.networks import standard_network
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,6 @@ LENET = standard_network("lenet")
 TRAINING = 60_000
 """Milliseconds to wait for training to get somewhere: a child starts pycaffe in about a second, LeNet at batch
 64 takes some 35 ms an iteration on this CPU, a browser shares it."""
-FINAL = ("done", "failed", "cancelled")
 
 
 def twin(server: Server, **fields: Any) -> dict[str, Any]:
@@ -46,18 +46,11 @@ def twin(server: Server, **fields: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-def ended(server: Server, job_id: str) -> dict[str, Any]:
-    """The job once it has finished, been cancelled or failed (its attempt's child then stopped)."""
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (job := server.job(job_id))["status"] in FINAL and job, timeout=120, what=f"job {job_id} to end"
-    )
-
-
 def cancel(server: Server, job_id: str) -> None:
     """Stop a job this test started, so the next test gets the CPU."""
-    if server.job(job_id)["status"] not in FINAL:
+    if server.job(job_id)["status"] not in FINAL_STATES:
         server.request("POST", f"jobs/{job_id}/cancel")
-    ended(server, job_id)
+    server.ended(job_id, timeout=120)
 
 
 def runner_pid(server: Server, job_id: str) -> int:
@@ -260,7 +253,7 @@ def test_without_javascript_a_job_page_refreshes_itself_and_cancels_by_form(brow
         page.click("#cancel-job")  # a form post with the page's CSRF token, answered by a redirect to the page
         expect(page).to_have_url(server.job_url(job["id"]))
         expect(page.locator("#job-message")).to_have_text(re.compile("cancell"))
-        assert ended(server, job["id"])["status"] == "cancelled"
+        assert server.ended(job["id"], timeout=120)["status"] == "cancelled"
         page.reload()
         expect(page.locator("#job-status")).to_have_text("cancelled")
         assert page.locator("noscript meta[http-equiv=refresh]").count() == 0  # nothing left to follow
@@ -343,7 +336,7 @@ def test_a_job_page_framed_by_another_origin_is_not_shown(browser: Browser, serv
     sit under a button of that page. Now Chromium refuses to show it there (frame-ancestors 'self'); framed by a page
     of the server's own origin it is shown, Delete and all (the harness: the frame would show it)."""
     job = twin(server, model_name="framed", max_iter=3)
-    assert ended(server, job["id"])["status"] == "done"
+    assert server.ended(job["id"], timeout=120)["status"] == "done"
     framing = FRAMING_PAGE.format(src=server.job_url(job["id"]))
     context = browser.new_context(viewport=VIEWPORT)
     try:

@@ -21,11 +21,12 @@ from typing import Any
 import requests
 from browser_fixtures import SCRIPT, Server
 from flask import Flask
-from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request, wait_for
+from test_jobs_fixtures import LENET, SHORT_SOLVER, ManagerFactory, lenet_request
 
 from digits_memplugin.host.extension import get_plugin
 from digits_memplugin.jobs.backends.attempt_process import AttemptProcess
 from digits_memplugin.jobs.definition.request import parse_job_request
+from digits_memplugin.jobs.store.records import FINAL_STATES
 
 pytest_plugins = ["test_jobs_fixtures", "browser_fixtures"]
 
@@ -34,7 +35,6 @@ DIGITS_SENTENCE = 'Network outputted NaN for "loss" (Train phase). Try decreasin
 DIVERGING = SHORT_SOLVER.replace("base_lr: 0.01", "base_lr: 50")
 """The zoo's LeNet solver with a learning rate no net survives: loss 76.4 at iteration 2, NaN from about 4."""
 TESTING_OFTEN = DIVERGING.replace("test_interval: 500", "test_interval: 10")
-FINAL = ("done", "failed", "cancelled")
 
 
 def strict(text: str) -> Any:
@@ -194,13 +194,13 @@ def test_the_served_app_reports_the_nan_through_rest_and_socketio(server: Server
         assert response.status_code == 201, response.text
         job_id = response.json()["id"]
         client.emit("subscribe_job", {"id": job_id}, namespace="/memplugin")
-        ended = wait_for(lambda: (job := server.job(job_id))["status"] in FINAL and job, timeout=120, what="the job")
+        ended = server.ended(job_id, timeout=120)
         events: list[tuple[str, dict[str, Any]]] = []
         final = None
         while final is None:
             name, payload = received.get(timeout=30)
             events.append((name, payload))
-            if name == "job" and payload.get("id") == job_id and payload["status"] in FINAL:
+            if name == "job" and payload.get("id") == job_id and payload["status"] in FINAL_STATES:
                 final = payload
     finally:
         client.disconnect()

@@ -17,7 +17,7 @@ import pytest
 from flask import Flask, render_template_string
 from flask.testing import FlaskClient
 from test_jobs_fixtures import wait_for, write_lmdb
-from test_pages_digits import form_values
+from test_pages_digits import ended, form_values
 
 from digits_memplugin.core.oom import OutcomeStatus
 from digits_memplugin.devices.fake_nvml import FakeNvml
@@ -35,7 +35,6 @@ JOB = {
     "max_iter": 4, "test_interval": 2, "test_iter": 2, "snapshot": 0, "lr_policy": "fixed",
 }
 """The standard LeNet from the JSON twin: 4 iterations on the CPU, validated every 2 (so tested at 0, 2 and 4)."""
-FINAL = ("done", "failed", "cancelled")
 
 
 @pytest.fixture
@@ -60,13 +59,6 @@ def options(page: str, name: str) -> list[tuple[str, bool, bool]]:
         found.append((html.unescape(value.group(1)), bool(re.search(r"\bselected\b", attributes)),
                       bool(re.search(r"\bdisabled\b", attributes))))
     return found
-
-
-def ended(client: FlaskClient, job_id: str) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (doc := client.get(f"/memplugin/api/jobs/{job_id}").get_json())["status"] in FINAL and doc,
-        timeout=180, what=f"job {job_id} to end",
-    )
 
 
 def text_of(fragment: str) -> str:

@@ -21,6 +21,7 @@ from digits_memplugin import create_app
 from digits_memplugin.core import oom, oom_signatures
 from digits_memplugin.devices.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.store.records import FINAL_STATES
 from digits_memplugin.web.pages import glossary
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,6 @@ pytest_plugins = ["test_jobs_fixtures"]
 
 API = "/memplugin/api/jobs"
 PAGES = "/memplugin/jobs"
-FINAL = ("done", "failed", "cancelled")
 FORM_JOB = {
     "model_name": "lenet-clone-me", "standard_network": "lenet", "train_source": "mnist_train_lmdb",
     "val_source": "mnist_test_lmdb", "device": "cpu", "lr_policy": "step", "stepsize": 7, "gamma": 0.5,
@@ -57,7 +57,7 @@ def client(jobs_app: Flask) -> FlaskClient:
 
 def ended(client: FlaskClient, job_id: str) -> dict[str, Any]:
     return wait_for(  # type: ignore[no-any-return]
-        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["status"] in FINAL and doc,
+        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["status"] in FINAL_STATES and doc,
         timeout=180, what=f"job {job_id} to end",
     )
 

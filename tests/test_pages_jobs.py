@@ -19,6 +19,7 @@ from digits_memplugin import create_app
 from digits_memplugin.core.errors import FieldErrors
 from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.host.extension import get_plugin
+from digits_memplugin.jobs.store.records import FINAL_STATES
 from digits_memplugin.networks import standard_network
 from digits_memplugin.web.api import jobs as api_jobs
 from digits_memplugin.web.pages.forms import ModelSpec
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.slow
 
 API = "/memplugin/api/jobs"
 PAGES = "/memplugin/jobs"
-FINAL = ("done", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def submit(client: FlaskClient, **fields: Any) -> dict[str, Any]:
 
 def ended(client: FlaskClient, job_id: str) -> dict[str, Any]:
     return wait_for(  # type: ignore[no-any-return]
-        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["status"] in FINAL and doc,
+        lambda: (doc := client.get(f"{API}/{job_id}").get_json())["status"] in FINAL_STATES and doc,
         timeout=120, what=f"job {job_id} to end",
     )
 
