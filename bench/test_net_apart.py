@@ -63,7 +63,7 @@ from digits_memplugin.core.prototxt import parse_net
 from digits_memplugin.devices.reader import DeviceReader
 from digits_memplugin.jobs.definition.request import JobRequest, parse_job_request
 from digits_memplugin.jobs.manager import JobManager, ManagerConfig
-from digits_memplugin.jobs.store.records import Attempt, Job
+from digits_memplugin.jobs.store.records import FINAL_STATES, Attempt, Job
 
 MiB = 1 << 20
 MODES = ("shared", "apart", "auto")
@@ -331,7 +331,7 @@ def run_job(
     before = children_cpu()
     job = manager.submit(request(case, mode, cap, interval, params))
     ended = manager.wait(job.id, timeout=bound)
-    if ended.status not in ("done", "failed", "cancelled"):
+    if ended.status not in FINAL_STATES:
         manager.cancel(job.id)
         ended = manager.wait(job.id, timeout=120)
     cpu = children_cpu() - before
